@@ -1,0 +1,124 @@
+"""The ``tfl`` command line. Thin: parse, make one call into the core, render.
+
+Only this module imports typer and decides exit codes. TensorFlow and fabric are never
+imported here: the commands that need fabric import it through the backends, lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar
+
+import typer
+
+from launcher.errors import TflError
+
+app = typer.Typer(
+    name="tfl", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+    help="Launch, supervise and inspect TensorFlow multi-worker training runs.",
+)
+T = TypeVar("T")
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(f"tfl: error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _core(call: Callable[[], T]) -> T:
+    """Run one call into the core; the launcher's own faults become one line on stderr."""
+    try:
+        return call()
+    except TflError as exc:
+        raise _fail(str(exc), exc.exit_code) from None
+
+
+def _store() -> Any:
+    from launcher.runstore import RunStore
+
+    return RunStore()
+
+
+@app.command(context_settings={"allow_extra_args": True})
+def launch(
+    ctx: typer.Context,
+    job: str = typer.Argument(..., help="the job script, e.g. jobs/mnist.py; its own arguments go after --"),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", "-c", help="cluster description (JSON)"),
+    local: Optional[int] = typer.Option(None, "--local", help="emulate a cluster: a chief and N-1 workers on free localhost ports"),
+    evaluator: bool = typer.Option(False, "--evaluator", help="with --local: add a sidecar evaluator"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print what would run where; start nothing, write nothing"),
+    max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="restart the whole group up to K times after a failure"),
+    retry_on: str = typer.Option("any", "--retry-on", help="which failures are restarted: any | preemption (exit 143 / SIGTERM)"),
+    grace_period: float = typer.Option(5.0, "--grace-period", min=0, help="seconds between SIGTERM and SIGKILL when stopping tasks"),
+    evaluator_timeout: float = typer.Option(600.0, "--evaluator-timeout", min=0, help="seconds the evaluator may run after training ends"),
+) -> None:
+    """Launch JOB on a cluster (--cluster FILE) or on local processes (--local N)."""
+    from launcher import launch as core
+    from launcher.plan import render_plan
+    from launcher.report import summary
+    from launcher.spec import load_cluster, local_cluster
+    from launcher.supervisor import SupervisorConfig
+
+    if (cluster is None) == (local is None):
+        raise _fail("give exactly one of --cluster FILE or --local N (e.g. --local 2)")
+    if evaluator and cluster is not None:
+        raise _fail("--evaluator goes with --local; in a cluster file add \"evaluator\": [\"host:port\"]")
+    if retry_on not in ("any", "preemption"):
+        raise _fail(f"--retry-on {retry_on}: choose 'any' or 'preemption'")
+    store = _store()
+    spec = _core(lambda: load_cluster(cluster) if cluster is not None else local_cluster(local or 0, evaluator))
+    plan = _core(lambda: core.make_plan(job, tuple(ctx.args), spec, store))
+    if dry_run:
+        typer.echo(render_plan(plan))
+        return
+    _core(lambda: core.preflight(plan))
+    config = SupervisorConfig(max_restarts=max_restarts, retry_on=retry_on, grace_period=grace_period,
+                              evaluator_timeout=evaluator_timeout)
+    typer.echo(f"tfl: run {plan.run_id}: {', '.join(t.name for t in plan.tasks)}; logs in {plan.run_dir}/logs", err=True)
+    record = _core(lambda: core.execute(plan, store, config, sys.stdout, colour=sys.stdout.isatty()))
+    typer.echo(summary(record), err=True)
+    raise typer.Exit(record.exit_code or 0)
+
+
+@app.command()
+def validate(file: Path = typer.Argument(..., help="cluster description (JSON)")) -> None:
+    """Check a cluster description; print its tasks or the first problem with its fix."""
+    from launcher.spec import load_cluster
+    from launcher.tfconfig import tasks_of
+
+    spec = _core(lambda: load_cluster(file))
+    for task in tasks_of(spec.cluster):
+        typer.echo(f"{task}\t{getattr(spec.cluster, task.type)[task.index]}")
+    typer.echo(f"{file}: valid ({len(tasks_of(spec.cluster))} tasks)", err=True)
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of the cluster description."""
+    from launcher.spec import ClusterSpec
+
+    typer.echo(json.dumps(ClusterSpec.model_json_schema(), indent=2))
+
+
+@app.command()
+def status(
+    run: Optional[str] = typer.Argument(None, help="a run id (or unique prefix); omit for every run"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Show every run, or one run's tasks (state, pid, cpu, memory, progress)."""
+    from launcher.report import run_detail, runs_table
+    from launcher.status import run_view
+
+    store = _store()
+    if run is None:
+        views = [run_view(r) for r in store.list()]
+        typer.echo(json.dumps([v.to_dict() for v in views], indent=1) if as_json else runs_table(views))
+        return
+    view = run_view(_core(lambda: store.resolve(run)), measure=True)
+    typer.echo(json.dumps(view.to_dict(), indent=1) if as_json else run_detail(view))
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,28 @@
+"""The launcher's own faults.
+
+Task failures are *results* (see ``supervisor.TaskFailure``); these exceptions are for
+problems of the launcher itself or of its input. Every message is one line that says
+what was wrong and how to fix it; the CLI prints it and exits non-zero, never a traceback.
+"""
+
+
+class TflError(Exception):
+    """Base of every error the CLI reports as a one-line message."""
+
+    exit_code = 2
+
+
+class ClusterFileError(TflError):
+    """The cluster description is missing, unreadable or invalid."""
+
+
+class UsageError(TflError):
+    """Options that contradict each other or name things that do not exist."""
+
+
+class LaunchError(TflError):
+    """A task could not be started (port busy, python missing, host unreachable)."""
+
+
+class RunNotFoundError(TflError):
+    """``tfl status/logs/stop RUN`` named a run the store does not have."""

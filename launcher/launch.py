@@ -1,0 +1,96 @@
+"""``tfl launch``: cluster spec -> plan -> preflight -> supervised run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, TextIO
+
+import psutil
+
+from launcher.errors import LaunchError, UsageError
+from launcher.logstream import LogFollower
+from launcher.plan import LaunchPlan, build_plan, job_name
+from launcher.runstore import RunRecord, RunStore
+from launcher.spec import ClusterSpec
+from launcher.supervisor import Supervisor, SupervisorConfig, initial_record
+
+
+def make_plan(job: str, job_args: tuple[str, ...], spec: ClusterSpec, store: RunStore) -> LaunchPlan:
+    path = Path(job)
+    if not path.is_file():
+        raise UsageError(f"{job}: no such job script (give the path of a Python file, e.g. jobs/mnist.py)")
+    run_id = store.new_run_id(job_name(job))
+    return build_plan(spec, str(path.resolve()), job_args, run_id=run_id, run_dir=str(store.run_dir(run_id)),
+                      python=sys.executable, cwd=os.getcwd())
+
+
+def preflight(plan: LaunchPlan) -> None:
+    """Quick local checks before anything starts: every local task's port is free."""
+    for task in plan.tasks:
+        if task.backend == "local" and not task.task.type == "evaluator":
+            _check_port_free(task.name, task.host, task.port)
+
+
+def _check_port_free(name: str, host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+        except OSError:
+            raise LaunchError(f"{name}: port {port} on {host} is already in use{_port_owner(port)}; "
+                              "free it or give the task another port (or use --local N for free ports)") from None
+
+
+def _port_owner(port: int) -> str:
+    try:
+        for conn in psutil.net_connections("tcp"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                return f" by pid {conn.pid} ({psutil.Process(conn.pid).name()})"
+    except (psutil.Error, OSError):
+        pass
+    return ""
+
+
+def execute(plan: LaunchPlan, store: RunStore, config: SupervisorConfig, out: TextIO, *, colour: bool) -> RunRecord:
+    """Start the plan and supervise it to the end, streaming every task's output to ``out``."""
+    record = initial_record(plan, created=time.time(), max_restarts=config.max_restarts)
+    me = psutil.Process()
+    record.launcher_pid, record.launcher_create_time = me.pid, me.create_time()
+    store.create(record)
+    supervisor = Supervisor(plan, record, store, config)
+    follower = LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour).start()
+    try:
+        with _stop_on_signals(supervisor):
+            return supervisor.run()
+    finally:
+        follower.stop()
+
+
+@contextmanager
+def _stop_on_signals(supervisor: Supervisor) -> Iterator[None]:
+    """SIGINT/SIGTERM/SIGHUP stop the run gracefully; a second one forces SIGKILL."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = 0
+
+    def handler(signum: int, frame: object) -> None:
+        nonlocal received
+        received += 1
+        supervisor.request_stop(force=received > 1)
+
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

@@ -1,0 +1,92 @@
+"""Follow the tasks' log files and print their lines with a ``[chief:0]`` prefix.
+
+Tasks write straight to their log files (nothing lost if the launcher dies, no SIGPIPE
+for the tasks); the live console view of ``tfl launch`` and ``tfl logs --follow`` both
+tail those files with this one follower.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from pathlib import Path
+from typing import TextIO
+
+_COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
+
+
+def tail_lines(path: str | Path, count: int = 20) -> list[str]:
+    """The last ``count`` lines of a file ([] when it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    return list(deque(text.splitlines(), maxlen=count))
+
+
+class _Source:
+    def __init__(self, name: str, path: Path, prefix: str, from_end: bool) -> None:
+        self.name, self.path, self.prefix = name, path, prefix
+        self.offset = path.stat().st_size if from_end and path.exists() else 0
+        self.partial = b""
+
+    def read_lines(self, final: bool) -> list[str]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return []
+        self.offset += len(chunk)
+        data = self.partial + chunk
+        lines = data.split(b"\n")
+        self.partial = b"" if final else lines.pop()
+        if final and lines and lines[-1] == b"":
+            lines.pop()
+        return [line.decode(errors="replace") for line in lines]
+
+
+class LogFollower:
+    """Prints new lines of several log files, each line prefixed with its task name."""
+
+    def __init__(self, sources: list[tuple[str, str]], out: TextIO, *, colour: bool = False,
+                 interval: float = 0.1, from_end: bool = False) -> None:
+        width = max((len(name) for name, _ in sources), default=0)
+        self._sources = []
+        for i, (name, path) in enumerate(sources):
+            tag = f"[{name}]".ljust(width + 2)
+            prefix = f"\033[{_COLOURS[i % len(_COLOURS)]}m{tag}\033[0m " if colour else f"{tag} "
+            self._sources.append(_Source(name, Path(path), prefix, from_end))
+        self._out, self._interval = out, interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll_once(self, final: bool = False) -> int:
+        printed = 0
+        for src in self._sources:
+            for line in src.read_lines(final):
+                self._out.write(f"{src.prefix}{line}\n")
+                printed += 1
+        if printed:
+            self._out.flush()
+        return printed
+
+    def start(self) -> LogFollower:
+        self._thread = threading.Thread(target=self._loop, name="log-follower", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.poll_once()
+
+    def stop(self) -> None:
+        """Stop following and print what is left, partial last lines included."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+            self._thread = None
+        self.poll_once(final=True)

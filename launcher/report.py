@@ -1,0 +1,86 @@
+"""Plain-text rendering of runs, tasks and the end-of-run summary."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from launcher.runstore import FailureRecord, RunRecord
+from launcher.states import RunState
+from launcher.status import RunView, TaskView
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h).upper() for h in headers]] + [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
+
+
+def duration(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def runs_table(views: Sequence[RunView]) -> str:
+    if not views:
+        return "no runs yet (start one with `tfl launch JOB --local 2`)"
+    rows = [(v.run_id, v.job.rsplit("/", 1)[-1], v.state, f"{v.alive}/{v.total}",
+             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v.started)), duration(v.duration_s))
+            for v in views]
+    return table(("run", "job", "state", "alive", "started", "duration"), rows)
+
+
+def progress_text(progress: dict[str, Any] | None) -> str | None:
+    if not progress:
+        return None
+    parts = [f"epoch {progress.get('epoch')}/{progress.get('epochs')}"]
+    if progress.get("steps_per_epoch"):
+        parts.append(f"step {progress.get('step')}/{progress['steps_per_epoch']}")
+    if progress.get("loss") is not None:
+        parts.append(f"loss {progress['loss']:.4f}")
+    return " ".join(parts)
+
+
+def run_detail(view: RunView) -> str:
+    head = [f"run {view.run_id}  {view.state}  ({view.alive}/{view.total} tasks alive, "
+            f"{duration(view.duration_s)}, {view.restarts} restart(s))"]
+    if view.message:
+        head.append(f"  {view.message}")
+    rows = [_task_row(t) for t in view.tasks]
+    return "\n".join(head) + "\n" + table(
+        ("task", "host", "state", "pid", "cpu%", "rss_mb", "uptime", "exit", "progress"), rows)
+
+
+def _task_row(t: TaskView) -> tuple[Any, ...]:
+    return (t.task, t.host, t.state, t.pid, t.cpu_percent, t.rss_mb, duration(t.uptime_s), t.exit_code,
+            progress_text(t.progress))
+
+
+def summary(record: RunRecord) -> str:
+    """The end-of-run summary: outcome, and for a failure its root cause."""
+    took = duration((record.ended or time.time()) - record.created)
+    if record.state == RunState.SUCCEEDED:
+        lines = [f"tfl: run {record.run_id} succeeded in {took} ({len(record.restarts)} restart(s))"]
+    elif record.state == RunState.STOPPED:
+        lines = [f"tfl: run {record.run_id} stopped by the user after {took}"]
+    else:
+        lines = [f"tfl: run {record.run_id} {record.state.value} after {took}: {record.message}"]
+    for restart in record.restarts:
+        lines.append(f"  restart {restart.attempt}: {restart.reason}")
+    if record.state == RunState.FAILED and record.failures:
+        last = [f for f in record.failures if f.attempt == record.attempt and not f.task.startswith("evaluator")]
+        lines += _failure_lines("root cause", min(last or record.failures, key=lambda f: f.time))
+    lines += [line for f in record.failures if f.task.startswith("evaluator") for line in _failure_lines("evaluator", f)]
+    if record.state == RunState.FAILED and record.stopped_because_of_failure:
+        lines.append(f"  stopped because of it: {', '.join(record.stopped_because_of_failure)}")
+    lines.append(f"  logs: {record.run_dir}/logs   status: tfl status {record.run_id}")
+    return "\n".join(lines)
+
+
+def _failure_lines(label: str, failure: FailureRecord) -> list[str]:
+    lines = [f"  {label}: {failure.task} on {failure.host} (pid {failure.pid}) {failure.reason}; last lines of its log:"]
+    return lines + [f"    | {line}" for line in failure.log_tail]

@@ -1,0 +1,153 @@
+"""The run store: one directory per run holding ``state.json``, logs and progress.
+
+Only the run's supervisor writes its record, always atomically (temp file + ``os.replace``),
+so ``tfl status`` in another terminal never reads half a file.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from launcher.errors import RunNotFoundError
+from launcher.states import RunState, TaskState
+
+STATE_FILE = "state.json"
+
+
+class TaskRecord(BaseModel):
+    task: str
+    host: str
+    backend: str
+    state: TaskState = TaskState.PENDING
+    attempt: int = 0
+    pid: int | None = None
+    create_time: float | None = None  # psutil's, so a reused pid is never taken for ours
+    started: float | None = None
+    ended: float | None = None
+    exit_code: int | None = None
+    log_path: str
+    progress_path: str
+
+
+class FailureRecord(BaseModel):
+    """A task that failed: data for the summary, never an exception."""
+
+    task: str
+    host: str
+    pid: int | None
+    exit_code: int | None
+    reason: str  # "exit code 3", "killed by SIGKILL", "stalled for 60 s"
+    log_tail: list[str]
+    time: float
+    attempt: int
+
+
+class RestartRecord(BaseModel):
+    attempt: int
+    time: float
+    reason: str
+
+
+class RunRecord(BaseModel):
+    run_id: str
+    job: str
+    job_args: list[str]
+    run_dir: str
+    created: float
+    state: RunState = RunState.STARTING
+    launcher_pid: int | None = None
+    launcher_create_time: float | None = None
+    attempt: int = 0
+    max_restarts: int = 0
+    tasks: list[TaskRecord] = Field(default_factory=list)
+    failures: list[FailureRecord] = Field(default_factory=list)
+    restarts: list[RestartRecord] = Field(default_factory=list)
+    stopped_because_of_failure: list[str] = Field(default_factory=list)
+    ended: float | None = None
+    exit_code: int | None = None
+    message: str | None = None
+    plan: dict[str, Any] = Field(default_factory=dict)
+
+    def task(self, name: str) -> TaskRecord:
+        return next(t for t in self.tasks if t.task == name)
+
+
+def default_home() -> Path:
+    if os.environ.get("TFL_HOME"):
+        return Path(os.environ["TFL_HOME"])
+    state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(state) / "tfl"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class RunStore:
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = home or default_home()
+        self.runs_dir = self.home / "runs"
+
+    def new_run_id(self, job: str) -> str:
+        return f"{job}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.runs_dir / run_id
+
+    def create(self, record: RunRecord) -> None:
+        run_dir = Path(record.run_dir)
+        for sub in ("logs", "progress"):
+            (run_dir / sub).mkdir(parents=True, exist_ok=True)
+        self.save(record)
+
+    def save(self, record: RunRecord) -> None:
+        write_atomic(Path(record.run_dir) / STATE_FILE, record.model_dump_json(indent=1))
+
+    def load(self, run_id: str) -> RunRecord:
+        path = self.run_dir(run_id) / STATE_FILE
+        try:
+            return RunRecord.model_validate_json(path.read_text())
+        except FileNotFoundError:
+            raise RunNotFoundError(f"run '{run_id}' not found in {self.runs_dir} (see `tfl status` for the runs)") from None
+        except ValidationError:
+            raise RunNotFoundError(f"run '{run_id}': {path} is not a tfl run record (was it written by another version?)") from None
+
+    def list(self) -> list[RunRecord]:
+        """Every readable run, oldest first."""
+        records = []
+        for path in self.runs_dir.glob(f"*/{STATE_FILE}"):
+            try:
+                records.append(RunRecord.model_validate_json(path.read_text()))
+            except (OSError, ValidationError):
+                continue  # a run being created or deleted right now
+        return sorted(records, key=lambda r: r.created)
+
+    def resolve(self, ref: str | None) -> RunRecord:
+        """A run by id, unique id prefix, or the latest run when ``ref`` is None."""
+        if ref is None:
+            runs = self.list()
+            if not runs:
+                raise RunNotFoundError(f"no runs yet in {self.runs_dir} (start one with `tfl launch`)")
+            return runs[-1]
+        if (self.run_dir(ref) / STATE_FILE).exists():
+            return self.load(ref)
+        matches = sorted(p.parent.name for p in self.runs_dir.glob(f"{ref}*/{STATE_FILE}"))
+        if len(matches) == 1:
+            return self.load(matches[0])
+        if matches:
+            raise RunNotFoundError(f"'{ref}' matches {len(matches)} runs ({', '.join(matches[:3])}, …); give more of the id")
+        raise RunNotFoundError(f"run '{ref}' not found in {self.runs_dir} (see `tfl status` for the runs)")

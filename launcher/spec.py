@@ -1,0 +1,217 @@
+"""The cluster description: what runs where, validated with pydantic.
+
+Pure data. ``load_cluster`` turns a JSON file into a ``ClusterSpec`` or raises
+``ClusterFileError`` whose message names the file, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import socket
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from launcher.errors import ClusterFileError
+
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+TRAINING_TYPES = ("chief", "worker")
+TASK_TYPES = ("chief", "worker", "evaluator")
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+
+
+@dataclass(frozen=True, order=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def is_local(self) -> bool:
+        return self.host in LOCAL_HOSTS
+
+
+def parse_address(text: str) -> Address:
+    """``host:port`` or ``[v6]:port``; raises ValueError with the fix."""
+    match = re.fullmatch(r"\[(?P<v6>[^\]]+)\]:(?P<p1>[^:]*)|(?P<host>[^:\[\]]*):(?P<p2>[^:]*)", text)
+    if not match:
+        raise ValueError(f"'{text}' is not host:port (write e.g. 'localhost:23456', or '[::1]:23456' for IPv6)")
+    host = match["v6"] or match["host"] or ""
+    port_text = match["p1"] if match["v6"] else match["p2"]
+    if not _valid_host(host, bool(match["v6"])):
+        raise ValueError(f"'{text}': '{host}' is not a valid hostname or IP address")
+    if not (port_text or "").isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"'{text}': port '{port_text}' must be a number from 1 to 65535")
+    return Address(host, int(port_text))
+
+
+def _valid_host(host: str, bracketed: bool) -> bool:
+    try:
+        ip = ipaddress.ip_address(host)
+        return bracketed == (ip.version == 6)
+    except ValueError:
+        return not bracketed and bool(_HOSTNAME.match(host))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SSHSettings(_Strict):
+    """How to reach a remote host. Every field may be overridden per host."""
+
+    user: str | None = Field(None, description="login user (default: the local user / ssh config)")
+    port: int = Field(22, ge=1, le=65535, description="sshd port")
+    identity_file: str | None = Field(None, description="private key file")
+    connect_timeout: float = Field(10.0, gt=0, description="seconds to wait for the connection")
+    known_hosts: str | None = Field(None, description="known_hosts file (default: ~/.ssh/known_hosts)")
+
+
+class HostSettings(_Strict):
+    """Settings for every task on one host."""
+
+    python: str | None = Field(None, description="python executable for the tasks (default: the launcher's)")
+    workdir: str | None = Field(None, description="working directory of the tasks")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for this host's tasks")
+    ssh: SSHSettings | None = Field(None, description="overrides of the top-level ssh settings")
+
+
+class Topology(_Strict):
+    """Mirrors TF_CONFIG's ``cluster``: task type -> list of host:port."""
+
+    chief: list[str] = Field(default_factory=list, description="at most one host:port")
+    worker: list[str] = Field(default_factory=list, description="host:port of each worker")
+    evaluator: list[str] = Field(default_factory=list, description="at most one host:port (sidecar evaluator)")
+
+    @field_validator("chief", "worker", "evaluator")
+    @classmethod
+    def _addresses(cls, entries: list[str]) -> list[str]:
+        for entry in entries:
+            parse_address(entry)
+        return entries
+
+    @field_validator("chief")
+    @classmethod
+    def _one_chief(cls, entries: list[str]) -> list[str]:
+        if len(entries) > 1:
+            raise ValueError(f"has {len(entries)} entries; at most one chief is allowed (move the others to cluster.worker)")
+        return entries
+
+    @field_validator("evaluator")
+    @classmethod
+    def _one_evaluator(cls, entries: list[str]) -> list[str]:
+        if len(entries) > 1:
+            raise ValueError(f"has {len(entries)} entries; at most one evaluator is allowed (remove the others)")
+        return entries
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Topology:
+        if not self.chief and not self.worker:
+            raise ValueError("no training task; add a 'chief' or at least one 'worker' (e.g. \"chief\": [\"localhost:23456\"])")
+        seen = Counter(parse_address(a) for a in self.chief + self.worker + self.evaluator)
+        duplicates = sorted(str(a) for a, n in seen.items() if n > 1)
+        if duplicates:
+            raise ValueError(f"{', '.join(duplicates)} is used by more than one task; give each task its own host:port")
+        kinds = {a.is_local for a in seen}
+        if len(kinds) > 1:
+            raise ValueError(
+                "mixes local hosts (localhost/127.0.0.1/::1) with remote ones; remote tasks could not reach a "
+                "local address: use the machine's real hostname instead of localhost"
+            )
+        return self
+
+    def addresses(self, task_type: str) -> list[Address]:
+        return [parse_address(a) for a in getattr(self, task_type)]
+
+
+class ClusterSpec(_Strict):
+    """A cluster description file."""
+
+    cluster: Topology
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for every task")
+    hosts: dict[str, HostSettings] = Field(default_factory=dict, description="per-host settings, keyed by host")
+    ssh: SSHSettings = Field(default_factory=SSHSettings, description="defaults for hosts reached over SSH")
+
+    @model_validator(mode="after")
+    def _hosts_known(self) -> ClusterSpec:
+        used = {a.host for t in TASK_TYPES for a in self.cluster.addresses(t)}
+        unknown = sorted(set(self.hosts) - used)
+        if unknown:
+            raise ValueError(f"hosts.{unknown[0]} names a host no task runs on (tasks run on: {', '.join(sorted(used))})")
+        reserved = sorted(k for k in [*self.env, *(k for h in self.hosts.values() for k in h.env)] if k == "TF_CONFIG" or k.startswith("TFL_"))
+        if reserved:
+            raise ValueError(f"env sets {reserved[0]}, which tfl sets for each task; remove it")
+        return self
+
+    def host(self, name: str) -> HostSettings:
+        return self.hosts.get(name, HostSettings())
+
+
+def load_cluster(path: Path) -> ClusterSpec:
+    name = str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ClusterFileError(f"{name}: no such file (pass a cluster description, e.g. --cluster cluster.example.json, or use --local N)") from None
+    except OSError as exc:
+        raise ClusterFileError(f"{name}: cannot be read: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ClusterFileError(f"{name}: not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    return parse_cluster(data, name)
+
+
+def parse_cluster(data: Any, name: str = "cluster") -> ClusterSpec:
+    try:
+        return ClusterSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ClusterFileError(f"{name}: {describe_error(exc)}") from None
+
+
+def describe_error(exc: ValidationError) -> str:
+    """The first error of a ValidationError as one line: field path, problem, fix."""
+    err = exc.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    kind, msg = err["type"], err["msg"].removeprefix("Value error, ")
+    if kind == "extra_forbidden":
+        return f"{loc}: unknown key; remove it or check its spelling (see `tfl schema` for the allowed keys)"
+    if kind == "missing":
+        return f"{loc}: required key is missing (e.g. {{\"cluster\": {{\"chief\": [\"localhost:23456\"]}}}})"
+    if kind == "model_type" and not loc:
+        return "the file must hold a JSON object with a 'cluster' key"
+    return f"{loc}: {msg}" if loc else msg
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def local_cluster(workers: int, evaluator: bool = False) -> ClusterSpec:
+    """``--local N``: a chief and N-1 workers (plus an evaluator) on free localhost ports."""
+    if workers < 1:
+        raise ClusterFileError(f"--local {workers}: needs at least 1 training task (e.g. --local 2)")
+    ports = _distinct_free_ports(workers + int(evaluator))
+    addr = [f"127.0.0.1:{p}" for p in ports]
+    topology: dict[str, list[str]] = {"chief": addr[:1], "worker": addr[1:workers]}
+    if evaluator:
+        topology["evaluator"] = addr[workers:]
+    return parse_cluster({"cluster": topology}, "--local")
+
+
+def _distinct_free_ports(count: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports

@@ -1,0 +1,222 @@
+"""The supervisor: starts a plan's tasks, watches them, applies the run policy.
+
+Policy (all-or-nothing, see ``states``): the first training task to fail stops every
+other task at once (SIGTERM to its group, ``grace_period``, then SIGKILL), without waiting
+for TensorFlow's own ~14 s heartbeat timeout. Then the group is restarted while restarts
+are left, else the run has failed. The evaluator never stops training: its failure is
+recorded; after training it gets ``evaluator_timeout`` to finish its last checkpoint.
+
+Mechanism is the backends'; clock and wait are injectable, so tests drive the state
+machine with a scripted backend in milliseconds.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from launcher.backends import Backend, TaskProcess, make_backend
+from launcher.errors import LaunchError
+from launcher.logstream import tail_lines
+from launcher.plan import LaunchPlan, TaskLaunch
+from launcher.runstore import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
+from launcher.states import RunState, TaskState
+from launcher.tfconfig import TaskId
+
+# TensorFlow's preemption exit code, and a SIGTERM from outside tfl: always worth a retry.
+PREEMPTION_EXIT_CODES = frozenset({143, -signal.SIGTERM})
+BackendFactory = Callable[[str, Callable[[], None]], Backend]
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    max_restarts: int = 0
+    retry_on: str = "any"  # "any": every failure; "preemption": only PREEMPTION_EXIT_CODES
+    grace_period: float = 5.0
+    poll_interval: float = 0.5  # an upper bound: local exits wake the supervisor at once
+    evaluator_timeout: float = 600.0
+    log_tail_lines: int = 20
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def initial_record(plan: LaunchPlan, created: float, max_restarts: int) -> RunRecord:
+    tasks = [TaskRecord(task=t.name, host=t.host, backend=t.backend, log_path=t.log_path,
+                        progress_path=t.progress_path) for t in plan.tasks]
+    return RunRecord(run_id=plan.run_id, job=plan.job, job_args=list(plan.job_args), run_dir=plan.run_dir,
+                     created=created, max_restarts=max_restarts, tasks=tasks, plan=plan.to_dict())
+
+
+class Supervisor:
+    def __init__(self, plan: LaunchPlan, record: RunRecord, store: RunStore, config: SupervisorConfig, *,
+                 backend_factory: BackendFactory = make_backend, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time, wait: Callable[[float], None] | None = None) -> None:
+        self.plan, self.record, self._store, self._config = plan, record, store, config
+        self._factory, self._clock, self._wall = backend_factory, clock, wall
+        self._wake = threading.Event()
+        self._wait = wait or self._wait_for_event
+        self._backends: dict[str, Backend] = {}
+        self._procs: dict[str, TaskProcess] = {}
+        self._stop_requested = False
+        self._force = False
+
+    # --- called from signal handlers / other threads ------------------------------------
+    def notify(self) -> None:
+        self._wake.set()
+
+    def request_stop(self, force: bool = False) -> None:
+        """First call: graceful stop of every task. ``force``: SIGKILL without grace."""
+        self._stop_requested = True
+        self._force = self._force or force
+        self.notify()
+
+    # --- the state machine --------------------------------------------------------------
+    def run(self) -> RunRecord:
+        try:
+            while self._run_attempt():
+                self.record.attempt += 1
+        except LaunchError as exc:
+            self._finish(RunState.FAILED, 1, str(exc))
+            raise
+        finally:
+            self._teardown(list(self._procs.values()), TaskState.STOPPED)
+            for backend in self._backends.values():
+                backend.close()
+            self._save()
+        return self.record
+
+    def _run_attempt(self) -> bool:
+        """Run one attempt of the whole group; True when the group is to be restarted."""
+        self._set_state(RunState.STARTING if self.record.attempt == 0 else RunState.RESTARTING)
+        self._procs = {}
+        for launch in self.plan.tasks:
+            if self._stop_requested:
+                break
+            self._start(launch)
+        self._set_state(RunState.RUNNING)
+        while True:
+            if self._stop_requested:
+                self._set_state(RunState.STOPPING)
+                self._teardown(list(self._procs.values()), TaskState.STOPPED)
+                self._finish(RunState.STOPPED, 130, "stopped by the user")
+                return False
+            self._reap()
+            failed = self._first_training_failure()
+            if failed is not None:
+                return self._on_training_failure(failed)
+            if all(self.record.task(t.name).state == TaskState.SUCCEEDED for t in self.plan.training_tasks):
+                self._finish_evaluator()
+                if not self._stop_requested:
+                    self._finish(RunState.SUCCEEDED, 0, "every training task succeeded")
+                    return False
+                continue
+            self._wait(self._config.poll_interval)
+
+    def _start(self, launch: TaskLaunch) -> None:
+        proc = self._backend(launch.backend).start(launch, self.record.attempt)
+        self._procs[launch.name] = proc
+        task = self.record.task(launch.name)
+        task.state, task.attempt, task.pid, task.create_time = TaskState.RUNNING, proc.attempt, proc.pid, proc.create_time
+        task.started, task.ended, task.exit_code = self._wall(), None, None
+        self._save()
+
+    def _reap(self) -> None:
+        """Move every task that has exited to SUCCEEDED or FAILED."""
+        for name, proc in self._procs.items():
+            task = self.record.task(name)
+            if task.state != TaskState.RUNNING:
+                continue
+            code = self._backend(proc.launch.backend).poll(proc)
+            if code is None:
+                continue
+            task.exit_code, task.ended = code, self._wall()
+            task.state = TaskState.SUCCEEDED if code == 0 else TaskState.FAILED
+            if code != 0:
+                self.record.failures.append(FailureRecord(
+                    task=name, host=task.host, pid=task.pid, exit_code=code, reason=describe_exit(code),
+                    log_tail=tail_lines(proc.launch.log_path, self._config.log_tail_lines),
+                    time=task.ended, attempt=self.record.attempt))
+            self._save()
+
+    def _first_training_failure(self) -> FailureRecord | None:
+        return next((f for f in self.record.failures
+                     if f.attempt == self.record.attempt and TaskId.parse(f.task).is_training), None)
+
+    def _on_training_failure(self, failure: FailureRecord) -> bool:
+        running = [p for n, p in self._procs.items() if self.record.task(n).state == TaskState.RUNNING]
+        self.record.stopped_because_of_failure = sorted(p.launch.name for p in running)
+        self._teardown(running, TaskState.STOPPED)
+        if self._may_restart(failure):
+            reason = f"{failure.task} on {failure.host}: {failure.reason}"
+            self.record.restarts.append(RestartRecord(attempt=self.record.attempt + 1, time=self._wall(), reason=reason))
+            self._save()
+            return True
+        self._finish(RunState.FAILED, 1, f"{failure.task} on {failure.host} failed: {failure.reason}")
+        return False
+
+    def _may_restart(self, failure: FailureRecord) -> bool:
+        if self._stop_requested or len(self.record.restarts) >= self._config.max_restarts:
+            return False
+        return self._config.retry_on == "any" or failure.exit_code in PREEMPTION_EXIT_CODES
+
+    def _finish_evaluator(self) -> None:
+        deadline = self._clock() + self._config.evaluator_timeout
+        evaluators = [p for n, p in self._procs.items() if not p.launch.task.is_training]
+        while not self._stop_requested and self._clock() < deadline:
+            self._reap()
+            if all(self.record.task(p.launch.name).state != TaskState.RUNNING for p in evaluators):
+                return
+            self._wait(min(self._config.poll_interval, max(0.0, deadline - self._clock())))
+        self._teardown(evaluators, TaskState.STOPPED)
+
+    def _teardown(self, procs: list[TaskProcess], state: TaskState) -> None:
+        """SIGTERM each group, wait ``grace_period``, SIGKILL what is left. Idempotent."""
+        alive = [p for p in procs if self._backend(p.launch.backend).alive(p)]
+        for signum, budget in ((signal.SIGTERM, self._config.grace_period), (signal.SIGKILL, 10.0)):
+            if signum == signal.SIGTERM and self._force:
+                continue
+            for proc in alive:
+                self._backend(proc.launch.backend).signal(proc, signum)
+            deadline = self._clock() + budget
+            while alive and self._clock() < deadline and not (self._force and signum == signal.SIGTERM):
+                self._wait(min(0.05, max(0.0, deadline - self._clock())))
+                alive = [p for p in alive if self._backend(p.launch.backend).alive(p)]
+            alive = [p for p in alive if self._backend(p.launch.backend).alive(p)]
+        for proc in procs:
+            task = self.record.task(proc.launch.name)
+            if task.state == TaskState.RUNNING:
+                code = self._backend(proc.launch.backend).poll(proc)
+                task.state, task.exit_code, task.ended = state, code, self._wall()
+        self._save()
+
+    # --- small helpers ------------------------------------------------------------------
+    def _backend(self, name: str) -> Backend:
+        if name not in self._backends:
+            self._backends[name] = self._factory(name, self.notify)
+        return self._backends[name]
+
+    def _wait_for_event(self, timeout: float) -> None:
+        self._wake.wait(timeout)
+        self._wake.clear()
+
+    def _set_state(self, state: RunState) -> None:
+        self.record.state = state
+        self._save()
+
+    def _finish(self, state: RunState, exit_code: int, message: str) -> None:
+        self.record.state, self.record.exit_code, self.record.message = state, exit_code, message
+        self.record.ended = self._wall()
+        self._save()
+
+    def _save(self) -> None:
+        self._store.save(self.record)
