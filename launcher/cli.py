@@ -18,6 +18,7 @@ from launcher.errors import TflError
 app = typer.Typer(
     name="tfl", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
     help="Launch, supervise and inspect TensorFlow multi-worker training runs.",
+    pretty_exceptions_enable=False,
 )
 T = TypeVar("T")
 
@@ -53,6 +54,8 @@ def launch(
     retry_on: str = typer.Option("any", "--retry-on", help="which failures are restarted: any | preemption (exit 143 / SIGTERM)"),
     grace_period: float = typer.Option(5.0, "--grace-period", min=0, help="seconds between SIGTERM and SIGKILL when stopping tasks"),
     evaluator_timeout: float = typer.Option(600.0, "--evaluator-timeout", min=0, help="seconds the evaluator may run after training ends"),
+    stall_timeout: Optional[float] = typer.Option(None, "--stall-timeout", min=0, help="a training task without progress for S seconds has failed"),
+    detach: bool = typer.Option(False, "--detach", "-d", help="supervise in the background; print the run id and return"),
 ) -> None:
     """Launch JOB on a cluster (--cluster FILE) or on local processes (--local N)."""
     from launcher import launch as core
@@ -75,7 +78,13 @@ def launch(
         return
     _core(lambda: core.preflight(plan))
     config = SupervisorConfig(max_restarts=max_restarts, retry_on=retry_on, grace_period=grace_period,
-                              evaluator_timeout=evaluator_timeout)
+                              evaluator_timeout=evaluator_timeout, stall_timeout=stall_timeout)
+    if detach:
+        pid = _core(lambda: core.detach(plan, store, config))
+        typer.echo(plan.run_id)
+        typer.echo(f"tfl: run {plan.run_id} supervised in the background (pid {pid}); "
+                   f"follow it with `tfl logs {plan.run_id} --follow`, end it with `tfl stop {plan.run_id}`", err=True)
+        return
     typer.echo(f"tfl: run {plan.run_id}: {', '.join(t.name for t in plan.tasks)}; logs in {plan.run_dir}/logs", err=True)
     record = _core(lambda: core.execute(plan, store, config, sys.stdout, colour=sys.stdout.isatty()))
     typer.echo(summary(record), err=True)
@@ -106,18 +115,66 @@ def schema() -> None:
 def status(
     run: Optional[str] = typer.Argument(None, help="a run id (or unique prefix); omit for every run"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    watch: bool = typer.Option(False, "--watch", "-w", help="with RUN: a live view, refreshed every second"),
 ) -> None:
     """Show every run, or one run's tasks (state, pid, cpu, memory, progress)."""
     from launcher.report import run_detail, runs_table
     from launcher.status import run_view
 
     store = _store()
+    if watch and run is not None:
+        from launcher.report import watch_run
+
+        try:
+            watch_run(lambda: run_view(store.resolve(run), measure=True), sys.stdout)
+        except KeyboardInterrupt:
+            pass
+        return
     if run is None:
         views = [run_view(r) for r in store.list()]
         typer.echo(json.dumps([v.to_dict() for v in views], indent=1) if as_json else runs_table(views))
         return
     view = run_view(_core(lambda: store.resolve(run)), measure=True)
     typer.echo(json.dumps(view.to_dict(), indent=1) if as_json else run_detail(view))
+
+
+@app.command("_supervise", hidden=True)
+def supervise(plan_file: Path, config_json: str) -> None:
+    """The detached launcher's body (started by `tfl launch --detach`)."""
+    from launcher.launch import supervise_detached
+
+    record = _core(lambda: supervise_detached(plan_file, config_json, _store()))
+    raise typer.Exit(record.exit_code or 0)
+
+
+@app.command()
+def stop(
+    run: Optional[str] = typer.Argument(None, help="run id or unique prefix (default: the latest run)"),
+    grace_period: float = typer.Option(5.0, "--grace-period", min=0, help="seconds between SIGTERM and SIGKILL"),
+) -> None:
+    """Stop a run: every task, even when its launcher was killed. Stopping twice is fine."""
+    from launcher.control import stop_run
+
+    store = _store()
+    record = _core(lambda: store.resolve(run))
+    typer.echo(stop_run(store, record, grace_period))
+
+
+@app.command()
+def logs(
+    run: Optional[str] = typer.Argument(None, help="run id or unique prefix (default: the latest run)"),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help="only this task, e.g. chief:0"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the run ends"),
+) -> None:
+    """Print a run's task logs, each line prefixed with its task."""
+    from launcher.control import show_logs
+
+    store = _store()
+    record = _core(lambda: store.resolve(run))
+    try:
+        _core(lambda: show_logs(store, record, sys.stdout, task=task, follow=follow, colour=sys.stdout.isatty()))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
 
 
 def main() -> None:

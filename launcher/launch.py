@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator, TextIO
 
 import psutil
 
 from launcher.errors import LaunchError, UsageError
-from launcher.logstream import LogFollower
+from launcher.logstream import LogFollower, tail_lines
 from launcher.plan import LaunchPlan, build_plan, job_name
 from launcher.runstore import RunRecord, RunStore
 from launcher.spec import ClusterSpec
@@ -59,19 +62,52 @@ def _port_owner(port: int) -> str:
     return ""
 
 
-def execute(plan: LaunchPlan, store: RunStore, config: SupervisorConfig, out: TextIO, *, colour: bool) -> RunRecord:
+def execute(plan: LaunchPlan, store: RunStore, config: SupervisorConfig, out: TextIO | None, *,
+            colour: bool = False) -> RunRecord:
     """Start the plan and supervise it to the end, streaming every task's output to ``out``."""
     record = initial_record(plan, created=time.time(), max_restarts=config.max_restarts)
     me = psutil.Process()
     record.launcher_pid, record.launcher_create_time = me.pid, me.create_time()
     store.create(record)
     supervisor = Supervisor(plan, record, store, config)
-    follower = LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour).start()
+    follower = LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour).start() if out else None
     try:
         with _stop_on_signals(supervisor):
             return supervisor.run()
     finally:
-        follower.stop()
+        if follower:
+            follower.stop()
+
+
+def detach(plan: LaunchPlan, store: RunStore, config: SupervisorConfig, timeout: float = 20.0) -> int:
+    """Run the supervisor as a background process in its own session; returns its pid.
+
+    Returns once the run is recorded, so ``tfl status`` sees it at once.
+    """
+    run_dir = Path(plan.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plan_file = run_dir / "plan.json"
+    plan_file.write_text(json.dumps(plan.to_dict()))
+    with open(run_dir / "launcher.log", "ab") as log:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "launcher", "_supervise", str(plan_file), json.dumps(asdict(config))],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "TFL_HOME": str(store.home)})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "state.json").exists() and store.load(plan.run_id).launcher_pid == child.pid:
+            return child.pid
+        if child.poll() is not None:
+            tail = " | ".join(tail_lines(run_dir / "launcher.log", 3))
+            raise LaunchError(f"the detached launcher exited with code {child.returncode}: {tail}")
+        time.sleep(0.05)
+    return child.pid
+
+
+def supervise_detached(plan_file: Path, config_json: str, store: RunStore) -> RunRecord:
+    """The body of a detached launcher (``tfl _supervise``)."""
+    plan = LaunchPlan.from_dict(json.loads(plan_file.read_text()))
+    return execute(plan, store, SupervisorConfig(**json.loads(config_json)), None)
 
 
 @contextmanager

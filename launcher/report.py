@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TextIO
 
 from launcher.runstore import FailureRecord, RunRecord
 from launcher.states import RunState
@@ -34,30 +34,59 @@ def runs_table(views: Sequence[RunView]) -> str:
     return table(("run", "job", "state", "alive", "started", "duration"), rows)
 
 
-def progress_text(progress: dict[str, Any] | None) -> str | None:
+def progress_fraction(progress: dict[str, Any]) -> float | None:
+    epochs, epoch = progress.get("epochs"), progress.get("epoch")
+    if not epochs or not epoch:
+        return None
+    steps, step = progress.get("steps_per_epoch"), progress.get("step") or 0
+    within = step / steps if steps else (1.0 if progress.get("phase") == "epoch_end" else 0.0)
+    return float(min(1.0, (epoch - 1 + within) / epochs))
+
+
+def progress_text(progress: dict[str, Any] | None, bar_width: int = 0) -> str | None:
     if not progress:
         return None
-    parts = [f"epoch {progress.get('epoch')}/{progress.get('epochs')}"]
+    parts = []
+    fraction = progress_fraction(progress)
+    if bar_width and fraction is not None:
+        filled = int(round(fraction * bar_width))
+        parts.append(f"[{'#' * filled}{'.' * (bar_width - filled)}] {fraction * 100:3.0f}%")
+    if progress.get("phase") == "done":
+        parts.append("done")
+    parts.append(f"epoch {progress.get('epoch')}/{progress.get('epochs')}")
     if progress.get("steps_per_epoch"):
         parts.append(f"step {progress.get('step')}/{progress['steps_per_epoch']}")
     if progress.get("loss") is not None:
         parts.append(f"loss {progress['loss']:.4f}")
+    if progress.get("examples_per_sec"):
+        parts.append(f"{progress['examples_per_sec']:.0f} ex/s")
     return " ".join(parts)
 
 
-def run_detail(view: RunView) -> str:
+def run_detail(view: RunView, bar_width: int = 0) -> str:
     head = [f"run {view.run_id}  {view.state}  ({view.alive}/{view.total} tasks alive, "
             f"{duration(view.duration_s)}, {view.restarts} restart(s))"]
     if view.message:
         head.append(f"  {view.message}")
-    rows = [_task_row(t) for t in view.tasks]
+    rows = [_task_row(t, bar_width) for t in view.tasks]
     return "\n".join(head) + "\n" + table(
         ("task", "host", "state", "pid", "cpu%", "rss_mb", "uptime", "exit", "progress"), rows)
 
 
-def _task_row(t: TaskView) -> tuple[Any, ...]:
+def _task_row(t: TaskView, bar_width: int = 0) -> tuple[Any, ...]:
     return (t.task, t.host, t.state, t.pid, t.cpu_percent, t.rss_mb, duration(t.uptime_s), t.exit_code,
-            progress_text(t.progress))
+            progress_text(t.progress, bar_width))
+
+
+def watch_run(view_of: Callable[[], RunView], out: TextIO, interval: float = 1.0) -> None:
+    """Redraw the run's table with a progress bar per task until the run has ended."""
+    while True:
+        view = view_of()
+        out.write("\033[H\033[2J" + run_detail(view, bar_width=20) + "\n")
+        out.flush()
+        if view.state not in ("starting", "running", "restarting", "stopping"):
+            return
+        time.sleep(interval)
 
 
 def summary(record: RunRecord) -> str:

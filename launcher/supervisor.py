@@ -12,6 +12,7 @@ machine with a scripted backend in milliseconds.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -38,7 +39,15 @@ class SupervisorConfig:
     grace_period: float = 5.0
     poll_interval: float = 0.5  # an upper bound: local exits wake the supervisor at once
     evaluator_timeout: float = 600.0
+    stall_timeout: float | None = None  # no progress from a training task for this long = failure
     log_tail_lines: int = 20
+
+
+def progress_mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
 
 
 def describe_exit(code: int) -> str:
@@ -60,11 +69,13 @@ def initial_record(plan: LaunchPlan, created: float, max_restarts: int) -> RunRe
 class Supervisor:
     def __init__(self, plan: LaunchPlan, record: RunRecord, store: RunStore, config: SupervisorConfig, *,
                  backend_factory: BackendFactory = make_backend, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, wait: Callable[[float], None] | None = None) -> None:
+                 wall: Callable[[], float] = time.time, wait: Callable[[float], None] | None = None,
+                 progress_time: Callable[[str], float | None] = progress_mtime) -> None:
         self.plan, self.record, self._store, self._config = plan, record, store, config
         self._factory, self._clock, self._wall = backend_factory, clock, wall
         self._wake = threading.Event()
         self._wait = wait or self._wait_for_event
+        self._progress_time = progress_time
         self._backends: dict[str, Backend] = {}
         self._procs: dict[str, TaskProcess] = {}
         self._stop_requested = False
@@ -111,6 +122,7 @@ class Supervisor:
                 self._finish(RunState.STOPPED, 130, "stopped by the user")
                 return False
             self._reap()
+            self._check_stalls()
             failed = self._first_training_failure()
             if failed is not None:
                 return self._on_training_failure(failed)
@@ -148,6 +160,26 @@ class Supervisor:
                     time=task.ended, attempt=self.record.attempt))
             self._save()
 
+    def _check_stalls(self) -> None:
+        """A training task with no progress for ``stall_timeout`` s has failed (it may hang forever)."""
+        timeout = self._config.stall_timeout
+        if not timeout:
+            return
+        now = self._wall()
+        for name, proc in self._procs.items():
+            task = self.record.task(name)
+            if task.state != TaskState.RUNNING or not proc.launch.task.is_training:
+                continue
+            last = max(task.started or now, self._progress_time(proc.launch.progress_path) or 0.0)
+            if now - last > timeout:
+                task.state, task.ended = TaskState.FAILED, now
+                self.record.failures.append(FailureRecord(
+                    task=name, host=task.host, pid=task.pid, exit_code=None,
+                    reason=f"stalled: no progress for {timeout:g} s (--stall-timeout)",
+                    log_tail=tail_lines(proc.launch.log_path, self._config.log_tail_lines), time=now,
+                    attempt=self.record.attempt))
+                self._save()
+
     def _first_training_failure(self) -> FailureRecord | None:
         return next((f for f in self.record.failures
                      if f.attempt == self.record.attempt and TaskId.parse(f.task).is_training), None)
@@ -155,7 +187,11 @@ class Supervisor:
     def _on_training_failure(self, failure: FailureRecord) -> bool:
         running = [p for n, p in self._procs.items() if self.record.task(n).state == TaskState.RUNNING]
         self.record.stopped_because_of_failure = sorted(p.launch.name for p in running)
-        self._teardown(running, TaskState.STOPPED)
+        # The failed task too: a stalled one is still alive.
+        self._teardown(list(self._procs.values()), TaskState.STOPPED)
+        failed = self._procs[failure.task]
+        if self.record.task(failure.task).exit_code is None:
+            self.record.task(failure.task).exit_code = self._backend(failed.launch.backend).poll(failed)
         if self._may_restart(failure):
             reason = f"{failure.task} on {failure.host}: {failure.reason}"
             self.record.restarts.append(RestartRecord(attempt=self.record.attempt + 1, time=self._wall(), reason=reason))

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.procs import assert_none_left
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def tfl_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private run store; afterwards, proof that no task of its runs is alive."""
+    home = tmp_path / "tfl-home"
+    monkeypatch.setenv("TFL_HOME", str(home))
+    yield home
+    assert_none_left(str(home))
+
+
+@pytest.fixture
+def tfl_cmd() -> list[str]:
+    """Run the CLI as a real process (for signals and live output)."""
+    return [sys.executable, "-m", "launcher"]
+
+
+@pytest.fixture
+def child_env(tfl_home: Path) -> dict[str, str]:
+    return {**os.environ, "TFL_HOME": str(tfl_home)}

@@ -1,0 +1,214 @@
+"""The supervisor's state machine, driven by a scripted backend and a fake clock."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from launcher.backends import TaskProcess
+from launcher.errors import LaunchError
+from launcher.plan import LaunchPlan, TaskLaunch, build_plan
+from launcher.runstore import RunStore
+from launcher.spec import parse_cluster
+from launcher.states import RunState, TaskState
+from launcher.supervisor import Supervisor, SupervisorConfig, initial_record
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(seconds, 0.001)
+
+
+class FakeBackend:
+    """Each task exits with ``exits[name][attempt] = (at, code)``; None runs until signalled.
+
+    ``ignores_term`` tasks survive SIGTERM (only SIGKILL ends them).
+    """
+
+    def __init__(self, clock: FakeClock, exits: dict[str, list[tuple[float, int] | None]],
+                 ignores_term: frozenset[str] = frozenset(), fail_start: str | None = None) -> None:
+        self.clock, self.exits, self.ignores_term, self.fail_start = clock, exits, ignores_term, fail_start
+        self.signals: list[tuple[str, int, float]] = []
+        self.started: list[tuple[str, int]] = []
+        self._dead: dict[int, int] = {}
+        self._started_at: dict[int, float] = {}
+        self._next_pid = 100
+
+    def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
+        if launch.name == self.fail_start:
+            raise LaunchError(f"{launch.name}: cannot start")
+        self._next_pid += 1
+        self.started.append((launch.name, attempt))
+        self._started_at[self._next_pid] = self.clock.now
+        return TaskProcess(launch=launch, attempt=attempt, pid=self._next_pid, create_time=1.0, pgid=self._next_pid)
+
+    def poll(self, proc: TaskProcess) -> int | None:
+        if proc.pid in self._dead:
+            return self._dead[proc.pid]
+        script = self.exits.get(proc.launch.name, [])
+        planned = script[proc.attempt] if proc.attempt < len(script) else None
+        if planned and self.clock.now - self._started_at[proc.pid] >= planned[0]:
+            self._dead[proc.pid] = planned[1]
+            return planned[1]
+        return None
+
+    def signal(self, proc: TaskProcess, signum: int) -> None:
+        self.signals.append((proc.launch.name, signum, self.clock.now))
+        if self.poll(proc) is None and not (signum == signal.SIGTERM and proc.launch.name in self.ignores_term):
+            self._dead[proc.pid] = -signum
+
+    def alive(self, proc: TaskProcess) -> bool:
+        return self.poll(proc) is None
+
+    def close(self) -> None:
+        pass
+
+
+def make(tmp_path: Path, backend_of: Callable[[FakeClock], FakeBackend], evaluator: bool = True,
+         **config: object) -> tuple[Supervisor, FakeBackend, FakeClock, RunStore]:
+    cluster = {"chief": ["localhost:1"], "worker": ["localhost:2"]}
+    if evaluator:
+        cluster["evaluator"] = ["localhost:3"]
+    store = RunStore(tmp_path)
+    plan: LaunchPlan = build_plan(parse_cluster({"cluster": cluster}), "/job.py", (), run_id="r",
+                                  run_dir=str(tmp_path / "runs" / "r"), python="py", cwd="/")
+    record = initial_record(plan, created=0.0, max_restarts=int(config.get("max_restarts", 0)))  # type: ignore[arg-type]
+    store.create(record)
+    clock = FakeClock()
+    backend = backend_of(clock)
+    sup = Supervisor(plan, record, store, SupervisorConfig(**config), backend_factory=lambda name, notify: backend,  # type: ignore[arg-type]
+                     clock=clock, wall=clock, wait=clock.sleep)
+    return sup, backend, clock, store
+
+
+def states(sup: Supervisor) -> dict[str, TaskState]:
+    return {t.task: t.state for t in sup.record.tasks}
+
+
+def test_success_waits_for_evaluator(tmp_path: Path) -> None:
+    sup, backend, clock, store = make(tmp_path, lambda c: FakeBackend(c, {
+        "chief:0": [(10, 0)], "worker:0": [(9, 0)], "evaluator:0": [(15, 0)]}))
+    record = sup.run()
+    assert record.state == RunState.SUCCEEDED and record.exit_code == 0
+    assert states(sup) == {"chief:0": TaskState.SUCCEEDED, "worker:0": TaskState.SUCCEEDED, "evaluator:0": TaskState.SUCCEEDED}
+    assert clock.now >= 15 and backend.signals == []
+    assert store.load("r").state == RunState.SUCCEEDED
+
+
+def test_training_failure_stops_the_rest_at_once(tmp_path: Path) -> None:
+    sup, backend, clock, _ = make(tmp_path, lambda c: FakeBackend(c, {"worker:0": [(5, 3)]}))
+    record = sup.run()
+    assert record.state == RunState.FAILED and record.exit_code == 1
+    assert record.failures[0].task == "worker:0" and record.failures[0].reason == "exit code 3"
+    assert record.stopped_because_of_failure == ["chief:0", "evaluator:0"]
+    assert states(sup) == {"chief:0": TaskState.STOPPED, "worker:0": TaskState.FAILED, "evaluator:0": TaskState.STOPPED}
+    # SIGTERM went out within one poll interval of the death, long before TF's ~14 s heartbeat.
+    term_times = [t for name, sig, t in backend.signals if sig == signal.SIGTERM]
+    assert sorted(name for name, sig, _ in backend.signals) == ["chief:0", "evaluator:0"]
+    assert max(term_times) - 5 <= SupervisorConfig().poll_interval + 0.01
+
+
+def test_sigkill_after_grace_when_sigterm_is_ignored(tmp_path: Path) -> None:
+    sup, backend, _, _ = make(tmp_path, lambda c: FakeBackend(c, {"worker:0": [(1, 1)]}, ignores_term=frozenset({"chief:0"})),
+                              evaluator=False, grace_period=3.0)
+    sup.run()
+    chief = [(sig, t) for name, sig, t in backend.signals if name == "chief:0"]
+    assert [s for s, _ in chief] == [signal.SIGTERM, signal.SIGKILL]
+    assert chief[1][1] - chief[0][1] == pytest.approx(3.0, abs=0.1)
+    assert sup.record.task("chief:0").exit_code == -signal.SIGKILL
+
+
+def test_restart_then_success(tmp_path: Path) -> None:
+    sup, backend, _, _ = make(tmp_path, lambda c: FakeBackend(c, {
+        "chief:0": [None, (4, 0)], "worker:0": [(2, -9), (3, 0)], "evaluator:0": [None, (5, 0)]}), max_restarts=2)
+    record = sup.run()
+    assert record.state == RunState.SUCCEEDED and record.attempt == 1
+    assert [r.reason for r in record.restarts] == ["worker:0 on localhost: killed by SIGKILL"]
+    assert backend.started == [("chief:0", 0), ("worker:0", 0), ("evaluator:0", 0), ("chief:0", 1), ("worker:0", 1), ("evaluator:0", 1)]
+    assert all(t.attempt == 1 for t in record.tasks)
+
+
+def test_restarts_exhausted(tmp_path: Path) -> None:
+    sup, backend, _, _ = make(tmp_path, lambda c: FakeBackend(c, {"chief:0": [(1, 2), (1, 2)]}), max_restarts=1, evaluator=False)
+    record = sup.run()
+    assert record.state == RunState.FAILED and len(record.restarts) == 1 and record.attempt == 1
+    assert [f.attempt for f in record.failures] == [0, 1]
+
+
+def test_retry_on_preemption_only(tmp_path: Path) -> None:
+    sup, _, _, _ = make(tmp_path, lambda c: FakeBackend(c, {"chief:0": [(1, 143), (1, 5), (1, 0)]}), evaluator=False,
+                        max_restarts=5, retry_on="preemption")
+    record = sup.run()
+    assert record.state == RunState.FAILED and len(record.restarts) == 1  # 143 retried, 5 not
+
+
+def test_evaluator_failure_does_not_stop_training(tmp_path: Path) -> None:
+    sup, backend, _, _ = make(tmp_path, lambda c: FakeBackend(c, {
+        "chief:0": [(10, 0)], "worker:0": [(10, 0)], "evaluator:0": [(1, 1)]}))
+    record = sup.run()
+    assert record.state == RunState.SUCCEEDED and backend.signals == []
+    assert [f.task for f in record.failures] == ["evaluator:0"]
+
+
+def test_evaluator_timeout_after_training(tmp_path: Path) -> None:
+    sup, backend, clock, _ = make(tmp_path, lambda c: FakeBackend(c, {"chief:0": [(1, 0)], "worker:0": [(1, 0)]}),
+                                  evaluator_timeout=30.0)
+    record = sup.run()
+    assert record.state == RunState.SUCCEEDED
+    assert record.task("evaluator:0").state == TaskState.STOPPED
+    assert [(n, s) for n, s, _ in backend.signals] == [("evaluator:0", signal.SIGTERM)]
+    assert 30 <= backend.signals[0][2] <= 31.1
+
+
+def test_stop_request(tmp_path: Path) -> None:
+    holder: dict[str, Supervisor] = {}
+
+    class StopAt(FakeBackend):
+        def poll(self, proc: TaskProcess) -> int | None:
+            if self.clock.now > 7 and not holder["s"]._stop_requested:
+                holder["s"].request_stop()
+            return super().poll(proc)
+
+    sup, backend, _, _ = make(tmp_path, lambda c: StopAt(c, {}), max_restarts=3)
+    holder["s"] = sup
+    record = sup.run()
+    assert record.state == RunState.STOPPED and record.exit_code == 130 and record.restarts == []
+    assert all(t.state == TaskState.STOPPED for t in record.tasks)
+
+
+def test_forced_stop_skips_grace(tmp_path: Path) -> None:
+    sup, backend, _, _ = make(tmp_path, lambda c: FakeBackend(c, {}), evaluator=False)
+    sup.request_stop(force=True)
+    sup.run()
+    assert {s for _, s, _ in backend.signals} == set()  # stopped before anything started
+    sup2, backend2, _, _ = make(tmp_path / "b", lambda c: FakeBackend(c, {}, ignores_term=frozenset({"chief:0", "worker:0"})),
+                                evaluator=False, grace_period=100.0)
+    backend2_poll = backend2.poll
+
+    def poll(proc: TaskProcess) -> int | None:
+        if backend2.clock.now > 2:
+            sup2.request_stop(force=True)
+        return backend2_poll(proc)
+
+    backend2.poll = poll  # type: ignore[method-assign]
+    record = sup2.run()
+    assert record.state == RunState.STOPPED
+    assert backend2.clock.now < 10  # did not wait the 100 s grace
+    assert all(sig == signal.SIGKILL for _, sig, _ in backend2.signals)
+
+
+def test_launch_error_stops_started_tasks(tmp_path: Path) -> None:
+    sup, backend, _, store = make(tmp_path, lambda c: FakeBackend(c, {}, fail_start="worker:0"))
+    with pytest.raises(LaunchError):
+        sup.run()
+    assert [(n, s) for n, s, _ in backend.signals] == [("chief:0", signal.SIGTERM)]
+    assert store.load("r").state == RunState.FAILED and "cannot start" in (store.load("r").message or "")
