@@ -1,0 +1,70 @@
+"""The CLI through typer's CliRunner: exit codes, messages, nothing written on a dry run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from launcher.cli import app
+from tests.conftest import ROOT
+
+runner = CliRunner()
+
+
+def test_validate_ok_and_bad(tmp_path: Path) -> None:
+    ok = runner.invoke(app, ["validate", str(ROOT / "cluster.example.json")])
+    assert ok.exit_code == 0
+    assert ok.stdout.splitlines()[:3] == ["chief:0\tlocalhost:23456", "worker:0\tlocalhost:23457", "evaluator:0\tlocalhost:23458"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"cluster": {"chief": ["a:1", "b:1"]}}))
+    result = runner.invoke(app, ["validate", str(bad)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"tfl: error: {bad}: cluster.chief: has 2 entries; at most one chief is allowed (move the others to cluster.worker)"
+    assert "Traceback" not in result.output
+
+
+def test_schema_is_json_schema() -> None:
+    result = runner.invoke(app, ["schema"])
+    schema = json.loads(result.stdout)
+    assert result.exit_code == 0 and schema["required"] == ["cluster"] and "Topology" in schema["$defs"]
+
+
+def test_dry_run_prints_plan_and_writes_nothing(tfl_home: Path) -> None:
+    result = runner.invoke(app, ["launch", str(ROOT / "jobs" / "mnist.py"), "--local", "2", "--evaluator", "--dry-run", "--", "--epochs", "1"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("TF_CONFIG=") == 3 and "--epochs 1" in result.stdout
+    assert '"type": "evaluator"' in result.stdout
+    assert not tfl_home.exists()
+
+
+def test_status_on_empty_store(tfl_home: Path) -> None:
+    assert runner.invoke(app, ["status"]).stdout.startswith("no runs yet")
+    assert json.loads(runner.invoke(app, ["status", "--json"]).stdout) == []
+    missing = runner.invoke(app, ["status", "nope"])
+    assert missing.exit_code == 2 and "run 'nope' not found" in missing.stderr
+
+
+def test_launch_usage_errors(tfl_home: Path) -> None:
+    cases = [
+        (["launch", "jobs/mnist.py"], "give exactly one of --cluster FILE or --local N"),
+        (["launch", "jobs/mnist.py", "--local", "2", "--cluster", "c.json"], "give exactly one of"),
+        (["launch", "nope.py", "--local", "2"], "nope.py: no such job script"),
+        (["launch", "jobs/mnist.py", "--cluster", "nope.json"], "nope.json: no such file"),
+        (["launch", "jobs/mnist.py", "--local", "2", "--retry-on", "sometimes"], "--retry-on sometimes: choose 'any' or 'preemption'"),
+        (["logs", "--task", "ps:0"], "no runs yet"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and message in result.stderr, (args, result.output)
+
+
+def test_common_commands_import_neither_tensorflow_nor_fabric() -> None:
+    code = ("import sys; from typer.testing import CliRunner; from launcher.cli import app; "
+            "CliRunner().invoke(app, ['status']); CliRunner().invoke(app, ['--help']); "
+            "print([m for m in ('tensorflow', 'fabric', 'paramiko') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
