@@ -1,0 +1,116 @@
+"""End to end with real TensorFlow: `tfl launch` of jobs/mnist.py on local processes."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.procs import tfl_processes
+
+pytestmark = pytest.mark.slow
+MNIST = str(ROOT / "jobs" / "mnist.py")
+EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+) loss=([0-9.]+) accuracy=([0-9.]+)", re.M)
+
+
+def tfl(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "launcher", *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def only_run(home: Path) -> Path:
+    (run,) = list((home / "runs").iterdir())
+    return run
+
+
+def epoch_lines(log: Path) -> list[tuple[int, float]]:
+    return [(int(m[1]), float(m[3])) for m in EPOCH_LINE.finditer(log.read_text())]
+
+
+def test_local_cluster_with_evaluator(child_env: dict[str, str], tfl_home: Path) -> None:
+    result = tfl(["launch", MNIST, "--local", "2", "--evaluator", "--", "--epochs", "2", "--steps-per-epoch", "15"], child_env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = only_run(tfl_home)
+    logs = run / "logs"
+    chief, worker = epoch_lines(logs / "chief-0.log"), epoch_lines(logs / "worker-0.log")
+    assert [e for e, _ in chief] == [1, 2] and chief == worker  # same per-epoch loss on both workers
+    assert "MultiWorkerMirroredStrategy replicas=2" in (logs / "chief-0.log").read_text()
+    model = run / "model"
+    assert sorted(p.name for p in (model / "checkpoints").glob("*.index"))
+    assert list((model / "tensorboard").rglob("events.out.tfevents*"))
+    assert list((model / "eval").rglob("events.out.tfevents*"))
+    assert "eval checkpoint=" in (logs / "evaluator-0.log").read_text()
+    # Only the chief wrote: no event file or checkpoint outside the chief's model dir,
+    # and the worker's scratch dir is gone.
+    for path in run.rglob("*"):
+        if "tfevents" in path.name or path.name.endswith(".index"):
+            assert path.is_relative_to(model), path
+    scratch = re.search(r"scratch dir (\S+)", (logs / "worker-0.log").read_text())
+    assert scratch and not Path(scratch[1]).exists()
+    view = json.loads(tfl(["status", run.name, "--json"], child_env).stdout)
+    assert view["state"] == "succeeded"
+    assert {t["task"]: t["exit_code"] for t in view["tasks"]} == {"chief:0": 0, "worker:0": 0, "evaluator:0": 0}
+    assert view["tasks"][0]["progress"]["phase"] == "done"
+
+
+def _kill_task_when(home: Path, task: str, ready: "callable[[Path], bool]", timeout: float = 120) -> None:  # type: ignore[valid-type]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = list((home / "runs").glob("*"))
+        if runs and ready(runs[0]):
+            victims = [p for p in tfl_processes(home=str(home)) if p.environ().get("TFL_TASK") == task]
+            if victims:
+                victims[0].send_signal(signal.SIGKILL)
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"{task} never became ready to be killed")
+
+
+def test_killed_worker_restarts_and_resumes_from_backup(child_env: dict[str, str], tfl_home: Path) -> None:
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "launcher", "launch", MNIST, "--local", "2", "--max-restarts", "1", "--",
+         "--epochs", "4", "--steps-per-epoch", "60", "--batch-size", "32"],
+        env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Mid-epoch 2: epoch 1 has been backed up, epoch 2 has not.
+        _kill_task_when(tfl_home, "worker:0", lambda run: len(epoch_lines(run / "logs" / "chief-0.log")) >= 1)
+        out, err = launcher.communicate(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            launcher.send_signal(signal.SIGINT)
+            launcher.communicate(timeout=60)
+    assert launcher.returncode == 0, err[-3000:]
+    assert "restart 1: worker:0 on 127.0.0.1: killed by SIGKILL" in err
+    log = (only_run(tfl_home) / "logs" / "chief-0.log").read_text()
+    first, second = log.split("--- tfl: attempt 1 of chief:0")
+    resumed = [int(m[1]) for m in EPOCH_LINE.finditer(second)]
+    assert resumed and resumed[0] >= 2 and resumed[-1] == 4  # resumed, not from epoch 1
+    assert (only_run(tfl_home) / "model" / "checkpoints").exists()
+    assert json.loads((only_run(tfl_home) / "model" / "training_done.json").read_text())
+
+
+def test_chaos_rounds_end_cleanly(child_env: dict[str, str], tfl_home: Path, tmp_path: Path) -> None:
+    """Kill a random task at a random moment: each round finishes or fails clearly, no orphans."""
+    rng = random.Random(20261122)
+    for round_ in range(3):
+        home = tmp_path / f"round{round_}"
+        env = {**child_env, "TFL_HOME": str(home)}
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "launcher", "launch", MNIST, "--local", "2", "--evaluator", "--max-restarts", "1",
+             "--", "--epochs", "2", "--steps-per-epoch", "30"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        victim, delay = rng.choice(["chief:0", "worker:0", "evaluator:0"]), rng.uniform(2.0, 12.0)
+        time.sleep(delay)
+        for proc in tfl_processes(home=str(home)):
+            if proc.environ().get("TFL_TASK") == victim:
+                proc.send_signal(signal.SIGKILL)
+        _, err = launcher.communicate(timeout=300)
+        assert launcher.returncode in (0, 1), err[-2000:]
+        assert ("succeeded" in err) if launcher.returncode == 0 else ("root cause:" in err)
+        assert tfl_processes(home=str(home)) == [], f"round {round_}: orphans after killing {victim} at {delay:.1f}s"
