@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, TypeVar
 
 import typer
 
@@ -46,15 +46,15 @@ def _store() -> Any:
 def launch(
     ctx: typer.Context,
     job: str = typer.Argument(..., help="the job script, e.g. jobs/mnist.py; its own arguments go after --"),
-    cluster: Optional[Path] = typer.Option(None, "--cluster", "-c", help="cluster description (JSON)"),
-    local: Optional[int] = typer.Option(None, "--local", help="emulate a cluster: a chief and N-1 workers on free localhost ports"),
+    cluster: Path | None = typer.Option(None, "--cluster", "-c", help="cluster description (JSON)"),
+    local: int | None = typer.Option(None, "--local", help="emulate a cluster: a chief and N-1 workers on free localhost ports"),
     evaluator: bool = typer.Option(False, "--evaluator", help="with --local: add a sidecar evaluator"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print what would run where; start nothing, write nothing"),
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="restart the whole group up to K times after a failure"),
     retry_on: str = typer.Option("any", "--retry-on", help="which failures are restarted: any | preemption (exit 143 / SIGTERM)"),
     grace_period: float = typer.Option(5.0, "--grace-period", min=0, help="seconds between SIGTERM and SIGKILL when stopping tasks"),
     evaluator_timeout: float = typer.Option(600.0, "--evaluator-timeout", min=0, help="seconds the evaluator may run after training ends"),
-    stall_timeout: Optional[float] = typer.Option(None, "--stall-timeout", min=0, help="a training task without progress for S seconds has failed"),
+    stall_timeout: float | None = typer.Option(None, "--stall-timeout", min=0, help="no progress for S seconds = failed"),
     detach: bool = typer.Option(False, "--detach", "-d", help="supervise in the background; print the run id and return"),
 ) -> None:
     """Launch JOB on a cluster (--cluster FILE) or on local processes (--local N)."""
@@ -113,7 +113,7 @@ def schema() -> None:
 
 @app.command()
 def status(
-    run: Optional[str] = typer.Argument(None, help="a run id (or unique prefix); omit for every run"),
+    run: str | None = typer.Argument(None, help="a run id (or unique prefix); omit for every run"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
     watch: bool = typer.Option(False, "--watch", "-w", help="with RUN: a live view, refreshed every second"),
 ) -> None:
@@ -149,7 +149,7 @@ def supervise(plan_file: Path, config_json: str) -> None:
 
 @app.command()
 def stop(
-    run: Optional[str] = typer.Argument(None, help="run id or unique prefix (default: the latest run)"),
+    run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)"),
     grace_period: float = typer.Option(5.0, "--grace-period", min=0, help="seconds between SIGTERM and SIGKILL"),
 ) -> None:
     """Stop a run: every task, even when its launcher was killed. Stopping twice is fine."""
@@ -162,8 +162,8 @@ def stop(
 
 @app.command()
 def logs(
-    run: Optional[str] = typer.Argument(None, help="run id or unique prefix (default: the latest run)"),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help="only this task, e.g. chief:0"),
+    run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)"),
+    task: str | None = typer.Option(None, "--task", "-t", help="only this task, e.g. chief:0"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the run ends"),
 ) -> None:
     """Print a run's task logs, each line prefixed with its task."""

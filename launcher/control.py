@@ -91,6 +91,10 @@ def _mark_stopped(store: RunStore, record: RunRecord, message: str) -> None:
     store.save(record)
 
 
+def _ended(store: RunStore, run_id: str) -> bool:
+    return effective_state(store.load(run_id)) in (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED, RunState.LOST)
+
+
 def show_logs(store: RunStore, record: RunRecord, out: TextIO, *, task: str | None = None, follow: bool = False,
               colour: bool = False, interval: float = 0.2, sleep: Callable[[float], None] = time.sleep) -> None:
     """Print the run's logs with task prefixes; ``follow`` keeps going until the run ends."""
@@ -105,7 +109,7 @@ def show_logs(store: RunStore, record: RunRecord, out: TextIO, *, task: str | No
             raise UsageError(f"--task {task}: run {record.run_id} has no such task ({', '.join(t.task for t in record.tasks)})")
     follower = LogFollower([(t.task, t.log_path) for t in tasks], out, colour=colour)
     follower.poll_once()
-    while follow and effective_state(store.load(record.run_id)) in (RunState.STARTING, RunState.RUNNING, RunState.RESTARTING, RunState.STOPPING):
+    while follow and not _ended(store, record.run_id):
         sleep(interval)
         follower.poll_once()
     follower.poll_once(final=True)

@@ -145,7 +145,8 @@ class ClusterSpec(_Strict):
         unknown = sorted(set(self.hosts) - used)
         if unknown:
             raise ValueError(f"hosts.{unknown[0]} names a host no task runs on (tasks run on: {', '.join(sorted(used))})")
-        reserved = sorted(k for k in [*self.env, *(k for h in self.hosts.values() for k in h.env)] if k == "TF_CONFIG" or k.startswith("TFL_"))
+        keys = [*self.env, *(k for h in self.hosts.values() for k in h.env)]
+        reserved = sorted(k for k in keys if k == "TF_CONFIG" or k.startswith("TFL_"))
         if reserved:
             raise ValueError(f"env sets {reserved[0]}, which tfl sets for each task; remove it")
         return self
@@ -159,7 +160,8 @@ def load_cluster(path: Path) -> ClusterSpec:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise ClusterFileError(f"{name}: no such file (pass a cluster description, e.g. --cluster cluster.example.json, or use --local N)") from None
+        raise ClusterFileError(f"{name}: no such file (pass a cluster description, "
+                               "e.g. --cluster cluster.example.json, or use --local N)") from None
     except OSError as exc:
         raise ClusterFileError(f"{name}: cannot be read: {exc.strerror}") from None
     try:

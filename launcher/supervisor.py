@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable
 
 from launcher.backends import Backend, TaskProcess, make_backend
 from launcher.errors import LaunchError

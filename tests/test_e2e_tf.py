@@ -60,7 +60,7 @@ def test_local_cluster_with_evaluator(child_env: dict[str, str], tfl_home: Path)
     assert view["tasks"][0]["progress"]["phase"] == "done"
 
 
-def _kill_task_when(home: Path, task: str, ready: "callable[[Path], bool]", timeout: float = 120) -> None:  # type: ignore[valid-type]
+def _kill_task_when(home: Path, task: str, ready: callable[[Path], bool], timeout: float = 120) -> None:  # type: ignore[valid-type]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         runs = list((home / "runs").glob("*"))

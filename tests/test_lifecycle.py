@@ -101,7 +101,7 @@ def test_success_streams_prefixed_output_and_records_exit_codes(jobs: dict[str, 
     result = tfl(["launch", jobs["ok"], "--local", "3", "--", *hostile], child_env)
     assert result.returncode == 0, result.stderr
     for task in ("chief:0", "worker:0", "worker:1"):
-        line = next(l for l in result.stdout.splitlines() if l.startswith(f"[{task}]"))
+        line = next(x for x in result.stdout.splitlines() if x.startswith(f"[{task}]"))
         assert json.loads(line.split(" args ", 1)[1]) == hostile
     assert "succeeded" in result.stderr
     view = status_json(child_env, latest_run(tfl_home))

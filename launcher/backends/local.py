@@ -33,7 +33,8 @@ class LocalBackend:
                     stderr=subprocess.STDOUT, start_new_session=True,
                 )
             except OSError as exc:
-                raise LaunchError(f"{launch.name}: cannot run {launch.argv[0]}: {exc.strerror} (fix hosts.{launch.host}.python or install it)") from None
+                raise LaunchError(f"{launch.name}: cannot run {launch.argv[0]}: {exc.strerror} "
+                                  f"(fix hosts.{launch.host}.python or install it)") from None
         try:
             create_time: float | None = psutil.Process(popen.pid).create_time()
         except psutil.Error:
@@ -62,6 +63,8 @@ class LocalBackend:
     def alive(self, proc: TaskProcess) -> bool:
         if proc.handle.poll() is None:
             return True
+        if proc.pgid is None:
+            return False
         try:
             os.killpg(proc.pgid, 0)
             return True
