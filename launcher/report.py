@@ -68,6 +68,7 @@ def run_detail(view: RunView, bar_width: int = 0) -> str:
             f"{duration(view.duration_s)}, {view.restarts} restart(s))"]
     if view.message:
         head.append(f"  {view.message}")
+    head += [f"  restart {i}: {reason}" for i, reason in enumerate(view.restart_reasons, 1)]
     rows = [_task_row(t, bar_width) for t in view.tasks]
     return "\n".join(head) + "\n" + table(
         ("task", "host", "state", "pid", "cpu%", "rss_mb", "uptime", "exit", "progress"), rows)

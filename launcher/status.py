@@ -55,6 +55,7 @@ class RunView:
     started: float
     duration_s: float
     restarts: int
+    restart_reasons: list[str]
     message: str | None
     tasks: list[TaskView]
 
@@ -83,7 +84,7 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
         run_id=record.run_id, job=record.job, state=effective_state(record).value,
         alive=sum(t.alive for t in tasks), total=len(tasks), started=record.created,
         duration_s=round((record.ended or now) - record.created, 1), restarts=len(record.restarts),
-        message=record.message, tasks=tasks,
+        restart_reasons=[r.reason for r in record.restarts], message=record.message, tasks=tasks,
     )
 
 

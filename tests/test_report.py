@@ -1,0 +1,42 @@
+"""Rendering: progress bars, the live watch, the tables."""
+
+from __future__ import annotations
+
+import io
+
+from launcher.report import progress_text, run_detail, runs_table, watch_run
+from launcher.status import RunView, TaskView
+
+
+def view(state: str, step: int) -> RunView:
+    task = TaskView(task="chief:0", host="127.0.0.1", state="running", attempt=1, pid=42, alive=True, cpu_percent=50.0,
+                    rss_mb=300.0, uptime_s=65, exit_code=None,
+                    progress={"epoch": 2, "epochs": 4, "step": step, "steps_per_epoch": 10, "loss": 0.25, "examples_per_sec": 900.0})
+    return RunView(run_id="r1", job="/x/mnist.py", state=state, alive=1, total=1, started=0.0, duration_s=3700, restarts=1,
+                   restart_reasons=["worker:0 on h: killed by SIGKILL"], message=None, tasks=[task])
+
+
+def test_progress_text_and_bar() -> None:
+    assert progress_text({"epoch": 2, "epochs": 4, "step": 5, "steps_per_epoch": 10, "loss": 0.5}) == "epoch 2/4 step 5/10 loss 0.5000"
+    assert progress_text({"epoch": 2, "epochs": 4, "step": 5, "steps_per_epoch": 10}, bar_width=8).startswith("[###.....]  38%")
+    assert progress_text(None) is None
+
+
+def test_run_detail_shows_restart_reasons_and_progress() -> None:
+    text = run_detail(view("running", 5))
+    assert "restart 1: worker:0 on h: killed by SIGKILL" in text
+    assert "1h01m40s" in text and "epoch 2/4 step 5/10 loss 0.2500 900 ex/s" in text
+
+
+def test_watch_redraws_until_the_run_ends() -> None:
+    views = iter([view("running", 2), view("running", 6), view("succeeded", 10)])
+    out = io.StringIO()
+    watch_run(lambda: next(views), out, interval=0)
+    frames = out.getvalue().split("\033[H\033[2J")[1:]
+    assert len(frames) == 3 and "step 6/10" in frames[1] and frames[2].splitlines()[0].startswith("run r1  succeeded")
+
+
+def test_runs_table() -> None:
+    lines = runs_table([view("lost", 1)]).splitlines()
+    assert lines[0].split() == ["RUN", "JOB", "STATE", "ALIVE", "STARTED", "DURATION"]
+    assert lines[1].split()[:4] == ["r1", "mnist.py", "lost", "1/1"]
