@@ -1,0 +1,122 @@
+"""The evaluator task: follow the chief's checkpoints until training is done."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+import tf_keras as keras
+
+from launcher.jobkit.context import JobKitError, TaskContext
+from launcher.jobkit.layout import ModelDirLayout, read_done_marker
+from launcher.jobkit.progress import ProgressWriter, format_eval_line, progress_record
+
+_EPOCH_IN_NAME = re.compile(r"-(\d+)$")
+
+
+class EvaluatorTimeout(JobKitError):
+    """No new checkpoint and no done marker for too long: training is likely gone."""
+
+
+def list_checkpoints(directory: Path) -> list[str]:
+    """Checkpoint prefixes the chief has published, oldest first ([] before the first)."""
+    state = tf.train.get_checkpoint_state(str(directory))
+    return list(state.all_model_checkpoint_paths) if state else []
+
+
+def checkpoint_epoch(path: str) -> int | None:
+    match = _EPOCH_IN_NAME.search(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def run_evaluator(
+    model: keras.Model,
+    dataset: tf.data.Dataset,
+    *,
+    context: TaskContext,
+    model_dir: Path,
+    epochs: int = 0,
+    poll_s: float = 2.0,
+    idle_timeout_s: float = 600.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Evaluate each new checkpoint; return how many were evaluated.
+
+    Returns once `training_done.json` exists and its final checkpoint was evaluated;
+    raises EvaluatorTimeout after `idle_timeout_s` without either happening.
+    `model` must be compiled (its metrics are what gets reported).
+    """
+    layout = ModelDirLayout(model_dir)
+    writer = ProgressWriter(context.progress_file, log_path=context.progress_log)
+    summaries = tf.summary.create_file_writer(str(layout.eval))
+    evaluated: set[str] = set()
+    last_record = _eval_record(context, None, epochs, {})
+    last_news = clock()
+    print(f"jobkit: evaluator following {layout.checkpoints}", flush=True)
+    while True:
+        # Read the marker before listing: the chief publishes its last checkpoint
+        # before the marker, so a marker seen now implies the listing includes it.
+        done = read_done_marker(layout)
+        pending = [p for p in list_checkpoints(layout.checkpoints) if Path(p).name not in evaluated]
+        for path in pending:
+            results = _evaluate(model, dataset, path, summaries)
+            if results is not None:
+                evaluated.add(Path(path).name)
+                last_record = _eval_record(context, checkpoint_epoch(path), epochs, results)
+                writer.write(last_record, force=True)
+            last_news = clock()
+        if done is not None:
+            _check_final(done, evaluated, layout)
+            writer.write({**last_record, "phase": "done", "time": time.time()}, force=True)
+            return len(evaluated)
+        if clock() - last_news > idle_timeout_s:
+            raise EvaluatorTimeout(
+                f"evaluator: no new checkpoint in {layout.checkpoints} and no "
+                f"{layout.done_file.name} for {idle_timeout_s:.0f} s; is the chief running?")
+        if not pending:
+            sleep(poll_s)
+
+
+def _check_final(done: dict[str, Any], evaluated: set[str], layout: ModelDirLayout) -> None:
+    final = done.get("final_checkpoint")
+    if final is not None and final not in evaluated:
+        raise JobKitError(f"evaluator: {layout.done_file} names final checkpoint {final}, "
+                          f"but it is not in {layout.checkpoints}; it could not be evaluated")
+
+
+def _evaluate(
+    model: keras.Model, dataset: tf.data.Dataset, path: str, summaries: Any
+) -> dict[str, float] | None:
+    """Results of one checkpoint (printed and written to eval/), None if it vanished."""
+    try:
+        tf.train.Checkpoint(model=model).restore(path).expect_partial()
+    except (tf.errors.NotFoundError, ValueError) as err:
+        # The chief's CheckpointManager deletes old ones; a slow evaluator can miss some.
+        print(f"jobkit: evaluator skipped {Path(path).name}: {err}", flush=True)
+        return None
+    results = model.evaluate(dataset, verbose=0, return_dict=True)
+    epoch = checkpoint_epoch(path)
+    print(format_eval_line(Path(path).name, epoch, results), flush=True)
+    with summaries.as_default():
+        # Named and stepped like the TensorBoard callback's epoch scalars (0-based
+        # epoch), so eval and training curves overlay in one TensorBoard chart.
+        for name, value in results.items():
+            tf.summary.scalar(f"epoch_{name}", value, step=(epoch or 1) - 1)
+    summaries.flush()
+    return {name: float(value) for name, value in results.items()}
+
+
+def _eval_record(
+    context: TaskContext, epoch: int | None, epochs: int, results: dict[str, float]
+) -> dict[str, Any]:
+    # Step counters and throughput describe training; the evaluator reports zeros.
+    return progress_record(
+        task=context.label, attempt=context.attempt, phase="eval", epoch=epoch or 0,
+        epochs=epochs, step=0, steps_per_epoch=None, global_step=0, logs=results,
+        examples_per_sec=0.0,
+    )

@@ -1,0 +1,99 @@
+"""Where a job's files go under its model directory, and who may write there.
+
+Pure (no TensorFlow). Only the chief writes into the real model directory. Under
+MultiWorkerMirroredStrategy every worker must still *perform* each save (reading
+sync-on-read variables is a collective), so non-chief tasks write into a private
+scratch directory that is removed when training ends: TensorFlow's `write_filepath`
+pattern, with the scratch kept outside the model dir so nothing there can be
+mistaken for the chief's output (or followed by the evaluator).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.jobkit.context import TaskContext
+
+
+@dataclass(frozen=True)
+class ModelDirLayout:
+    """The fixed layout the evaluator and the launcher rely on."""
+
+    root: Path
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def backup(self) -> Path:
+        return self.root / "backup"
+
+    @property
+    def eval(self) -> Path:
+        return self.root / "eval"
+
+    @property
+    def done_file(self) -> Path:
+        return self.root / "training_done.json"
+
+
+@contextlib.contextmanager
+def chief_only_writes(model_dir: Path, context: TaskContext) -> Iterator[ModelDirLayout]:
+    """Yield the layout this task writes to: the real one (chief) or a scratch copy."""
+    if context.is_chief:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        yield ModelDirLayout(model_dir)
+        return
+    scratch = _fresh_scratch_dir(context)
+    print(f"jobkit: {context.label} is not chief; its writes go to scratch dir {scratch} "
+          "(removed at the end)", flush=True)
+    try:
+        yield ModelDirLayout(scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _fresh_scratch_dir(context: TaskContext) -> Path:
+    if context.run_dir is None:
+        return Path(tempfile.mkdtemp(prefix=f"tfl-{context.task_type}{context.task_index}-"))
+    # Under the launcher: a fixed place in the run dir, so what a SIGKILLed attempt
+    # leaves behind stays with its run and is wiped by the task's next attempt.
+    scratch = context.run_dir / "scratch" / f"{context.task_type}-{context.task_index}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    return scratch
+
+
+def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
+    """Readers polling `path` see the old or the new content, never half a file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def read_done_marker(layout: ModelDirLayout) -> dict[str, Any] | None:
+    """The chief's end-of-training marker, or None while training runs."""
+    try:
+        data = json.loads(layout.done_file.read_text())
+    except FileNotFoundError:
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,137 @@
+"""Starting real job processes for the job-kit tests (chief/worker/evaluator, single)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+MNIST_JOB = REPO / "jobs" / "mnist.py"
+EPOCH_LINE_PREFIX = "epoch "
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "grpc_proxy")
+
+
+@dataclass
+class JobProcess:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    progress_file: Path
+    progress_log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def epoch_lines(self) -> list[str]:
+        return [ln for ln in self.output().splitlines() if ln.startswith(EPOCH_LINE_PREFIX)]
+
+    def step_records(self) -> list[dict[str, Any]]:
+        if not self.progress_log.exists():
+            return []
+        return [json.loads(ln) for ln in self.progress_log.read_text().splitlines() if ln]
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the OS just handed out; all held open together so they are distinct."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def tf_config(cluster: Mapping[str, list[str]], task_type: str, index: int) -> str:
+    return json.dumps({"cluster": dict(cluster), "task": {"type": task_type, "index": index}})
+
+
+def job_env(name: str, workdir: Path, *, launcher_env: bool = True) -> dict[str, str]:
+    """The environment the launcher would give task `name` (or a bare one, run by hand).
+
+    HOME (no keras MNIST cache), TMPDIR and a dead HTTPS proxy are private to the test,
+    so the offline fallback data is used even on a machine with internet access.
+    """
+    sandbox = workdir.parent
+    for private in ("home", "tmp"):
+        (sandbox / private).mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TF_CONFIG", "TFL_", "TF_USE_LEGACY_KERAS"))
+           and k.lower() not in PROXY_VARIABLES}
+    env.update({
+        "HOME": str(sandbox / "home"), "TMPDIR": str(sandbox / "tmp"),
+        "https_proxy": "http://127.0.0.1:9", "no_proxy": "localhost,127.0.0.1",
+        # Several TF processes share two cores in CI; more threads only thrash.
+        "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+    })
+    if launcher_env:
+        env.update({
+            "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1", "TFL_RUN_ID": "test-run",
+            "TFL_TASK": name, "TFL_RUN_DIR": str(workdir), "TFL_ATTEMPT": "0",
+            "TFL_PROGRESS_FILE": str(workdir / f"{name}.progress.json"),
+            "TFL_PROGRESS_LOG": str(workdir / f"{name}.steps.jsonl"),
+        })
+    return env
+
+
+def start_job(
+    name: str, workdir: Path, args: Sequence[str], *, tf_config_json: str | None = None,
+    extra_env: Mapping[str, str] | None = None, launcher_env: bool = True,
+    cwd: Path | None = None,
+) -> JobProcess:
+    """Start jobs/mnist.py in its own session, output to `workdir/<name>.log`."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = job_env(name, workdir, launcher_env=launcher_env)
+    if tf_config_json is not None:
+        env["TF_CONFIG"] = tf_config_json
+    env.update(extra_env or {})
+    log = workdir / f"{name.replace(':', '_')}.log"
+    with log.open("wb") as handle:
+        popen = subprocess.Popen(
+            [sys.executable, str(MNIST_JOB), *args], stdout=handle, stderr=subprocess.STDOUT,
+            env=env, cwd=str(cwd or workdir), start_new_session=True,
+        )
+    return JobProcess(name, popen, log, workdir / f"{name}.progress.json",
+                      Path(env.get("TFL_PROGRESS_LOG", workdir / f"{name}.steps.jsonl")))
+
+
+def wait_all(jobs: Iterable[JobProcess], timeout_s: float) -> dict[str, int]:
+    """Exit codes by name; raises TimeoutError (with log tails) if any is still running."""
+    jobs = list(jobs)
+    deadline = time.monotonic() + timeout_s
+    for job in jobs:
+        try:
+            job.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            tails = "\n".join(f"--- {j.name}\n{j.output()[-2000:]}" for j in jobs)
+            raise TimeoutError(f"{job.name} still running after {timeout_s} s\n{tails}") from None
+    return {job.name: job.popen.returncode for job in jobs}
+
+
+def kill_all(jobs: Iterable[JobProcess]) -> None:
+    """SIGKILL each job's process group; fine if it already exited."""
+    for job in jobs:
+        if job.popen.poll() is None:
+            try:
+                os.killpg(job.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        job.popen.wait(timeout=30)
+
+
+def assert_none_alive(jobs: Iterable[JobProcess]) -> None:
+    alive = [job.name for job in jobs if psutil.pid_exists(job.popen.pid)
+             and psutil.Process(job.popen.pid).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"processes still alive: {alive}"
