@@ -49,6 +49,8 @@ def launch(
     cluster: Path | None = typer.Option(None, "--cluster", "-c", help="cluster description (JSON)"),
     local: int | None = typer.Option(None, "--local", help="emulate a cluster: a chief and N-1 workers on free localhost ports"),
     evaluator: bool = typer.Option(False, "--evaluator", help="with --local: add a sidecar evaluator"),
+    virtual_devices: int | None = typer.Option(None, "--virtual-devices", min=1,
+                                               help="split each task's GPU (or its CPU) into N logical devices for its strategy"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print what would run where; start nothing, write nothing"),
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="restart the whole group up to K times after a failure"),
     retry_on: str = typer.Option("any", "--retry-on", help="which failures are restarted: any | preemption (exit 143 / SIGTERM)"),
@@ -56,10 +58,15 @@ def launch(
     evaluator_timeout: float = typer.Option(600.0, "--evaluator-timeout", min=0, help="seconds the evaluator may run after training ends"),
     stall_timeout: float | None = typer.Option(None, "--stall-timeout", min=0, help="no progress for S seconds = failed"),
     detach: bool = typer.Option(False, "--detach", "-d", help="supervise in the background; print the run id and return"),
+    sync: list[Path] = typer.Option([], "--sync", help="SSH hosts: also copy this directory's contents to their working dir (repeatable)"),
+    no_sync: bool = typer.Option(False, "--no-sync", help="SSH hosts: copy nothing; the job is already there at the same path"),
+    accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys",
+                                              help="SSH hosts: trust and remember unknown host keys (never changed ones)"),
 ) -> None:
     """Launch JOB on a cluster (--cluster FILE) or on local processes (--local N)."""
     from launcher import launch as core
     from launcher.plan import render_plan
+    from launcher.remoteplan import RemoteOptions
     from launcher.report import summary
     from launcher.spec import load_cluster, local_cluster
     from launcher.supervisor import SupervisorConfig
@@ -72,7 +79,11 @@ def launch(
         raise _fail(f"--retry-on {retry_on}: choose 'any' or 'preemption'")
     store = _store()
     spec = _core(lambda: load_cluster(cluster) if cluster is not None else local_cluster(local or 0, evaluator))
-    plan = _core(lambda: core.make_plan(job, tuple(ctx.args), spec, store))
+    if sync and no_sync:
+        raise _fail("--sync DIR and --no-sync contradict each other; give one")
+    remote = RemoteOptions(ship_code=not no_sync, sync_dirs=tuple(str(d.resolve()) for d in sync),
+                           accept_new_host_keys=accept_new_host_keys)
+    plan = _core(lambda: core.make_plan(job, tuple(ctx.args), spec, store, remote, virtual_devices))
     if dry_run:
         typer.echo(render_plan(plan))
         return
@@ -89,6 +100,26 @@ def launch(
     record = _core(lambda: core.execute(plan, store, config, sys.stdout, colour=sys.stdout.isatty()))
     typer.echo(summary(record), err=True)
     raise typer.Exit(record.exit_code or 0)
+
+
+@app.command()
+def doctor(
+    cluster: Path = typer.Option(..., "--cluster", "-c", help="cluster description (JSON)"),
+    accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="trust and remember unknown host keys"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Check every host of a cluster at once: ssh, python, tensorflow/tf_keras, ports, disk, GPUs."""
+    from launcher.doctor import as_dicts, diagnose, render
+    from launcher.plan import build_plan
+    from launcher.remoteplan import RemoteOptions
+    from launcher.spec import load_cluster
+
+    spec = _core(lambda: load_cluster(cluster))
+    plan = build_plan(spec, "job.py", (), run_id="doctor", run_dir="/nonexistent", python=sys.executable,
+                      cwd=str(Path.cwd()), remote=RemoteOptions(ship_code=True, accept_new_host_keys=accept_new_host_keys))
+    checks = diagnose(plan)
+    typer.echo(json.dumps(as_dicts(checks), indent=1) if as_json else render(checks))
+    raise typer.Exit(1 if any(c.status == "fail" for c in checks) else 0)
 
 
 @app.command()

@@ -71,6 +71,7 @@ def stop_run(store: RunStore, record: RunRecord, grace: float = 5.0) -> str:
         _signal_all_direct(_wait_gone([launcher], grace + 15.0), signal.SIGKILL)
     procs = run_processes(record)
     _signal_all(procs, signal.SIGTERM)
+    remote = _stop_remote(store.load(record.run_id), grace)
     left = _wait_gone(procs, grace)
     _signal_all(left, signal.SIGKILL)
     _wait_gone(left, 5.0)
@@ -79,7 +80,28 @@ def stop_run(store: RunStore, record: RunRecord, grace: float = 5.0) -> str:
         did = "stopped" if launcher or procs else f"already {record.state.value}; nothing to stop"
         return f"run {record.run_id}: {did}"
     _mark_stopped(store, record, "stopped by `tfl stop` (the launcher was gone)")
-    return f"run {record.run_id}: stopped {len(procs)} process(es) left by a launcher that was gone"
+    return f"run {record.run_id}: stopped {len(procs) + remote} process(es) left by a launcher that was gone"
+
+
+def _stop_remote(record: RunRecord, grace: float) -> int:
+    """SIGTERM, grace, SIGKILL to the run's SSH tasks still alive on their hosts.
+
+    Their agents also kill them on their own once the launcher's connection is gone;
+    this makes it immediate. Returns how many were signalled.
+    """
+    if not any(t.backend == "ssh" and t.pid for t in record.tasks):
+        return 0
+    from launcher.remotestatus import remote_signal, remote_task_info  # fabric: only for SSH runs
+
+    signalled = [task for task, answer in remote_signal(record, signal.SIGTERM).items() if answer == "signalled"]
+    deadline = time.monotonic() + grace
+    while signalled and time.monotonic() < deadline:
+        time.sleep(0.2)
+        if not any(info.get("alive") for info in remote_task_info(record).values()):
+            return len(signalled)
+    if signalled:
+        remote_signal(record, signal.SIGKILL)
+    return len(signalled)
 
 
 def _mark_stopped(store: RunStore, record: RunRecord, message: str) -> None:

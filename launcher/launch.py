@@ -13,32 +13,43 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 import psutil
 
+from launcher.backends import Backend, make_backend
 from launcher.errors import LaunchError, UsageError
 from launcher.logstream import LogFollower, tail_lines
 from launcher.plan import LaunchPlan, build_plan, job_name
+from launcher.remoteplan import RemoteOptions
 from launcher.runstore import RunRecord, RunStore
 from launcher.spec import ClusterSpec
-from launcher.supervisor import Supervisor, SupervisorConfig, initial_record
+from launcher.supervisor import BackendFactory, Supervisor, SupervisorConfig, initial_record
 
 
-def make_plan(job: str, job_args: tuple[str, ...], spec: ClusterSpec, store: RunStore) -> LaunchPlan:
+def make_plan(job: str, job_args: tuple[str, ...], spec: ClusterSpec, store: RunStore,
+              remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None) -> LaunchPlan:
     path = Path(job)
     if not path.is_file():
         raise UsageError(f"{job}: no such job script (give the path of a Python file, e.g. jobs/mnist.py)")
     run_id = store.new_run_id(job_name(job))
+    for folder in remote.sync_dirs:
+        if not os.path.isdir(folder):
+            raise UsageError(f"--sync {folder}: no such directory (give a directory to copy to every SSH host)")
     return build_plan(spec, str(path.resolve()), job_args, run_id=run_id, run_dir=str(store.run_dir(run_id)),
-                      python=sys.executable, cwd=os.getcwd())
+                      python=sys.executable, cwd=os.getcwd(), remote=remote, virtual_devices=virtual_devices)
 
 
 def preflight(plan: LaunchPlan) -> None:
-    """Quick local checks before anything starts: every local task's port is free."""
+    """Quick checks before anything starts: every local task's port is free; every SSH host
+    is reachable, authenticated, has its python and the tasks' ports free (all hosts at once)."""
     for task in plan.tasks:
         if task.backend == "local" and not task.task.type == "evaluator":
             _check_port_free(task.name, task.host, task.port)
+    if any(t.backend == "ssh" for t in plan.tasks):
+        from launcher.doctor import preflight_remote
+
+        preflight_remote(plan)
 
 
 def _check_port_free(name: str, host: str, port: int) -> None:
@@ -65,11 +76,12 @@ def _port_owner(port: int) -> str:
 def execute(plan: LaunchPlan, store: RunStore, config: SupervisorConfig, out: TextIO | None, *,
             colour: bool = False) -> RunRecord:
     """Start the plan and supervise it to the end, streaming every task's output to ``out``."""
+    hosts = _ssh_hosts(plan)  # before the run exists: an unreachable host fails the launch cleanly
     record = initial_record(plan, created=time.time(), max_restarts=config.max_restarts)
     me = psutil.Process()
     record.launcher_pid, record.launcher_create_time = me.pid, me.create_time()
     store.create(record)
-    supervisor = Supervisor(plan, record, store, config)
+    supervisor = Supervisor(plan, record, store, config, backend_factory=_backends(hosts))
     follower = LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour).start() if out else None
     try:
         with _stop_on_signals(supervisor):
@@ -77,6 +89,31 @@ def execute(plan: LaunchPlan, store: RunStore, config: SupervisorConfig, out: Te
     finally:
         if follower:
             follower.stop()
+        if hosts is not None:
+            hosts.close()
+
+
+def _ssh_hosts(plan: LaunchPlan) -> Any:
+    """Connections to every SSH host (opened in parallel, code shipped), or None without any."""
+    if not any(t.backend == "ssh" for t in plan.tasks):
+        return None
+    from launcher.backends.ssh import prepare_hosts
+
+    return prepare_hosts(plan)
+
+
+def _backends(hosts: Any) -> BackendFactory:
+    if hosts is None:
+        return make_backend
+
+    def factory(name: str, notify: Callable[[], None]) -> Backend:
+        if name != "ssh":
+            return make_backend(name, notify)
+        from launcher.backends.ssh import SSHBackend
+
+        return SSHBackend(notify=notify, pool=hosts)
+
+    return factory
 
 
 def detach(plan: LaunchPlan, store: RunStore, config: SupervisorConfig, timeout: float = 20.0) -> int:

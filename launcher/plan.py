@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
+from launcher.placement import place_gpus
+from launcher.remoteplan import RemoteOptions, remote_task
 from launcher.spec import ClusterSpec, parse_address
-from launcher.tfconfig import TaskId, tasks_of, tf_config, tf_config_json
+from launcher.tfconfig import TaskId, tasks_of, tf_config_json
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,9 @@ class TaskLaunch:
     cwd: str | None
     log_path: str
     progress_path: str
+    # SSH tasks only (see remoteplan): how to reach the host, and (local, remote) copies to ship.
+    ssh: dict[str, Any] | None = field(default=None, hash=False)
+    sync: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:
@@ -41,6 +46,7 @@ class TaskLaunch:
             "task": self.name, "host": self.host, "port": self.port, "backend": self.backend,
             "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd,
             "log_path": self.log_path, "progress_path": self.progress_path,
+            "ssh": self.ssh, "sync": [list(s) for s in self.sync],
         }
 
     @classmethod
@@ -49,6 +55,7 @@ class TaskLaunch:
             task=TaskId.parse(data["task"]), host=data["host"], port=data["port"], backend=data["backend"],
             argv=tuple(data["argv"]), env=dict(data["env"]), cwd=data["cwd"],
             log_path=data["log_path"], progress_path=data["progress_path"],
+            ssh=data.get("ssh"), sync=tuple((a, b) for a, b in data.get("sync", [])),
         )
 
 
@@ -85,10 +92,16 @@ def backend_for(spec: ClusterSpec, host: str) -> str:
 
 
 def build_plan(
-    spec: ClusterSpec, job: str, job_args: tuple[str, ...], *, run_id: str, run_dir: str, python: str, cwd: str
+    spec: ClusterSpec, job: str, job_args: tuple[str, ...], *, run_id: str, run_dir: str, python: str, cwd: str,
+    remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None,
 ) -> LaunchPlan:
-    """What runs where. ``job`` is an absolute path; ``python``/``cwd`` are the local defaults."""
+    """What runs where. ``job`` is an absolute path; ``python``/``cwd`` are the local defaults.
+
+    ``virtual_devices`` (``--virtual-devices N``): the job kit splits each task's device into N.
+    """
     tasks = []
+    placement = place_gpus(spec)  # which GPUs each task sees (validated with the spec)
+    virtual = {} if virtual_devices is None else {"TFL_VIRTUAL_DEVICES": str(virtual_devices)}
     for task in tasks_of(spec.cluster):
         address = spec.cluster.addresses(task.type)[task.index]
         settings = spec.host(address.host)
@@ -96,6 +109,8 @@ def build_plan(
         env = {
             **spec.env,
             **settings.env,
+            **placement.env(task),
+            **virtual,
             "TF_CONFIG": tf_config_json(spec.cluster, task),
             # tf_keras, not Keras 3: Keras 3 fails under MultiWorkerMirroredStrategy (keras-team/keras#20585).
             "TF_USE_LEGACY_KERAS": "1",
@@ -106,11 +121,14 @@ def build_plan(
             "TFL_PROGRESS_FILE": f"{run_dir}/progress/{slug}.json",
             "TFL_ATTEMPT": "0",
         }
-        tasks.append(TaskLaunch(
+        launch = TaskLaunch(
             task=task, host=address.host, port=address.port, backend=backend_for(spec, address.host),
             argv=(settings.python or python, "-u", job, *job_args), env=env, cwd=settings.workdir or cwd,
             log_path=f"{run_dir}/logs/{slug}.log", progress_path=env["TFL_PROGRESS_FILE"],
-        ))
+        )
+        if launch.backend == "ssh":
+            launch = remote_task(launch, spec, job, job_args, run_id=run_id, cwd=cwd, options=remote)
+        tasks.append(launch)
     return LaunchPlan(run_id=run_id, run_dir=run_dir, job=job, job_args=job_args, tasks=tuple(tasks))
 
 
@@ -119,7 +137,10 @@ def render_plan(plan: LaunchPlan) -> str:
     lines = [f"run {plan.run_id}", f"  dir: {plan.run_dir}", f"  job: {plan.job} {shlex.join(plan.job_args)}".rstrip()]
     for t in plan.tasks:
         lines += ["", f"{t.name}  on {t.host}:{t.port}  ({t.backend})", f"  command: {shlex.join(t.argv)}",
-                  f"  cwd: {t.cwd}", f"  log: {t.log_path}", "  env:"]
+                  f"  cwd: {t.cwd}", f"  log: {t.log_path}"]
+        if t.ssh is not None:
+            lines += [f"  ssh: {render_ssh(t.ssh)}", *(f"  ship: {a} -> {b}" for a, b in t.sync)]
+        lines.append("  env:")
         for key, value in sorted(t.env.items()):
             if key == "TF_CONFIG":
                 pretty = json.dumps(json.loads(value), indent=2).replace("\n", "\n      ")
@@ -127,6 +148,13 @@ def render_plan(plan: LaunchPlan) -> str:
             else:
                 lines.append(f"    {key}={value}")
     return "\n".join(lines)
+
+
+def render_ssh(ssh: dict[str, Any]) -> str:
+    user = f"{ssh['user']}@" if ssh.get("user") else ""
+    key = f", key {ssh['identity_file']}" if ssh.get("identity_file") else ""
+    accept = ", accepting new host keys" if ssh.get("accept_new_host_keys") else ""
+    return f"{user}{ssh['host']}:{ssh['port']}{key}, known_hosts {ssh.get('known_hosts') or '~/.ssh/known_hosts'}{accept}"
 
 
 def slug_of(task: TaskId | str) -> str:

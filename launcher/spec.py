@@ -81,6 +81,40 @@ class HostSettings(_Strict):
     workdir: str | None = Field(None, description="working directory of the tasks")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for this host's tasks")
     ssh: SSHSettings | None = Field(None, description="overrides of the top-level ssh settings")
+    # GPUs (see launcher/placement.py for how they are split among the host's tasks).
+    gpus: int | list[int] | None = Field(None, description="the host's GPUs: a count (2 = GPUs 0 and 1) or a list of indices")
+    share_gpus: bool = Field(False, description="allow several tasks on one GPU (each gets memory growth or its memory limit)")
+    gpu_memory_limit_mb: int | None = Field(None, gt=0, description="each task's memory limit in MB on each GPU it sees")
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, value: object) -> object:
+        return check_gpus(value)
+
+
+def check_gpus(value: object) -> object:
+    """A GPU count or a list of distinct indices; JSON's true/1.5/"0" are refused, not coerced."""
+    def index(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    if value is None or index(value):
+        return value
+    if isinstance(value, list) and all(index(v) for v in value):
+        if len(set(value)) < len(value):
+            raise ValueError(f"{value} names a GPU twice; list each index once")
+        return value
+    raise ValueError(f"{value!r} is not a GPU count or a list of GPU indices (write e.g. 2 or [0, 1])")
+
+
+class TaskDevices(_Strict):
+    """The devices of one task (``devices.<task>``)."""
+
+    gpus: int | list[int] = Field(description="GPU indices on the task's host (e.g. [0]) or a count of them; 0 or [] = CPU only")
+    gpu_memory_limit_mb: int | None = Field(None, gt=0, description="this task's GPU memory limit in MB")
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, value: object) -> object:
+        return check_gpus(value)
 
 
 class Topology(_Strict):
@@ -138,6 +172,7 @@ class ClusterSpec(_Strict):
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for every task")
     hosts: dict[str, HostSettings] = Field(default_factory=dict, description="per-host settings, keyed by host")
     ssh: SSHSettings = Field(default_factory=SSHSettings, description="defaults for hosts reached over SSH")
+    devices: dict[str, TaskDevices] = Field(default_factory=dict, description="per-task devices, keyed by task (e.g. \"worker:1\")")
 
     @model_validator(mode="after")
     def _hosts_known(self) -> ClusterSpec:
@@ -149,6 +184,13 @@ class ClusterSpec(_Strict):
         reserved = sorted(k for k in keys if k == "TF_CONFIG" or k.startswith("TFL_"))
         if reserved:
             raise ValueError(f"env sets {reserved[0]}, which tfl sets for each task; remove it")
+        return self
+
+    @model_validator(mode="after")
+    def _devices_fit(self) -> ClusterSpec:
+        from launcher.placement import place_gpus  # imports this module: no top-level import
+
+        place_gpus(self)
         return self
 
     def host(self, name: str) -> HostSettings:
@@ -185,6 +227,8 @@ def describe_error(exc: ValidationError) -> str:
     kind, msg = err["type"], err["msg"].removeprefix("Value error, ")
     if kind == "extra_forbidden":
         return f"{loc}: unknown key; remove it or check its spelling (see `tfl schema` for the allowed keys)"
+    if kind == "missing" and loc != "cluster":  # a nested key, e.g. devices.worker:0.gpus
+        return f"{loc}: required key is missing (see `tfl schema`)"
     if kind == "missing":
         return f"{loc}: required key is missing (e.g. {{\"cluster\": {{\"chief\": [\"localhost:23456\"]}}}})"
     if kind == "model_type" and not loc:

@@ -79,6 +79,7 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
             _cpu(proc)
         time.sleep(0.1)
     tasks = [_task_view(t, procs.get(t.task), measure) for t in record.tasks]
+    _remote_views(record, tasks, ask=measure)
     now = time.time()
     return RunView(
         run_id=record.run_id, job=record.job, state=effective_state(record).value,
@@ -86,6 +87,29 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
         duration_s=round((record.ended or now) - record.created, 1), restarts=len(record.restarts),
         restart_reasons=[r.reason for r in record.restarts], message=record.message, tasks=tasks,
     )
+
+
+def _remote_views(record: RunRecord, views: list[TaskView], *, ask: bool) -> None:
+    """SSH tasks: one run's view asks their hosts (over SSH, all at once); the list of runs
+    does not, and counts them alive while their launcher is (its agents kill them without it)."""
+    remote = {t.task: t for t in record.tasks if t.backend == "ssh" and t.state == TaskState.RUNNING}
+    if not remote:
+        return
+    infos: dict[str, Any] = {}
+    if ask:
+        from launcher.remotestatus import remote_task_info
+
+        infos = remote_task_info(record)
+    for view in (v for v in views if v.task in remote):
+        info = infos.get(view.task) if ask else {"alive": effective_state(record) != RunState.LOST}
+        if not info or "error" in info:
+            view.state = "unreachable"
+            continue
+        view.alive = bool(info["alive"])
+        view.state = view.state if view.alive else "gone"
+        view.cpu_percent, view.rss_mb = info.get("cpu_percent"), info.get("rss_mb")
+        created = remote[view.task].create_time
+        view.uptime_s = round(time.time() - created, 1) if view.alive and created else None
 
 
 def _task_view(task: TaskRecord, proc: psutil.Process | None, measure: bool) -> TaskView:

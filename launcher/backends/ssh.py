@@ -1,0 +1,283 @@
+"""Tasks on remote hosts, each run by a tfl agent over its own SSH channel.
+
+Per task, one SSH session runs ``remote_agent`` under the host's python. The agent gets
+argv, environment and cwd as JSON on stdin (so neither TF_CONFIG nor any job argument
+passes through a remote shell or shows in ``ps``), starts the job as the leader of a new
+session, and sends back its pid, its output, progress updates and finally its exit code.
+Output goes into the task's local log file, where the usual follower prefixes it.
+
+Teardown: a signal becomes a ``{"signal": N}`` line, which the agent sends to the job's
+process group. Both sides ping every ``HEARTBEAT_EVERY`` seconds; the agent kills the group
+when its stdin ends or our pings stop (launcher killed, connection dropped), and we report
+the task as failed (exit code ``CONNECTION_LOST``) when the agent falls silent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from launcher.backends.base import TaskProcess
+from launcher.plan import LaunchPlan, TaskLaunch
+from launcher.remoteplan import SSHTarget
+from launcher.runstore import write_atomic
+from launcher.sshconn import SSHError, agent_command, agent_input, connect, first_error, open_channel, parallel, python_failure, ship
+
+if TYPE_CHECKING:
+    from fabric import Connection
+    from paramiko import Channel
+
+HEARTBEAT_EVERY = 2.0
+HEARTBEAT_TIMEOUT = 30.0  # silence after which either side takes the other for lost
+KILL_GRACE = 5.0  # the agent's SIGTERM -> SIGKILL delay when it has lost us
+START_TIMEOUT = 60.0  # for the agent to report the job's pid (python startup on a busy host)
+CONNECTION_LOST = 255  # ssh's own exit status for "the connection failed"
+
+
+class HostPool:
+    """Open SSH connections per host, shared by its tasks; a dropped one is replaced on demand."""
+
+    def __init__(self) -> None:
+        self._conns: dict[str, list[Connection]] = {}
+        self._locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._ready: dict[str, Channel] = {}  # task -> its agent, started ahead and waiting for its request
+
+    def get(self, target: SSHTarget) -> Connection:
+        with self._locks[target.host]:
+            live = self._live(target.host)
+            if not live:
+                live.append(connect(target))
+            return live[0]
+
+    def channel(self, target: SSHTarget, command: str, timeout: float) -> Channel:
+        """A session running ``command``. sshd allows 10 sessions per connection by default
+        (MaxSessions), so a host with more tasks than that gets another connection."""
+        import paramiko
+
+        for conn in [self.get(target), *self._live(target.host)[1:]]:
+            try:
+                return open_channel(conn, command, timeout)
+            except paramiko.ChannelException:
+                continue
+        conn = connect(target)
+        with self._locks[target.host]:
+            self._live(target.host).append(conn)
+        return open_channel(conn, command, timeout)
+
+    def agent(self, launch: TaskLaunch) -> Channel:
+        """The task's agent: one started ahead by ``start_agent_ahead``, else a new one."""
+        chan = self._ready.pop(launch.name, None)
+        if chan is None or chan.closed or chan.exit_status_ready():
+            chan = self.channel(SSHTarget.from_dict(launch.ssh or {}), agent_command(launch.argv[0]), HEARTBEAT_TIMEOUT)
+            try:
+                chan.sendall(agent_input(None))
+            except (OSError, EOFError) as exc:
+                raise SSHError(launch.host, f"the SSH session closed at once ({exc})", launch.name) from None
+        return chan
+
+    def start_agent_ahead(self, launch: TaskLaunch) -> None:
+        # The agent's python starts while other hosts are still being reached, so that
+        # starting the tasks one after another later costs a round trip each, not a python startup.
+        self._ready[launch.name] = self.agent(launch)
+
+    def _live(self, host: str) -> list[Connection]:
+        conns = self._conns.setdefault(host, [])
+        conns[:] = [c for c in conns if (t := c.client.get_transport()) is not None and t.is_active()]
+        return conns
+
+    def close(self) -> None:
+        for chan in self._ready.values():
+            chan.close()  # its agent reads EOF before any request and exits
+        self._ready.clear()
+        for conns in list(self._conns.values()):
+            for conn in conns:
+                conn.close()
+        self._conns.clear()
+
+
+def ssh_targets(tasks: list[TaskLaunch]) -> dict[str, SSHTarget]:
+    return {t.host: SSHTarget.from_dict(t.ssh) for t in tasks if t.backend == "ssh" and t.ssh is not None}
+
+
+def prepare_hosts(plan: LaunchPlan, pool: HostPool | None = None) -> HostPool:
+    """Reach every SSH host of the plan at once and ship the code; the first failure raises."""
+    pool = pool or HostPool()
+    targets = ssh_targets(list(plan.tasks))
+    copies: defaultdict[str, set[tuple[str, str]]] = defaultdict(set)
+    for task in plan.tasks:
+        copies[task.host].update(task.sync)
+
+    def reach(target: SSHTarget) -> None:
+        conn = pool.get(target)
+        if copies[target.host]:
+            ship(conn, sorted(copies[target.host]))
+        for task in plan.tasks:
+            if task.host == target.host and task.backend == "ssh":
+                pool.start_agent_ahead(task)
+
+    try:
+        first_error(parallel(reach, targets.values()))
+    except BaseException:
+        pool.close()
+        raise
+    return pool
+
+
+class RemoteTask:
+    """One task's agent channel: output to the log, control frames to us, lines to the agent."""
+
+    def __init__(self, chan: Channel, launch: TaskLaunch, attempt: int, notify: Callable[[], None]) -> None:
+        self.chan, self.launch, self._notify = chan, launch, notify
+        self.header: dict[str, Any] = {}
+        self.exit_code: int | None = None
+        self.started, self.closed = threading.Event(), threading.Event()
+        self._send_lock = threading.Lock()
+        self._log = open(launch.log_path, "ab")
+        if attempt:
+            self._write(f"--- tfl: attempt {attempt} of {launch.name} at {time.strftime('%H:%M:%S')} ---\n".encode())
+        threading.Thread(target=self._read, name=f"ssh-{launch.name}", daemon=True).start()
+
+    def send(self, message: dict[str, Any]) -> None:
+        """A line to the agent; a channel already gone is fine (the agent has cleaned up)."""
+        with self._send_lock:
+            try:
+                self.chan.sendall((json.dumps(message) + "\n").encode())
+            except (OSError, EOFError):
+                pass
+
+    def close(self) -> None:
+        self.chan.close()
+
+    def _read(self) -> None:
+        buffer, cause = b"", None
+        try:
+            while data := self.chan.recv(65536):
+                buffer = self._frames(buffer + data)
+        except OSError as exc:  # socket.timeout: the agent fell silent
+            cause = f"no word from the agent for {HEARTBEAT_TIMEOUT:g} s ({type(exc).__name__})"
+        finally:
+            self._finish(cause)
+
+    def _frames(self, buffer: bytes) -> bytes:
+        while len(buffer) >= 5:
+            size = int.from_bytes(buffer[1:5], "big")
+            if len(buffer) < 5 + size:
+                break
+            kind, payload, buffer = buffer[:1], buffer[5:5 + size], buffer[5 + size:]
+            if kind == b"O":
+                self._write(payload)
+            elif kind == b"C":
+                self._control(json.loads(payload))
+        return buffer
+
+    def _control(self, message: dict[str, Any]) -> None:
+        if "pid" in message or "error" in message:
+            self.header = message
+            self.started.set()
+        elif "exit" in message:
+            self.exit_code = int(message["exit"])
+            self._notify()
+        elif "progress" in message:
+            # Mirrored locally: `tfl status` and the stall watchdog read it without SSH.
+            write_atomic_quietly(self.launch.progress_path, message["progress"])
+
+    def _finish(self, cause: str | None) -> None:
+        try:
+            stderr = self.chan.recv_stderr(65536) if self.chan.recv_stderr_ready() else b""
+        except OSError:
+            stderr = b""
+        self.header.setdefault("stderr", stderr.decode(errors="replace"))
+        if self.exit_code is None and "pid" in self.header:
+            self.exit_code = CONNECTION_LOST
+            said = stderr.decode(errors="replace").strip().splitlines()[-1:]  # an agent that crashed says why
+            why = cause or (f"the agent failed: {said[0]}" if said else "the connection closed")
+            self._write(f"tfl: lost {self.launch.name} on {self.launch.host}: {why}; the agent there kills the task "
+                        f"when it notices (at most {HEARTBEAT_TIMEOUT:g} s)\n".encode())
+        self._log.close()
+        self.chan.close()
+        self.closed.set()
+        self.started.set()
+        self._notify()
+
+    def _write(self, data: bytes) -> None:
+        self._log.write(data)
+        self._log.flush()
+
+
+def write_atomic_quietly(path: str, text: str) -> None:
+    try:
+        write_atomic(Path(path), text)
+    except OSError:
+        pass
+
+
+class SSHBackend:
+    """The Backend protocol over SSH (see ``backends.base``)."""
+
+    def __init__(self, notify: Callable[[], None] = lambda: None, pool: HostPool | None = None) -> None:
+        self._notify = notify
+        self._pool, self._own_pool = pool or HostPool(), pool is None
+        self._tasks: list[RemoteTask] = []
+        self._closing = threading.Event()
+        self._pinger: threading.Thread | None = None
+
+    def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
+        if launch.ssh is None:
+            raise SSHError(launch.host, "the plan has no ssh settings for this task (a plan from another tfl?)", launch.name)
+        python = launch.argv[0]
+        chan = self._pool.agent(launch)
+        task = RemoteTask(chan, launch, attempt, self._notify)
+        task.send(self._request(launch, attempt))  # a dead channel shows as a missing pid below
+        if not task.started.wait(START_TIMEOUT):
+            task.close()
+            raise SSHError(launch.host, f"the tfl agent did not start within {START_TIMEOUT:g} s", launch.name)
+        if "pid" not in task.header:
+            task.closed.wait(5.0)
+            code = chan.exit_status if chan.exit_status_ready() else None
+            cause = task.header.get("error") or python_failure(python, code, task.header.get("stderr", "").encode(), launch.host)
+            raise SSHError(launch.host, cause, launch.name)
+        self._tasks.append(task)
+        self._ensure_pinger()
+        return TaskProcess(launch=launch, attempt=attempt, pid=task.header["pid"], pgid=task.header["pgid"],
+                           create_time=task.header.get("create_time"), handle=task)
+
+    @staticmethod
+    def _request(launch: TaskLaunch, attempt: int) -> dict[str, Any]:
+        progress = launch.env.get("TFL_PROGRESS_FILE")
+        return {
+            "mode": "run", "argv": list(launch.argv), "env": {**launch.env, "TFL_ATTEMPT": str(attempt)},
+            "cwd": launch.cwd, "mkdirs": [os.path.dirname(progress)] if progress else [], "progress_file": progress,
+            "heartbeat_timeout": HEARTBEAT_TIMEOUT, "grace": KILL_GRACE,
+        }
+
+    def poll(self, proc: TaskProcess) -> int | None:
+        code: int | None = proc.handle.exit_code
+        return code
+
+    def signal(self, proc: TaskProcess, signum: int) -> None:
+        proc.handle.send({"signal": int(signum)})
+
+    def alive(self, proc: TaskProcess) -> bool:
+        return not proc.handle.closed.is_set()
+
+    def close(self) -> None:
+        self._closing.set()
+        for task in self._tasks:
+            task.close()
+        if self._own_pool:
+            self._pool.close()
+
+    def _ensure_pinger(self) -> None:
+        if self._pinger is None:
+            self._pinger = threading.Thread(target=self._ping, name="ssh-heartbeat", daemon=True)
+            self._pinger.start()
+
+    def _ping(self) -> None:
+        while not self._closing.wait(HEARTBEAT_EVERY):
+            for task in [t for t in self._tasks if not t.closed.is_set()]:
+                task.send({"ping": 1})

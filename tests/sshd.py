@@ -1,0 +1,126 @@
+"""A real sshd on loopback hosts for the SSH tests (only loopback addresses, ever).
+
+One sshd per test session listens on 127.0.0.2 and 127.0.0.3 at one free port, with its
+own host key and an ``authorized_keys`` holding a fresh client key. Tests get a
+``known_hosts`` naming both hosts and write cluster files with ``cluster_file``.
+Without /usr/sbin/sshd the SSH tests are skipped, except in CI (CI=true) where that fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+SSHD = "/usr/sbin/sshd"
+HOSTS = ("127.0.0.2", "127.0.0.3")
+NOWHERE = "127.0.0.4"  # a loopback address where nothing listens
+
+
+@dataclass
+class Sshd:
+    dir: Path
+    port: int
+    client_key: Path
+    known_hosts: Path
+    host_key_line: str  # "ssh-ed25519 AAAA…" (the server's public key)
+    proc: subprocess.Popen[bytes]
+
+    def known_hosts_for(self, hosts: tuple[str, ...], path: Path) -> Path:
+        path.write_text("".join(f"[{h}]:{self.port} {self.host_key_line}\n" for h in hosts))
+        return path
+
+    def ssh_settings(self, **override: Any) -> dict[str, Any]:
+        return {"user": "root", "port": self.port, "identity_file": str(self.client_key),
+                "known_hosts": str(self.known_hosts), "connect_timeout": 5, **override}
+
+    def log(self) -> str:
+        return (self.dir / "sshd.log").read_text(errors="replace")
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+
+
+def start_sshd(directory: Path) -> Sshd:
+    directory.mkdir(parents=True, exist_ok=True)
+    _keygen(directory / "host_ed25519")
+    _keygen(directory / "client_key")
+    shutil.copy(directory / "client_key.pub", directory / "authorized_keys")
+    port = _free_port(HOSTS[0])
+    config = directory / "sshd_config"
+    config.write_text("\n".join([
+        *(f"ListenAddress {h}:{port}" for h in HOSTS),
+        f"HostKey {directory / 'host_ed25519'}", f"PidFile {directory / 'sshd.pid'}",
+        f"AuthorizedKeysFile {directory / 'authorized_keys'}",
+        "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+        "StrictModes no", "UsePAM no", "MaxSessions 64", "MaxStartups 64", "LogLevel VERBOSE", "",
+    ]))
+    Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege separation dir
+    log = open(directory / "sshd.log", "wb")
+    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    host_key_line = " ".join((directory / "host_ed25519.pub").read_text().split()[:2])
+    server = Sshd(directory, port, directory / "client_key", directory / "known_hosts", host_key_line, proc)
+    server.known_hosts_for(HOSTS, server.known_hosts)
+    _wait_listening(server)
+    return server
+
+
+def _wait_listening(server: Sshd, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"sshd exited with {server.proc.returncode}: {server.log()}")
+        try:
+            for host in HOSTS:
+                socket.create_connection((host, server.port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"sshd not listening on {HOSTS} port {server.port}: {server.log()}")
+
+
+def stop_sshd(server: Sshd) -> None:
+    server.proc.terminate()
+    server.proc.wait(10)
+    for host in HOSTS:
+        with socket.socket() as sock:
+            assert sock.connect_ex((host, server.port)) != 0, f"sshd still listening on {host}:{server.port}"
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    if not os.path.exists(SSHD):
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{SSHD} is missing; CI must install openssh-server (see .ci/run)")
+        pytest.skip(f"{SSHD} not installed (apt-get install openssh-server); SSH tests need a real sshd")
+    server = start_sshd(tmp_path_factory.mktemp("sshd"))
+    yield server
+    stop_sshd(server)
+
+
+def cluster_file(path: Path, server: Sshd, tasks: dict[str, list[str]], workdirs: dict[str, Path],
+                 **extra: Any) -> Path:
+    """A cluster file whose hosts are reached over the test sshd, running this venv's python."""
+    hosts = {h: {"python": sys.executable, "workdir": str(w)} for h, w in workdirs.items()}
+    for host, settings in extra.pop("hosts", {}).items():
+        hosts.setdefault(host, {}).update(settings)
+    data = {"cluster": tasks, "ssh": server.ssh_settings(**extra.pop("ssh", {})), "hosts": hosts, **extra}
+    path.write_text(json.dumps(data, indent=1))
+    return path

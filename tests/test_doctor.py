@@ -1,0 +1,97 @@
+"""``tfl doctor``: judging a host's facts (pure), then real hosts behind the test sshd."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from launcher.cli import app
+from launcher.doctor import HostTasks, judge
+from launcher.spec import free_port
+from tests.sshd import NOWHERE, Sshd, cluster_file
+
+runner = CliRunner()
+HOST = HostTasks("gpu1", "/opt/py", "/srv/w", None, [("chief:0", 2000), ("worker:0", 2001)])
+
+
+def facts(**packages: str | None) -> dict[str, Any]:
+    return {"python": "3.11.7", "executable": "/opt/py", "ports": {"2000": None, "2001": "Address already in use"},
+            "packages": {"tensorflow": "2.17.1", "tf_keras": "2.17.0", "keras": "3.6.0", "psutil": "6.0", **packages},
+            "disk": {"path": "/srv", "free_gb": 120.0}, "gpus": ["GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)"]}
+
+
+def by_name(checks: list[Any]) -> dict[str, Any]:
+    return {c.name: c for c in checks}
+
+
+def test_a_healthy_host_passes_and_a_busy_port_fails_with_the_fix() -> None:
+    checks = by_name(judge(HOST, facts()))
+    assert checks["python"].status == "ok" and checks["port 2000"].status == "ok"
+    assert checks["port 2001"].status == "fail"
+    assert checks["port 2001"].detail == ("port 2001 of worker:0 is in use (Address already in use); "
+                                          "stop what holds it or give worker:0 another port in the cluster file")
+    assert checks["packages"].status == "ok" and "tf_keras in use" in checks["packages"].detail
+    assert checks["gpus"].detail == "1 visible: GPU 0: NVIDIA H100 80GB HBM3" and checks["disk"].status == "ok"
+
+
+def test_keras_3_without_tf_keras_fails_with_the_install_command() -> None:
+    check = by_name(judge(HOST, facts(tf_keras=None)))["packages"]
+    assert check.status == "fail" and "Keras 3 would be used" in check.detail
+    assert check.detail.endswith("fix: /opt/py -m pip install 'tf_keras~=2.17.0'")
+    unset = HostTasks("h", "/opt/py", None, None, legacy_keras=False)
+    assert "TF_USE_LEGACY_KERAS=1" in by_name(judge(unset, facts()))["packages"].detail
+    old = by_name(judge(HOST, facts(tensorflow="2.15.0", tf_keras=None, keras="2.15.0")))["packages"]
+    assert old.status == "ok"  # TensorFlow before 2.16 ships Keras 2 itself
+    missing = by_name(judge(HOST, facts(tensorflow=None)))["packages"]
+    assert missing.status == "fail" and missing.detail.endswith("fix: /opt/py -m pip install tensorflow")
+
+
+def test_disk_gpus_psutil_and_the_quick_subset() -> None:
+    low = facts()
+    low.update(disk={"path": "/srv", "free_gb": 0.4}, gpus=[])
+    low["packages"]["psutil"] = None
+    checks = by_name(judge(HOST, low))
+    assert checks["disk"].status == "fail" and "hosts.gpu1.workdir" in checks["disk"].detail
+    assert checks["gpus"].status == "warn" and checks["psutil"].status == "warn"
+    assert set(by_name(judge(HOST, facts(), quick=True))) == {"python", "port 2000", "port 2001"}
+
+
+def doctor(cluster: Path, *extra: str) -> tuple[int, list[dict[str, str]]]:
+    result = runner.invoke(app, ["doctor", "--cluster", str(cluster), "--json", *extra])
+    return result.exit_code, json.loads(result.stdout)
+
+
+@pytest.mark.ssh
+def test_doctor_checks_every_host_and_guards_host_keys(sshd: Sshd, tmp_path: Path) -> None:
+    known = sshd.known_hosts_for(("127.0.0.2",), tmp_path / "known_hosts")
+    tasks = {"chief": [f"127.0.0.2:{free_port()}"], "worker": [f"127.0.0.3:{free_port()}", f"{NOWHERE}:{free_port()}"]}
+    workdirs = {h: tmp_path / h for h in ("127.0.0.2", "127.0.0.3")}
+    cluster = cluster_file(tmp_path / "c.json", sshd, tasks, workdirs, ssh={"known_hosts": str(known)})
+    code, checks = doctor(cluster)
+    assert code == 1
+    status = {(c["host"], c["name"]): c for c in checks}
+    assert {n for h, n in status if h == "127.0.0.2" and status[(h, n)]["status"] == "ok"} >= {
+        "ssh", "python", "packages", "disk", "gpus", f"port {tasks['chief'][0].split(':')[1]}"}
+    unknown = status[("127.0.0.3", "ssh")]
+    assert unknown["status"] == "fail" and f"ssh-keyscan -p {sshd.port} 127.0.0.3 >> {known}" in unknown["detail"]
+    assert status[(NOWHERE, "ssh")]["detail"].startswith("connection refused")
+    assert known.read_text().count("\n") == 1  # refusing wrote nothing
+
+    code, checks = doctor(cluster, "--accept-new-host-keys")
+    assert {(c["host"], c["status"]) for c in checks if c["name"] == "ssh"} == {
+        ("127.0.0.2", "ok"), ("127.0.0.3", "ok"), (NOWHERE, "fail")}
+    assert f"[127.0.0.3]:{sshd.port} {sshd.host_key_line}" in known.read_text()
+
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    forged = " ".join(Path(f"{other}.pub").read_text().split()[:2])
+    known.write_text(f"[127.0.0.2]:{sshd.port} {forged}\n")
+    code, checks = doctor(cluster, "--accept-new-host-keys")  # a *changed* key is never accepted
+    changed = next(c for c in checks if c["host"] == "127.0.0.2" and c["name"] == "ssh")
+    assert changed["status"] == "fail" and changed["detail"].startswith(f"HOST KEY CHANGED for [127.0.0.2]:{sshd.port}")
+    assert f"ssh-keygen -R '[127.0.0.2]:{sshd.port}' -f {known}" in changed["detail"]

@@ -1,0 +1,193 @@
+"""The remote agent on its own: started exactly as over SSH, but through local pipes.
+
+What sshd would connect to the agent's stdin/stdout is a pipe here, so losing the
+launcher is simply closing stdin (or going quiet), with no sshd involved.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import psutil
+import pytest
+
+from launcher.sshconn import BOOTSTRAP, agent_input
+
+CHILD_AND_SLEEP = """
+    import os, subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    print("ready", os.getpid(), child.pid, flush=True)
+    time.sleep(60)
+"""
+
+
+def start_agent(request: dict[str, Any]) -> subprocess.Popen[bytes]:
+    agent = subprocess.Popen([sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    assert agent.stdin is not None
+    agent.stdin.write(agent_input(request))
+    agent.stdin.flush()
+    return agent
+
+
+def frames(agent: subprocess.Popen[bytes]) -> Iterator[tuple[bytes, bytes]]:
+    assert agent.stdout is not None
+    while header := agent.stdout.read(5):
+        yield header[:1], agent.stdout.read(int.from_bytes(header[1:], "big"))
+
+
+def run_request(tmp_path: Path, body: str, *args: str, **extra: Any) -> dict[str, Any]:
+    job = tmp_path / "job.py"
+    job.write_text(textwrap.dedent(body))
+    return {"mode": "run", "argv": [sys.executable, "-u", str(job), *args], "env": {"MARK": "m1"},
+            "cwd": str(tmp_path), "mkdirs": [str(tmp_path / "run" / "progress")], **extra}
+
+
+def collect(agent: subprocess.Popen[bytes], until: bytes | None = None) -> tuple[list[dict[str, Any]], bytes]:
+    controls, output = [], b""
+    for kind, payload in frames(agent):
+        if kind == b"C":
+            controls.append(json.loads(payload))
+        elif kind == b"O":
+            output += payload
+            if until and until in output:
+                break
+    return controls, output
+
+
+def gone(pids: list[int], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_runs_the_job_verbatim_and_reports_pid_output_exit(tmp_path: Path) -> None:
+    hostile = ["a b", "it's", '"q"', "x;y", "$(touch pwned)", "`id`", "*", "", "\n", "ü"]
+    body = "import json, os, sys; print(json.dumps([sys.argv[1:], os.environ['MARK'], os.getpgid(0) == os.getpid()])); sys.exit(3)"
+    agent = start_agent(run_request(tmp_path, body, *hostile))
+    controls, output = collect(agent)
+    assert agent.wait(10) == 3
+    assert controls[0]["pid"] == controls[0]["pgid"] and controls[0]["create_time"] > 0
+    assert json.loads(output) == [hostile, "m1", True]  # own process group, env given, args verbatim
+    assert controls[-1] == {"exit": 3} and not (tmp_path / "pwned").exists()
+    assert (tmp_path / "run" / "progress").is_dir()
+
+
+def test_stdin_eof_kills_the_whole_group(tmp_path: Path) -> None:
+    agent = start_agent(run_request(tmp_path, CHILD_AND_SLEEP, grace=1.0))
+    _, output = collect(agent, until=b"\n")
+    _, leader, child = output.split()
+    assert agent.stdin is not None
+    agent.stdin.close()  # the launcher (or its connection) is gone
+    assert gone([int(leader), int(child)])
+    assert agent.wait(10) == 128 + signal.SIGTERM
+
+
+def test_silence_kills_the_job_after_the_heartbeat_timeout(tmp_path: Path) -> None:
+    start = time.monotonic()
+    agent = start_agent(run_request(tmp_path, CHILD_AND_SLEEP, heartbeat_timeout=1.0, grace=1.0))
+    _, output = collect(agent, until=b"\n")
+    _, leader, child = output.split()
+    assert gone([int(leader), int(child)]) and time.monotonic() - start < 8
+    agent.kill()
+
+
+def test_signal_line_reaches_the_group_and_sigkill_follows_an_ignored_term(tmp_path: Path) -> None:
+    body = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    agent = start_agent(run_request(tmp_path, body))
+    collect(agent, until=b"ready")
+    assert agent.stdin is not None
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        agent.stdin.write(json.dumps({"signal": int(signum)}).encode() + b"\n")
+        agent.stdin.flush()
+    controls, _ = collect(agent)
+    assert controls[-1] == {"exit": -signal.SIGKILL}
+    agent.wait(10)
+
+
+def test_progress_file_is_forwarded(tmp_path: Path) -> None:
+    progress = tmp_path / "run" / "progress" / "chief-0.json"
+    body = f"""
+        import json, time
+        json.dump({{"epoch": 2, "step": 7}}, open({str(progress)!r}, "w"))
+        time.sleep(1.5)
+    """
+    agent = start_agent(run_request(tmp_path, body, progress_file=str(progress)))
+    controls, _ = collect(agent)
+    assert {"progress": json.dumps({"epoch": 2, "step": 7})} in controls
+
+
+def test_missing_workdir_is_an_error_frame(tmp_path: Path) -> None:
+    agent = start_agent({**run_request(tmp_path, "pass"), "cwd": str(tmp_path / "nope"), "mkdirs": []})
+    controls, _ = collect(agent)
+    assert controls == [{"error": f"working directory {tmp_path / 'nope'} does not exist"}]
+    assert agent.wait(10) == 126
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def ask(request: dict[str, Any]) -> Any:
+    out = subprocess.run([sys.executable, "-u", "-c", BOOTSTRAP], input=agent_input(request), capture_output=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_info_and_signal_trust_a_pid_only_with_its_create_time(sleeper: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    created = psutil.Process(sleeper.pid).create_time()
+    tasks = [{"name": "chief:0", "pid": sleeper.pid, "create_time": created, "progress_path": str(tmp_path / "p.json")},
+             {"name": "worker:0", "pid": sleeper.pid, "create_time": created - 100, "progress_path": ""}]
+    (tmp_path / "p.json").write_text('{"epoch": 1}')
+    info = ask({"mode": "info", "tasks": tasks})
+    assert info["chief:0"]["alive"] and info["chief:0"]["rss_mb"] > 0 and info["chief:0"]["progress"] == {"epoch": 1}
+    assert info["worker:0"]["alive"] is False  # same pid, other create time: a reused pid, not ours
+    assert ask({"mode": "signal", "signal": int(signal.SIGTERM), "tasks": tasks[1:]}) == {"worker:0": "gone"}
+    assert sleeper.poll() is None
+    assert ask({"mode": "signal", "signal": int(signal.SIGTERM), "tasks": tasks[:1]}) == {"chief:0": "signalled"}
+    assert sleeper.wait(10) == -signal.SIGTERM
+
+
+def test_probe_reports_python_packages_ports_disk(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        facts = ask({"mode": "probe", "ports": [port], "workdir": str(tmp_path / "not" / "yet")})
+    assert facts["executable"] == sys.executable and facts["packages"]["psutil"] == psutil.__version__
+    assert facts["ports"][str(port)] and facts["disk"]["path"] == str(tmp_path) and facts["disk"]["free_gb"] > 0
+    assert os.path.isabs(facts["executable"])
+
+
+def test_create_time_without_psutil_matches_psutils(sleeper: subprocess.Popen[bytes]) -> None:
+    # Agent and status query agree on a host without psutil: both use the /proc formula then.
+    code = ("import sys; sys.modules['psutil'] = None; ns = {'__name__': 'agent'};"
+            f"exec(open({str(Path(__file__).parents[1] / 'launcher' / 'remote_agent.py')!r}).read(), ns);"
+            f"print(ns['create_time']({sleeper.pid}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert abs(float(out.stdout) - psutil.Process(sleeper.pid).create_time()) < 0.01
+
+
+def test_agent_source_parses_as_python_3_8() -> None:
+    # It runs under whatever python the host has; annotations are strings (__future__).
+    import ast
+
+    source = (Path(__file__).parents[1] / "launcher" / "remote_agent.py").read_text()
+    ast.parse(source, feature_version=(3, 8))
+    assert "from __future__ import annotations" in source

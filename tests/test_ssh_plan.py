@@ -1,0 +1,85 @@
+"""Remote tasks in the plan are pure data: settings merge, paths, shipping, round trip."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from launcher.plan import LaunchPlan, build_plan, render_plan
+from launcher.remoteplan import RemoteOptions, SSHTarget, ssh_target
+from launcher.spec import parse_cluster
+from tests.conftest import ROOT
+
+SPEC = parse_cluster({
+    "cluster": {"chief": ["h1:1000"], "worker": ["h2:1001"]},
+    "env": {"DECLARED": "yes"},
+    "ssh": {"user": "train", "port": 2222, "identity_file": "~/.ssh/tfl", "known_hosts": "/etc/kh"},
+    "hosts": {"h2": {"python": "/opt/py", "workdir": "/srv/w", "ssh": {"port": 22, "user": "other"}}},
+})
+
+
+def plan(**options: object) -> LaunchPlan:
+    return build_plan(SPEC, "/src/proj/jobs/job.py", ("--x", "a b"), run_id="r1", run_dir="/runs/r1",
+                      python="/venv/python", cwd="/here", remote=RemoteOptions(**options))  # type: ignore[arg-type]
+
+
+def test_per_host_ssh_settings_override_the_defaults() -> None:
+    assert ssh_target(SPEC, "h1") == SSHTarget("h1", 2222, "train", "~/.ssh/tfl", 10.0, "/etc/kh")
+    h2 = ssh_target(SPEC, "h2", accept_new_host_keys=True)
+    assert (h2.port, h2.user, h2.identity_file, h2.accept_new_host_keys) == (22, "other", "~/.ssh/tfl", True)
+    assert h2.address == "h2" and ssh_target(SPEC, "h1").address == "[h1]:2222"
+
+
+def test_shipped_job_runs_from_the_host_workdir() -> None:
+    chief, worker = plan(ship_code=True).tasks
+    assert chief.backend == "ssh" and chief.cwd == "/tmp/tfl/r1"
+    assert chief.argv == ("/venv/python", "-u", "/tmp/tfl/r1/job.py", "--x", "a b")
+    assert chief.sync == (("/src/proj/jobs/job.py", "/tmp/tfl/r1/job.py"),)
+    assert worker.argv[:3] == ("/opt/py", "-u", "/srv/w/job.py") and worker.cwd == "/srv/w"
+    assert worker.env["TFL_RUN_DIR"] == "/srv/w/tfl-runs/r1"
+    assert worker.env["TFL_PROGRESS_FILE"] == "/srv/w/tfl-runs/r1/progress/worker-0.json"
+    assert worker.progress_path == "/runs/r1/progress/worker-0.json"  # the local mirror
+    assert worker.log_path == "/runs/r1/logs/worker-0.log" and worker.env["DECLARED"] == "yes"
+    # Names and paths only: no key material ever lands in the plan (or the run record).
+    assert worker.ssh == {"host": "h2", "port": 22, "user": "other", "identity_file": "~/.ssh/tfl", "connect_timeout": 10.0,
+                          "known_hosts": "/etc/kh", "accept_new_host_keys": False}
+
+
+def test_a_synced_dir_holding_the_job_keeps_its_layout() -> None:
+    chief = plan(ship_code=True, sync_dirs=("/src/proj",)).tasks[0]
+    assert chief.argv[2] == "/tmp/tfl/r1/jobs/job.py" and chief.sync == (("/src/proj", "/tmp/tfl/r1"),)
+    other = plan(ship_code=True, sync_dirs=("/data/x",)).tasks[0]
+    assert other.sync == (("/src/proj/jobs/job.py", "/tmp/tfl/r1/job.py"), ("/data/x", "/tmp/tfl/r1"))
+
+
+def test_no_sync_keeps_this_machines_paths() -> None:
+    chief, worker = plan(ship_code=False).tasks
+    assert chief.argv[2] == "/src/proj/jobs/job.py" and chief.cwd == "/here" and chief.sync == ()
+    assert chief.env["TFL_RUN_DIR"] == "/here/tfl-runs/r1"
+
+
+def test_tf_config_travels_in_env_only_and_plan_round_trips() -> None:
+    p = plan(ship_code=True, sync_dirs=("/src/proj",), accept_new_host_keys=True)
+    for task in p.tasks:
+        assert json.loads(task.env["TF_CONFIG"])["task"]["type"] in ("chief", "worker")
+        assert not any("cluster" in arg for arg in task.argv)
+    assert LaunchPlan.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+    text = render_plan(p)
+    assert "ssh: train@h1:2222, key ~/.ssh/tfl, known_hosts /etc/kh, accepting new host keys" in text
+    assert "ship: /src/proj -> /tmp/tfl/r1" in text
+
+
+def test_localhost_marked_as_ssh_goes_over_ssh() -> None:
+    spec = parse_cluster({"cluster": {"chief": ["localhost:1"]}, "hosts": {"localhost": {"ssh": {"port": 2200}}}})
+    task = build_plan(spec, "/j.py", (), run_id="r", run_dir="/r", python="p", cwd="/c").tasks[0]
+    assert task.backend == "ssh" and task.ssh is not None and task.ssh["port"] == 2200
+
+
+def test_status_and_help_never_import_fabric_or_tensorflow(tmp_path: object) -> None:
+    code = ("import sys; from typer.testing import CliRunner; from launcher.cli import app; r = CliRunner();"
+            "r.invoke(app, ['--help']); r.invoke(app, ['status']); r.invoke(app, ['launch', '--help']);"
+            "print(sorted(m for m in ('fabric', 'paramiko', 'tensorflow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={"TFL_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}, check=True)
+    assert out.stdout.strip() == "[]"
