@@ -2,6 +2,7 @@
 
     python jobs/mnist.py --epochs 3                  # by hand: one process
     tfl launch jobs/mnist.py --local 2 -- --epochs 3  # the launcher sets TF_CONFIG
+    tfl launch jobs/mnist.py --local 1 --virtual-devices 4   # seed 001: 4 replicas, one CPU
 
 With an `evaluator` task in TF_CONFIG, that task follows the chief's checkpoints.
 """
@@ -37,6 +38,8 @@ def parse_args() -> argparse.Namespace:
                         help="back up training state every N steps (default: every epoch)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--virtual-devices", type=int, default=None,
+                        help="split this machine's GPU (or CPU) into N logical devices (default: tfl's setting)")
     return parser.parse_args()
 
 
@@ -70,7 +73,7 @@ def main() -> None:
     args = parse_args()
     keras.utils.set_random_seed(args.seed)
     context = jobkit.task_context()
-    strategy = jobkit.make_strategy(context)
+    strategy = jobkit.make_strategy(context, virtual_devices=args.virtual_devices)
     model_dir = args.model_dir or default_model_dir(context)
     print(f"jobkit: model dir {model_dir}", flush=True)
     (x_train, y_train), (x_test, y_test) = jobkit.load_mnist(args.data)

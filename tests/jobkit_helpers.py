@@ -89,9 +89,9 @@ def job_env(name: str, workdir: Path, *, launcher_env: bool = True) -> dict[str,
 def start_job(
     name: str, workdir: Path, args: Sequence[str], *, tf_config_json: str | None = None,
     extra_env: Mapping[str, str] | None = None, launcher_env: bool = True,
-    cwd: Path | None = None,
+    cwd: Path | None = None, job: Path = MNIST_JOB,
 ) -> JobProcess:
-    """Start jobs/mnist.py in its own session, output to `workdir/<name>.log`."""
+    """Start `job` (default jobs/mnist.py) in its own session, output to `workdir/<name>.log`."""
     workdir.mkdir(parents=True, exist_ok=True)
     env = job_env(name, workdir, launcher_env=launcher_env)
     if tf_config_json is not None:
@@ -100,7 +100,7 @@ def start_job(
     log = workdir / f"{name.replace(':', '_')}.log"
     with log.open("wb") as handle:
         popen = subprocess.Popen(
-            [sys.executable, str(MNIST_JOB), *args], stdout=handle, stderr=subprocess.STDOUT,
+            [sys.executable, str(job), *args], stdout=handle, stderr=subprocess.STDOUT,
             env=env, cwd=str(cwd or workdir), start_new_session=True,
         )
     return JobProcess(name, popen, log, workdir / f"{name}.progress.json",

@@ -21,10 +21,11 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 from launcher.jobkit.context import JobKitError, TaskContext  # noqa: E402
 from launcher.jobkit.context import task_context as _task_context  # noqa: E402
-from launcher.jobkit.layout import ModelDirLayout  # noqa: E402
+from launcher.jobkit.layout import ModelDirLayout, default_model_dir  # noqa: E402
 
 _LAZY = {
     "make_strategy": "launcher.jobkit.strategy",
+    "local_devices": "launcher.jobkit.strategy",
     "global_batch_size": "launcher.jobkit.strategy",
     "shard_by_data": "launcher.jobkit.strategy",
     "fit": "launcher.jobkit.training",
@@ -32,9 +33,10 @@ _LAZY = {
     "run_evaluator": "launcher.jobkit.evaluator",
     "EvaluatorTimeout": "launcher.jobkit.evaluator",
     "load_mnist": "launcher.jobkit.datasets",
+    "load_reuters": "launcher.jobkit.reuters",
 }
 
-__all__ = ["JobKitError", "ModelDirLayout", "TaskContext", "task_context", *_LAZY]
+__all__ = ["JobKitError", "ModelDirLayout", "TaskContext", "default_model_dir", "task_context", *_LAZY]
 
 
 def task_context() -> TaskContext:

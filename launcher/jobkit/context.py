@@ -12,6 +12,7 @@ from pathlib import Path
 
 TRAINING_TASK_TYPES = ("chief", "worker")
 KNOWN_TASK_TYPES = (*TRAINING_TASK_TYPES, "evaluator")
+COLLECTIVES = ("auto", "ring", "nccl")  # tf.distribute.experimental.CommunicationImplementation
 
 
 class JobKitError(Exception):
@@ -31,6 +32,10 @@ class TaskContext:
     run_dir: Path | None = None
     progress_file: Path | None = None
     progress_log: Path | None = None
+    # Device settings from the launcher (see launcher/placement.py and `--virtual-devices`).
+    virtual_devices: int | None = None
+    gpu_memory_limit_mb: int | None = None
+    collective: str | None = None  # "ring" when tasks share a GPU (NCCL refuses that)
 
     @property
     def is_evaluator(self) -> bool:
@@ -117,8 +122,26 @@ def task_context(env: Mapping[str, str]) -> TaskContext:
         run_dir=_optional_path(env.get("TFL_RUN_DIR")),
         progress_file=_optional_path(env.get("TFL_PROGRESS_FILE")),
         progress_log=_optional_path(env.get("TFL_PROGRESS_LOG")),
+        virtual_devices=_optional_count(env, "TFL_VIRTUAL_DEVICES", "the number of logical devices, e.g. 4"),
+        gpu_memory_limit_mb=_optional_count(env, "TFL_GPU_MEMORY_LIMIT_MB", "a GPU memory limit in MB, e.g. 4096"),
+        collective=_collective(env.get("TFL_COLLECTIVE", "").strip()),
     )
 
 
 def _optional_path(value: str | None) -> Path | None:
     return Path(value) if value else None
+
+
+def _collective(raw: str) -> str | None:
+    if raw and raw not in COLLECTIVES:
+        raise JobKitError(f"TFL_COLLECTIVE is {raw!r}; expected one of {', '.join(COLLECTIVES)}, or leave it unset")
+    return raw or None
+
+
+def _optional_count(env: Mapping[str, str], name: str, expected: str) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise JobKitError(f"{name} is {raw!r}; expected a positive integer ({expected}), or leave it unset")
+    return int(raw)

@@ -9,11 +9,14 @@ Every task of a run must end up with the same source; the notice line shows whic
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 Split = tuple[np.ndarray, np.ndarray]
+T = TypeVar("T")
 DIGITS_TRAIN_SIZE = 1500  # of 1797; the rest is the test split
 
 
@@ -37,27 +40,32 @@ def _read_npz(path: Path) -> tuple[Split, Split]:
         return (data["x_train"], data["y_train"]), (data["x_test"], data["y_test"])
 
 
-def _try_download(timeout_s: float) -> tuple[Split, Split] | None:
+def _load_mnist_from_keras() -> tuple[Split, Split]:
+    import tf_keras as keras
+
+    return keras.datasets.mnist.load_data()  # type: ignore[no-any-return]
+
+
+def _try_download(timeout_s: float, name: str = "MNIST",
+                  load: Callable[[], T] = _load_mnist_from_keras) -> T | None:  # type: ignore[assignment]  # T = MNIST by default
     # In a thread because a black-holed network or a slow DNS can hang urllib far
     # beyond any socket timeout; the daemon thread is simply abandoned then.
-    result: list[tuple[Split, Split]] = []
+    result: list[T] = []
     abandoned = threading.Event()
 
     def download() -> None:
-        import tf_keras as keras
-
         try:
-            result.append(keras.datasets.mnist.load_data())
+            result.append(load())
         except Exception as err:  # noqa: BLE001 - any failure means "use the fallback"
             if not abandoned.is_set():
-                print(f"jobkit: MNIST download failed: {str(err).splitlines()[0][:200]}", flush=True)
+                print(f"jobkit: {name} download failed: {str(err).splitlines()[0][:200]}", flush=True)
 
-    thread = threading.Thread(target=download, name="mnist-download", daemon=True)
+    thread = threading.Thread(target=download, name=f"{name.lower()}-download", daemon=True)
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
         abandoned.set()
-        print(f"jobkit: MNIST download still running after {timeout_s:.0f} s; giving up", flush=True)
+        print(f"jobkit: {name} download still running after {timeout_s:.0f} s; giving up", flush=True)
         return None
     return result[0] if result else None
 

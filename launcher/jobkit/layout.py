@@ -97,3 +97,11 @@ def read_done_marker(layout: ModelDirLayout) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     return data if isinstance(data, dict) else None
+
+
+def default_model_dir(context: TaskContext, job: str) -> Path:
+    """Under the launcher its run dir's `model/`, shared by all tasks; by hand a new temp
+    dir (never inside the repository)."""
+    if context.run_dir is not None:
+        return context.run_dir / "model"
+    return Path(tempfile.mkdtemp(prefix=f"tfl-{job}-"))
