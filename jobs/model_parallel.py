@@ -26,19 +26,8 @@ import tf_keras as keras
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--steps-per-epoch", type=int, default=None,
-                        help="default: the whole training set once per epoch")
+    parser = jobkit.job_arguments(__doc__.splitlines()[0], batch_size=64, data_help="an mnist.npz file", backups=False)
     parser.add_argument("--hidden-layers", type=int, default=3, help="Dense 256 ReLU layers before the output")
-    parser.add_argument("--model-dir", type=Path, default=None,
-                        help="default: $TFL_RUN_DIR/model, else a new temp dir")
-    parser.add_argument("--data", type=Path, default=None, help="an mnist.npz file")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--learning-rate", type=float, default=1e-3)
-    parser.add_argument("--virtual-devices", type=int, default=None,
-                        help="split this machine's GPU (or CPU) into N logical devices (default: tfl's setting)")
     return parser.parse_args()
 
 

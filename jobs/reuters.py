@@ -29,22 +29,9 @@ from launcher.jobkit.reuters import NUM_CLASSES
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=32, help="per replica")
-    parser.add_argument("--steps-per-epoch", type=int, default=None,
-                        help="default: the whole training set once per epoch")
-    parser.add_argument("--model-dir", type=Path, default=None,
-                        help="default: $TFL_RUN_DIR/model, else a new temp dir")
-    parser.add_argument("--data", type=Path, default=None, help="a reuters.npz file as keras ships it")
+    parser = jobkit.job_arguments(__doc__.splitlines()[0], batch_size=32, data_help="a reuters.npz file as keras ships it")
     parser.add_argument("--num-words", type=int, default=10000, help="vocabulary: the most frequent N words")
     parser.add_argument("--maxlen", type=int, default=300, help="stories are padded or cut to this many words")
-    parser.add_argument("--backup-every-steps", type=int, default=None,
-                        help="back up training state every N steps (default: every epoch)")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--learning-rate", type=float, default=1e-3)
-    parser.add_argument("--virtual-devices", type=int, default=None,
-                        help="split this machine's GPU (or CPU) into N logical devices (default: tfl's setting)")
     return parser.parse_args()
 
 

@@ -19,6 +19,7 @@ from typing import Any
 # is selected by this variable, which must be set before tensorflow is first imported.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
+from launcher.jobkit.args import job_arguments  # noqa: E402
 from launcher.jobkit.context import JobKitError, TaskContext  # noqa: E402
 from launcher.jobkit.context import task_context as _task_context  # noqa: E402
 from launcher.jobkit.layout import ModelDirLayout, default_model_dir  # noqa: E402
@@ -36,7 +37,7 @@ _LAZY = {
     "load_reuters": "launcher.jobkit.reuters",
 }
 
-__all__ = ["JobKitError", "ModelDirLayout", "TaskContext", "default_model_dir", "task_context", *_LAZY]
+__all__ = ["JobKitError", "ModelDirLayout", "TaskContext", "default_model_dir", "job_arguments", "task_context", *_LAZY]
 
 
 def task_context() -> TaskContext:

@@ -1,0 +1,24 @@
+"""The command-line options every job shares, so job scripts list only their own."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def job_arguments(description: str, *, batch_size: int, data_help: str, backups: bool = True) -> argparse.ArgumentParser:
+    """A parser with the common options; a job adds its own and calls ``parse_args()``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=batch_size, help="per replica")
+    parser.add_argument("--steps-per-epoch", type=int, default=None, help="default: the whole training set once per epoch")
+    parser.add_argument("--model-dir", type=Path, default=None, help="default: $TFL_RUN_DIR/model, else a new temp dir")
+    parser.add_argument("--data", type=Path, default=None, help=data_help)
+    if backups:
+        parser.add_argument("--backup-every-steps", type=int, default=None,
+                            help="back up training state every N steps (default: every epoch)")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--virtual-devices", type=int, default=None,
+                        help="split this machine's GPU (or CPU) into N logical devices (default: tfl's setting)")
+    return parser
