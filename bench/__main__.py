@@ -1,0 +1,110 @@
+"""`uv run python -m bench [--quick] [--out FILE] [--only PHASES]`: measure, then write the report.
+
+Phases (each fills some of the issue's sections):
+  cli       1. CLI latency
+  launch    2. launch overhead, 5. supervisor cost, 7. throughput (one set of runs)
+  failures  3. failure → teardown (with TensorFlow alone), 6. restart cost
+  scaling   4. local and SSH scaling
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from bench import cli_latency, failures, launch, restart, scaling, ssh
+from bench.common import PYTHON, ROOT, Section, Workspace, load1
+from bench.config import Config, machine, timestamp
+from bench.report import previous_sections, render
+
+PHASES = ("cli", "launch", "failures", "scaling")
+
+
+def make_data(ws: Workspace) -> Path:
+    """The job kit's offline fallback data as an .npz, so no task tries the network."""
+    path = ws.root / "digits-as-mnist.npz"
+    code = ("import sys, numpy as np; from launcher.jobkit.datasets import load_digits_as_mnist as load; "
+            "(a, b), (c, d) = load(); np.savez(sys.argv[1], x_train=a, y_train=b, x_test=c, y_test=d)")
+    subprocess.run([PYTHON, "-c", code, str(path)], check=True, cwd=ROOT, timeout=300)
+    return path
+
+
+def phase_cli(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
+    return [cli_latency.measure(cfg, ws)]
+
+
+def phase_launch(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
+    tiny = launch.tiny_runs(cfg, ws)
+    train = launch.training_runs(cfg, ws, data)
+    return [launch.launch_section(cfg, tiny, train), launch.supervisor_section(cfg, train),
+            launch.throughput_section(cfg, train)]
+
+
+def phase_failures(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
+    tiny = failures.tiny_teardowns(cfg, ws)
+    restarts = restart.restart_runs(cfg, ws, data)
+    alone = failures.tf_alone(cfg, ws, data)
+    sigterm_default = failures.sigterm_default_teardowns(cfg, ws, data)
+    return [failures.teardown_section(cfg, tiny, alone, restarts, sigterm_default), restart.restart_section(cfg, restarts)]
+
+
+def phase_scaling(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
+    local = scaling.local_scaling(cfg, ws)
+    remote, note = ssh.ssh_scaling(cfg, ws)
+    return [scaling.scaling_section(cfg, local, remote, note)]
+
+
+RUNNERS: dict[str, Callable[[Config, Workspace, Path | None], list[Section]]] = {
+    "cli": phase_cli, "launch": phase_launch, "failures": phase_failures, "scaling": phase_scaling}
+
+
+def run_phase(name: str, cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
+    print(f"bench: {name} …", file=sys.stderr, flush=True)
+    started, load_before, when = time.monotonic(), load1(), timestamp()
+    sections = RUNNERS[name](cfg, ws, data)
+    took, load_after = time.monotonic() - started, load1()
+    for section in sections:
+        section.took_s, section.load, section.measured_at = took, (load_before, load_after), when
+        print(f"bench:   {section.number}. {section.title}: {section.verdict} ({section.headline})", file=sys.stderr, flush=True)
+    return sections
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="few repetitions, small N, a TF-free training stand-in (CI)")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md", help="the report to write")
+    parser.add_argument("--only", default=",".join(PHASES),
+                        help=f"comma-separated phases to measure ({', '.join(PHASES)}); the report keeps the others' sections")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary run stores (their path is printed)")
+    args = parser.parse_args(argv)
+    phases = [p.strip() for p in args.only.split(",") if p.strip()]
+    unknown = sorted(set(phases) - set(PHASES))
+    if unknown:
+        parser.error(f"--only: unknown phase(s) {', '.join(unknown)}; choose from {', '.join(PHASES)}")
+    cfg = Config.quick_mode() if args.quick else Config.full()
+    started = time.monotonic()
+    ws = Workspace(keep=args.keep)
+    print(f"bench: {'quick' if cfg.quick else 'full'} mode; run stores under {ws.root}", file=sys.stderr, flush=True)
+    sections = previous_sections(args.out) if set(phases) != set(PHASES) else {}
+    try:
+        data = make_data(ws) if cfg.uses_mnist and {"launch", "failures"} & set(phases) else None
+        for name in PHASES:
+            if name in phases:
+                sections.update({s.number: s for s in run_phase(name, cfg, ws, data)})
+    finally:
+        ws.close()
+    meta = {"command": "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "mode": "quick" if cfg.quick else "full", "finished": timestamp(),
+            "took_min": round((time.monotonic() - started) / 60, 1), "machine": machine()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render(list(sections.values()), meta))
+    print(f"bench: wrote {args.out} in {meta['took_min']} min", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

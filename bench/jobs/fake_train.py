@@ -1,0 +1,61 @@
+"""A stand-in for jobs/mnist.py without TensorFlow, for the suite's quick mode only.
+
+It takes mnist.py's options and speaks the same protocol to tfl (TF_CONFIG in,
+``epoch e/E loss=…`` lines, the progress file, the progress log, backups every N steps
+that a restarted group resumes from), so quick mode runs every measure's code in
+seconds. Its numbers say nothing about TensorFlow; the full suite never uses it.
+"""
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+STEP_SECONDS = 0.02
+
+parser = argparse.ArgumentParser()
+for flag, kind, default in (("--epochs", int, 2), ("--batch-size", int, 64), ("--steps-per-epoch", int, 20),
+                            ("--backup-every-steps", int, 0), ("--seed", int, 42)):
+    parser.add_argument(flag, type=kind, default=default)
+parser.add_argument("--data", default=None)
+args = parser.parse_args()
+
+config = json.loads(os.environ["TF_CONFIG"])
+replicas = sum(len(config["cluster"].get(kind, [])) for kind in ("chief", "worker"))
+task = f"{config['task']['type']}:{config['task']['index']}"
+is_chief = config["task"]["type"] == "chief"
+backup = Path(os.environ.get("TFL_RUN_DIR", ".")) / "model" / "backup" / "step.json"
+progress_file = os.environ.get("TFL_PROGRESS_FILE")
+progress_log = os.environ.get("TFL_PROGRESS_LOG")
+global_batch = args.batch_size * replicas
+
+
+def report(step: int, phase: str, rate: float) -> None:
+    record = {"task": task, "attempt": int(os.environ.get("TFL_ATTEMPT", "0")), "phase": phase,
+              "global_step": step, "examples_per_sec": rate, "time": time.time()}
+    if progress_log:
+        with open(progress_log, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    if progress_file:
+        with open(progress_file + ".tmp", "w") as f:
+            json.dump(record, f)
+        os.replace(progress_file + ".tmp", progress_file)
+
+
+step = json.loads(backup.read_text())["step"] if backup.exists() else 0
+total = args.epochs * args.steps_per_epoch
+rate = 0.0
+while step < total:
+    epoch_start, first = time.monotonic(), step
+    epoch_end = (step // args.steps_per_epoch + 1) * args.steps_per_epoch
+    while step < epoch_end:
+        time.sleep(STEP_SECONDS)
+        step += 1
+        rate = (step - first) * global_batch / (time.monotonic() - epoch_start)
+        report(step, "train", rate)
+        if is_chief and args.backup_every_steps and step % args.backup_every_steps == 0:
+            backup.parent.mkdir(parents=True, exist_ok=True)
+            backup.write_text(json.dumps({"step": step}))
+    print(f"epoch {step // args.steps_per_epoch}/{args.epochs} loss=0.000000 accuracy=1.000000", flush=True)
+report(step, "done", rate)

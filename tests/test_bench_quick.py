@@ -1,0 +1,65 @@
+"""The benchmark suite's quick mode runs end to end and writes a complete report.
+
+Only that it works: no timing target is asserted here (targets are judged from the full
+report, docs/benchmarks.md, never by timed unit tests).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.report import RAW_BEGIN, RAW_END
+from tests.conftest import ROOT
+from tests.procs import tfl_processes
+
+pytestmark = pytest.mark.slow  # about 40 s: real processes, a few hundred launches' worth of Python start-ups
+
+SECTIONS = ("1. CLI latency", "2. Launch overhead", "3. Failure → teardown", "4. Scaling", "5. Supervisor cost",
+            "6. Restart cost", "7. Throughput")
+NUMBER = re.compile(r"\d+(\.\d+)?")
+
+
+def tables_by_section(report: str) -> dict[str, list[list[str]]]:
+    """Each '## N. title' section's table body rows, split into cells."""
+    sections: dict[str, list[list[str]]] = {}
+    current = None
+    for line in report.splitlines():
+        if line.startswith("## "):
+            current = line[3:].strip()
+            sections[current] = []
+        elif current and line.startswith("| ") and not line.startswith("|---"):
+            sections[current].append([c.strip() for c in line.strip("|").split(" | ")])
+    return {name: rows[1:] for name, rows in sections.items()}  # without the header row
+
+
+def test_quick_mode_writes_every_section_with_numbers(tmp_path: Path) -> None:
+    out = tmp_path / "bench.md"
+    result = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(out)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = out.read_text()
+    tables = tables_by_section(report)
+    for title in SECTIONS:
+        assert title in tables, f"section '{title}' missing from the report"
+        rows = tables[title]
+        assert rows, f"section '{title}' has no table rows"
+        # Every row has a measured number, or says plainly that it was not measured.
+        for row in rows:
+            measured = any(NUMBER.search(cell) for cell in row[1:])
+            assert measured or "not measured" in " ".join(row), f"{title}: no number in {row}"
+        assert any(NUMBER.search(cell) for row in rows for cell in row[1:]), f"{title}: no measured number"
+    assert "| cpu |" in report and "| python |" in report  # the machine it ran on
+    raw = json.loads(report.split(RAW_BEGIN, 1)[1].split(RAW_END, 1)[0])
+    assert raw["meta"]["mode"] == "quick"
+    assert sorted(s["number"] for s in raw["sections"]) == [1, 2, 3, 4, 5, 6, 7]
+    assert all(s["verdict"] in ("met", "missed", "n/a", "not measured") for s in raw["sections"])
+    # The suite used private run stores under one temp root, removed them, and left no task alive.
+    root = re.search(r"run stores under (\S+)", result.stderr)
+    assert root and not Path(root[1]).exists()
+    assert tfl_processes(home=root[1]) == []
