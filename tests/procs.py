@@ -7,6 +7,14 @@ import time
 import psutil
 
 
+def pid_alive(pid: int) -> bool:
+    """Alive and not a zombie; a process that exits while we look counts as gone."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def tfl_processes(run_id: str | None = None, home: str | None = None) -> list[psutil.Process]:
     """Every live process whose environment says it is a task of a tfl run.
 

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from typer.testing import CliRunner
 
@@ -25,7 +24,7 @@ from launcher.cli import app
 from launcher.remotestatus import remote_signal, remote_task_info
 from launcher.runstore import RunStore
 from launcher.spec import free_port
-from tests.procs import tfl_processes
+from tests.procs import pid_alive, tfl_processes
 from tests.sshd import NOWHERE, Sshd, cluster_file
 
 pytestmark = pytest.mark.ssh
@@ -166,7 +165,7 @@ def test_killed_launcher_or_dropped_connection_takes_remote_tasks_down(sshd: Ssh
     launcher.kill()  # no teardown at all: the agents see their SSH channel close
     launcher.wait()
     wait_for(lambda: not tfl_processes(run_id=run), timeout=10)
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    assert not any(pid_alive(p) for p in pids)
     record = RunStore(tfl_home).load(run)
     assert set(remote_signal(record, signal.SIGTERM).values()) == {"gone"}  # `tfl stop`'s remote half: idempotent
 

@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from launcher.sshconn import BOOTSTRAP, agent_input
+from tests.procs import pid_alive
 
 CHILD_AND_SLEEP = """
     import os, subprocess, sys, time
@@ -66,7 +67,7 @@ def collect(agent: subprocess.Popen[bytes], until: bytes | None = None) -> tuple
 def gone(pids: list[int], timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        if not any(pid_alive(p) for p in pids):
             return True
         time.sleep(0.05)
     return False
