@@ -114,3 +114,23 @@ def test_chaos_rounds_end_cleanly(child_env: dict[str, str], tfl_home: Path, tmp
         assert launcher.returncode in (0, 1), err[-2000:]
         assert ("succeeded" in err) if launcher.returncode == 0 else ("root cause:" in err)
         assert tfl_processes(home=str(home)) == [], f"round {round_}: orphans after killing {victim} at {delay:.1f}s"
+
+
+def test_peer_death_stops_the_chief_by_sigterm_not_after_the_grace(child_env: dict[str, str], tfl_home: Path) -> None:
+    """TensorFlow takes SIGTERM as a preemption notice under MWMS; the job kit makes it stop the task."""
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "launcher", "launch", MNIST, "--local", "2", "--grace-period", "30", "--",
+         "--epochs", "20", "--steps-per-epoch", "60"], env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _kill_task_when(tfl_home, "worker:0", lambda run: len(epoch_lines(run / "logs" / "chief-0.log")) >= 1)
+        killed = time.monotonic()
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    assert launcher.returncode == 1 and "root cause: worker:0" in err
+    assert time.monotonic() - killed < 10  # not the 30 s grace
+    view = json.loads(tfl(["status", only_run(tfl_home).name, "--json"], child_env).stdout)
+    chief = next(t for t in view["tasks"] if t["task"] == "chief:0")
+    assert chief["state"] == "stopped" and chief["exit_code"] == -signal.SIGTERM
