@@ -19,7 +19,7 @@ from typing import Callable
 from bench import cli_latency, failures, launch, restart, scaling, ssh
 from bench.common import PYTHON, ROOT, Section, Workspace, load1
 from bench.config import Config, machine, timestamp
-from bench.report import previous_sections, render
+from bench.report import previous_report, render
 
 PHASES = ("cli", "launch", "failures", "scaling")
 
@@ -89,20 +89,24 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     ws = Workspace(keep=args.keep)
     print(f"bench: {'quick' if cfg.quick else 'full'} mode; run stores under {ws.root}", file=sys.stderr, flush=True)
-    sections = previous_sections(args.out) if set(phases) != set(PHASES) else {}
+    sections, history = previous_report(args.out) if set(phases) != set(PHASES) else ({}, [])
+    measured: list[int] = []
     try:
         data = make_data(ws) if cfg.uses_mnist and {"launch", "failures"} & set(phases) else None
         for name in PHASES:
             if name in phases:
-                sections.update({s.number: s for s in run_phase(name, cfg, ws, data)})
+                fresh = run_phase(name, cfg, ws, data)
+                sections.update({s.number: s for s in fresh})
+                measured += [s.number for s in fresh]
     finally:
         ws.close()
-    meta = {"command": "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "mode": "quick" if cfg.quick else "full", "finished": timestamp(),
-            "took_min": round((time.monotonic() - started) / 60, 1), "machine": machine()}
+    run = {"command": "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:]), "finished": timestamp(),
+           "took_min": round((time.monotonic() - started) / 60, 1), "sections": sorted(measured)}
+    meta = {"mode": "quick" if cfg.quick else "full", "history": history + [run] if measured else history,
+            "machine": machine()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render(list(sections.values()), meta))
-    print(f"bench: wrote {args.out} in {meta['took_min']} min", file=sys.stderr)
+    print(f"bench: wrote {args.out} in {run['took_min']} min", file=sys.stderr)
     return 0
 
 

@@ -38,7 +38,7 @@ class Config:
 
     @classmethod
     def full(cls) -> Config:
-        return cls(quick=False, reps=5, train_reps=7, cli_reps=21, teardown_reps=20, tf_alone_reps=5, sigterm_default_reps=5,
+        return cls(quick=False, reps=5, train_reps=9, cli_reps=21, teardown_reps=20, tf_alone_reps=5, sigterm_default_reps=5,
                    local_ns=(1, 2, 4, 8, 16, 32), ssh_ns=(1, 2, 4, 8), train_job=MNIST,
                    epochs=2, steps_per_epoch=40, global_batch=128, train_workers=(1, 2, 4),
                    backup_every=10, crash_step=37)

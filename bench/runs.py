@@ -15,6 +15,7 @@ from bench.common import PLAIN_LAUNCH, PYTHON, BenchError, Workspace, assert_non
 from bench.procs import LauncherUsage, run_launcher, timed_run
 
 STARTED = re.compile(r"^tiny started=([0-9.]+)", re.M)
+LOST_COORDINATOR = "Failed to send RPC to coordination service"
 
 
 @dataclass
@@ -30,6 +31,10 @@ class GroupRun:
     def progress(self, task: str = "chief-0") -> dict[str, object]:
         data: dict[str, object] = json.loads((self.run_dir / "progress" / f"{task}.json").read_text())
         return data
+
+    def worker_outlived_chief(self) -> bool:
+        """A task's log says it lost the chief's coordination service at the end (TensorFlow's shutdown race)."""
+        return any(LOST_COORDINATOR in p.read_text(errors="replace") for p in (self.run_dir / "logs").glob("worker-*.log"))
 
     def launcher_only_s(self) -> float:
         """tfl's own wall time: spawn → first task started, plus last task ended → tfl exited."""
