@@ -48,8 +48,7 @@ def phase_failures(cfg: Config, ws: Workspace, data: Path | None) -> list[Sectio
     tiny = failures.tiny_teardowns(cfg, ws)
     restarts = restart.restart_runs(cfg, ws, data)
     alone = failures.tf_alone(cfg, ws, data)
-    sigterm_default = failures.sigterm_default_teardowns(cfg, ws, data)
-    return [failures.teardown_section(cfg, tiny, alone, restarts, sigterm_default), restart.restart_section(cfg, restarts)]
+    return [failures.teardown_section(cfg, tiny, alone, restarts), restart.restart_section(cfg, restarts)]
 
 
 def phase_scaling(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:

@@ -23,7 +23,6 @@ BENCH = ROOT / "bench"
 TINY = BENCH / "jobs" / "tiny.py"
 FAKE_TRAIN = BENCH / "jobs" / "fake_train.py"
 MNIST = ROOT / "jobs" / "mnist.py"
-MNIST_SIGTERM_DEFAULT = BENCH / "jobs" / "mnist_sigterm_default.py"
 PLAIN_LAUNCH = BENCH / "plain_launch.sh"
 PYTHON = sys.executable
 

@@ -24,7 +24,6 @@ class Config:
     cli_reps: int
     teardown_reps: int  # tiny-task teardowns; enough for a p95
     tf_alone_reps: int  # the same crash without tfl: TensorFlow noticing on its own
-    sigterm_default_reps: int  # the same crash under a job that lets SIGTERM kill it
     local_ns: tuple[int, ...]
     ssh_ns: tuple[int, ...]
     train_job: Path
@@ -38,14 +37,14 @@ class Config:
 
     @classmethod
     def full(cls) -> Config:
-        return cls(quick=False, reps=5, train_reps=9, cli_reps=21, teardown_reps=20, tf_alone_reps=5, sigterm_default_reps=5,
+        return cls(quick=False, reps=5, train_reps=9, cli_reps=21, teardown_reps=20, tf_alone_reps=5,
                    local_ns=(1, 2, 4, 8, 16, 32), ssh_ns=(1, 2, 4, 8), train_job=MNIST,
                    epochs=2, steps_per_epoch=40, global_batch=128, train_workers=(1, 2, 4),
                    backup_every=10, crash_step=37)
 
     @classmethod
     def quick_mode(cls) -> Config:
-        return cls(quick=True, reps=2, train_reps=2, cli_reps=3, teardown_reps=3, tf_alone_reps=0, sigterm_default_reps=0,
+        return cls(quick=True, reps=2, train_reps=2, cli_reps=3, teardown_reps=3, tf_alone_reps=0,
                    local_ns=(1, 4), ssh_ns=(1, 2), train_job=FAKE_TRAIN,
                    epochs=2, steps_per_epoch=10, global_batch=64, train_workers=(1, 2),
                    backup_every=5, crash_step=12)

@@ -3,8 +3,7 @@
 A worker is killed with SIGKILL; pidfds give the moment it died and the moment each other
 task of its run was gone. Under tfl the supervisor tears the rest down; without tfl
 (TensorFlow alone) the chief has to notice by itself. The real-training runs under tfl are
-§6's (bench/restart.py); the same crash is also run without tfl, and under a job that lets
-SIGTERM end it.
+§6's (bench/restart.py); the same crash is also run without tfl.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from pathlib import Path
 import psutil
 
 from bench.common import (
-    MNIST_SIGTERM_DEFAULT,
     PLAIN_LAUNCH,
     PYTHON,
     TINY,
@@ -106,30 +104,7 @@ def _how_noticed(log: Path) -> str:
     return "(no error in its log)"
 
 
-def sigterm_default_teardowns(cfg: Config, ws: Workspace, data: Path | None) -> list[float]:
-    """The §6 scenario without restarts, under a job that gives SIGTERM its default action back."""
-    samples = []
-    for rep in range(cfg.sigterm_default_reps):
-        home = ws.home(f"sigterm-default-{rep}")
-        log = home / "progress.jsonl"
-        launcher = spawn([*tfl_command(), "launch", str(MNIST_SIGTERM_DEFAULT), "--local", "2", "--", *crash_args(cfg, data)],
-                          ws.env(home, TFL_PROGRESS_LOG=str(log)))
-        try:
-            wait_for(partial(reached_step, log, cfg.crash_step), 600, f"the chief to reach step {cfg.crash_step}")
-            teardown = kill_and_time(run_tasks(home), "worker:0", 30)
-            code = launcher.wait(120)
-        finally:
-            if launcher.poll() is None:
-                kill_group(launcher)
-        assert_none_left(home)
-        if teardown is None or code != 1:
-            raise BenchError(f"SIGTERM-default run {rep}: the chief was not gone within 30 s (tfl exit {code})")
-        samples.append(teardown)
-    return samples
-
-
-def teardown_section(cfg: Config, tiny: list[float], alone: list[AloneSample], restarts: list[RestartSample],
-                     sigterm_default: list[float]) -> Section:
+def teardown_section(cfg: Config, tiny: list[float], alone: list[AloneSample], restarts: list[RestartSample]) -> Section:
     tf_samples = [a.noticed_s for a in alone]
     stats = Stats.of(tiny)
     rows = [[f"tiny task, {TINY_TASKS} tasks, under tfl", f"{len(tiny)}", stats.fmt(1000, 0, " ms"), f"{stats.p95 * 1000:.0f} ms",
@@ -148,11 +123,6 @@ def teardown_section(cfg: Config, tiny: list[float], alone: list[AloneSample], r
                      "reference"])
     else:
         rows.append(["TensorFlow alone (no tfl)", "0", "not measured in quick mode", "—", "reference"])
-    if sigterm_default:
-        d = Stats.of(sigterm_default)
-        rows.append([f"{cfg.job_label} with SIGTERM's default action restored after the strategy is created "
-                     "(`bench/jobs/mnist_sigterm_default.py`), 2 tasks, under tfl", str(len(sigterm_default)),
-                     d.fmt(1000, 0, " ms"), f"{d.p95 * 1000:.0f} ms", "what a job-kit fix would give (not judged)"])
     ok = stats.median <= TEARDOWN_TARGET_S and (not trained or Stats.of(trained).median <= TEARDOWN_TARGET_S)
     headline = f"tiny {stats.median * 1000:.0f} ms (p95 {stats.p95 * 1000:.0f} ms)"
     if trained:
@@ -160,8 +130,6 @@ def teardown_section(cfg: Config, tiny: list[float], alone: list[AloneSample], r
     seen_alone = [s for s in tf_samples if s is not None]
     if seen_alone:
         headline += f"; TensorFlow alone {Stats.of(seen_alone).median:.1f} s"
-    if sigterm_default:
-        headline += f"; with SIGTERM's default restored {Stats.of(sigterm_default).median * 1000:.0f} ms"
     return Section(
         3, "Failure → teardown",
         f"median ≤ {TEARDOWN_TARGET_S} s from a task's death to the last other task of its run gone; report p95",
@@ -173,8 +141,7 @@ def teardown_section(cfg: Config, tiny: list[float], alone: list[AloneSample], r
                "(default 5 s) for what is left. The tiny-task row is tfl's own reaction time.",
                _sigterm_note(restarts),
                _alone_note(alone)],
-        raw={"tiny_s": tiny, "training_under_tfl_s": trained, "tf_alone": [a.__dict__ for a in alone],
-             "training_sigterm_default_s": sigterm_default}, headline=headline)
+        raw={"tiny_s": tiny, "training_under_tfl_s": trained, "tf_alone": [a.__dict__ for a in alone]}, headline=headline)
 
 
 def _alone_note(alone: list[AloneSample]) -> str:
@@ -196,8 +163,8 @@ def _sigterm_note(restarts: list[RestartSample]) -> str:
             "caught` and kept running: once MultiWorkerMirroredStrategy is set up, TensorFlow takes SIGTERM as a "
             "preemption notice instead of exiting. tfl's SIGTERM reaches the chief within milliseconds (the tiny-task "
             "row), but the chief only exits when it fails on the dead peer by itself, or when the grace period ends and "
-            f"tfl sends SIGKILL ({graced} of {len(restarts)} runs took the full {GRACE_S:g} s). That is why the training "
-            "row misses the target; the row with SIGTERM's default action restored shows the teardown once the task "
-            "lets SIGTERM end it (a job-kit change; a shorter `--grace-period` bounds it too).")
+            f"tfl sends SIGKILL ({graced} of {len(restarts)} runs took the full {GRACE_S:g} s). A job must give SIGTERM "
+            "its default action back after creating the strategy (the job kit does) for tfl's stop to be immediate; "
+            "a shorter `--grace-period` bounds the wait otherwise.")
 
 
