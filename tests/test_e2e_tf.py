@@ -31,7 +31,9 @@ def only_run(home: Path) -> Path:
 
 
 def epoch_lines(log: Path) -> list[tuple[int, float]]:
-    return [(int(m[1]), float(m[3])) for m in EPOCH_LINE.finditer(log.read_text())]
+    """The epoch lines of a task's log; none yet while the run directory exists but the task has not started."""
+    text = log.read_text() if log.exists() else ""
+    return [(int(m[1]), float(m[3])) for m in EPOCH_LINE.finditer(text)]
 
 
 def test_local_cluster_with_evaluator(child_env: dict[str, str], tfl_home: Path) -> None:
