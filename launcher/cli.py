@@ -12,11 +12,32 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from launcher.errors import TflError
 
+
+def _help_flag_false(option: Any) -> Any:
+    """typer 0.29 leaves ``--help``'s value None when it is not given, so every command call
+    builds a pydantic TypeAdapter to coerce that None (a third of `tfl status`'s time,
+    docs/benchmarks.md §1). With False, a bool, typer skips the coercion; nothing else changes."""
+    if option is not None:
+        option.default = False
+    return option
+
+
+class _Group(TyperGroup):
+    def get_help_option(self, ctx: Any) -> Any:
+        return _help_flag_false(super().get_help_option(ctx))
+
+
+class _Command(TyperCommand):
+    def get_help_option(self, ctx: Any) -> Any:
+        return _help_flag_false(super().get_help_option(ctx))
+
+
 app = typer.Typer(
-    name="tfl", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+    name="tfl", no_args_is_help=True, add_completion=False, rich_markup_mode=None, cls=_Group,
     help="Launch, supervise and inspect TensorFlow multi-worker training runs.",
     pretty_exceptions_enable=False,
 )
@@ -42,7 +63,7 @@ def _store() -> Any:
     return RunStore()
 
 
-@app.command(context_settings={"allow_extra_args": True})
+@app.command(cls=_Command, context_settings={"allow_extra_args": True})
 def launch(
     ctx: typer.Context,
     job: str = typer.Argument(..., help="the job script, e.g. jobs/mnist.py; its own arguments go after --"),
@@ -102,7 +123,7 @@ def launch(
     raise typer.Exit(record.exit_code or 0)
 
 
-@app.command()
+@app.command(cls=_Command)
 def doctor(
     cluster: Path = typer.Option(..., "--cluster", "-c", help="cluster description (JSON)"),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="trust and remember unknown host keys"),
@@ -122,7 +143,7 @@ def doctor(
     raise typer.Exit(1 if any(c.status == "fail" for c in checks) else 0)
 
 
-@app.command()
+@app.command(cls=_Command)
 def validate(file: Path = typer.Argument(..., help="cluster description (JSON)")) -> None:
     """Check a cluster description; print its tasks or the first problem with its fix."""
     from launcher.spec import load_cluster
@@ -134,7 +155,7 @@ def validate(file: Path = typer.Argument(..., help="cluster description (JSON)")
     typer.echo(f"{file}: valid ({len(tasks_of(spec.cluster))} tasks)", err=True)
 
 
-@app.command()
+@app.command(cls=_Command)
 def schema() -> None:
     """Print the JSON Schema of the cluster description."""
     from launcher.spec import ClusterSpec
@@ -142,16 +163,25 @@ def schema() -> None:
     typer.echo(json.dumps(ClusterSpec.model_json_schema(), indent=2))
 
 
-@app.command()
+# RUN is read from the context's extra arguments, not declared as a typer.Argument: typer 0.29
+# coerces every non-flag parameter through a pydantic TypeAdapter, whose import alone costs
+# `tfl status` a third of its time (docs/benchmarks.md §1). Flags skip that coercion.
+@app.command(cls=_Command, context_settings={"allow_extra_args": True}, options_metavar="[OPTIONS] [RUN]")
 def status(
-    run: str | None = typer.Argument(None, help="a run id (or unique prefix); omit for every run"),
+    ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
     watch: bool = typer.Option(False, "--watch", "-w", help="with RUN: a live view, refreshed every second"),
 ) -> None:
-    """Show every run, or one run's tasks (state, pid, cpu, memory, progress)."""
+    """Show every run, or one run's tasks (state, pid, cpu, memory, progress).
+
+    RUN is a run id or a unique prefix of one; without it, every run is listed.
+    """
     from launcher.report import run_detail, runs_table
     from launcher.status import run_view
 
+    if len(ctx.args) > 1:
+        raise _fail(f"status takes one RUN, got {len(ctx.args)}: {' '.join(ctx.args)} (see `tfl status --help`)")
+    run = ctx.args[0] if ctx.args else None
     store = _store()
     if watch and run is not None:
         from launcher.report import watch_run
@@ -169,7 +199,7 @@ def status(
     typer.echo(json.dumps(view.to_dict(), indent=1) if as_json else run_detail(view))
 
 
-@app.command("_supervise", hidden=True)
+@app.command("_supervise", cls=_Command, hidden=True)
 def supervise(plan_file: Path, config_json: str) -> None:
     """The detached launcher's body (started by `tfl launch --detach`)."""
     from launcher.launch import supervise_detached
@@ -178,7 +208,7 @@ def supervise(plan_file: Path, config_json: str) -> None:
     raise typer.Exit(record.exit_code or 0)
 
 
-@app.command()
+@app.command(cls=_Command)
 def stop(
     run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)"),
     grace_period: float = typer.Option(5.0, "--grace-period", min=0, help="seconds between SIGTERM and SIGKILL"),
@@ -191,7 +221,7 @@ def stop(
     typer.echo(stop_run(store, record, grace_period))
 
 
-@app.command()
+@app.command(cls=_Command)
 def logs(
     run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)"),
     task: str | None = typer.Option(None, "--task", "-t", help="only this task, e.g. chief:0"),

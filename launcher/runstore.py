@@ -6,25 +6,36 @@ so ``tfl status`` in another terminal never reads half a file.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import secrets
 import tempfile
 import time
+import types
+import typing
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import Any
-
-from pydantic import BaseModel, Field, ValidationError
+from typing import Any, TypeVar
 
 from launcher.errors import RunNotFoundError
 from launcher.states import RunState, TaskState
 
 STATE_FILE = "state.json"
 
+# Records are plain dataclasses read by a small strict loader, not pydantic models: `tfl status`
+# reads every run's record, and building pydantic's validators costs more than the command's
+# whole import budget (docs/benchmarks.md §1). The cluster file, which users write, stays pydantic.
 
-class TaskRecord(BaseModel):
+
+@dataclass
+class TaskRecord:
     task: str
     host: str
     backend: str
+    log_path: str
+    progress_path: str
     state: TaskState = TaskState.PENDING
     attempt: int = 0
     pid: int | None = None
@@ -32,11 +43,10 @@ class TaskRecord(BaseModel):
     started: float | None = None
     ended: float | None = None
     exit_code: int | None = None
-    log_path: str
-    progress_path: str
 
 
-class FailureRecord(BaseModel):
+@dataclass
+class FailureRecord:
     """A task that failed: data for the summary, never an exception."""
 
     task: str
@@ -49,13 +59,15 @@ class FailureRecord(BaseModel):
     attempt: int
 
 
-class RestartRecord(BaseModel):
+@dataclass
+class RestartRecord:
     attempt: int
     time: float
     reason: str
 
 
-class RunRecord(BaseModel):
+@dataclass
+class RunRecord:
     run_id: str
     job: str
     job_args: list[str]
@@ -66,17 +78,76 @@ class RunRecord(BaseModel):
     launcher_create_time: float | None = None
     attempt: int = 0
     max_restarts: int = 0
-    tasks: list[TaskRecord] = Field(default_factory=list)
-    failures: list[FailureRecord] = Field(default_factory=list)
-    restarts: list[RestartRecord] = Field(default_factory=list)
-    stopped_because_of_failure: list[str] = Field(default_factory=list)
+    tasks: list[TaskRecord] = field(default_factory=list)
+    failures: list[FailureRecord] = field(default_factory=list)
+    restarts: list[RestartRecord] = field(default_factory=list)
+    stopped_because_of_failure: list[str] = field(default_factory=list)
     ended: float | None = None
     exit_code: int | None = None
     message: str | None = None
-    plan: dict[str, Any] = Field(default_factory=dict)
+    plan: dict[str, Any] = field(default_factory=dict)
 
     def task(self, name: str) -> TaskRecord:
         return next(t for t in self.tasks if t.task == name)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunRecord:
+        """Raises ValueError for anything that is not a record of this version."""
+        return _load(cls, json.loads(text), "record")
+
+
+_T = TypeVar("_T")
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(kind: type) -> dict[str, Any]:
+    if kind not in _HINTS:
+        _HINTS[kind] = typing.get_type_hints(kind)
+    return _HINTS[kind]
+
+
+def _load(kind: type[_T], data: object, where: str) -> _T:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected an object")
+    hints = _hints(kind)
+    if unknown := set(data) - set(hints):
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+    values = {key: _value(hints[key], value, f"{where}.{key}") for key, value in data.items()}
+    try:
+        return kind(**values)
+    except TypeError as err:  # a required key is missing
+        raise ValueError(f"{where}: {err}") from None
+
+
+def _value(hint: Any, value: object, where: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is types.UnionType:  # X | None
+        if value is None and type(None) in args:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+        return _value(hint, value, where)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ValueError(f"{where}: expected a list")
+        return [_value(args[0], item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected an object")
+        return value
+    if dataclasses.is_dataclass(hint):
+        return _load(hint, value, where)  # type: ignore[arg-type]
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        return hint(value)  # ValueError for an unknown state
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (str, int, float) and type(value) is hint:
+        return value
+    raise ValueError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {type(value).__name__}")
 
 
 def default_home() -> Path:
@@ -115,15 +186,15 @@ class RunStore:
         self.save(record)
 
     def save(self, record: RunRecord) -> None:
-        write_atomic(Path(record.run_dir) / STATE_FILE, record.model_dump_json(indent=1))
+        write_atomic(Path(record.run_dir) / STATE_FILE, record.to_json())
 
     def load(self, run_id: str) -> RunRecord:
         path = self.run_dir(run_id) / STATE_FILE
         try:
-            return RunRecord.model_validate_json(path.read_text())
+            return RunRecord.from_json(path.read_text())
         except FileNotFoundError:
             raise RunNotFoundError(f"run '{run_id}' not found in {self.runs_dir} (see `tfl status` for the runs)") from None
-        except ValidationError:
+        except ValueError:
             raise RunNotFoundError(f"run '{run_id}': {path} is not a tfl run record (was it written by another version?)") from None
 
     def list(self) -> list[RunRecord]:
@@ -131,8 +202,8 @@ class RunStore:
         records = []
         for path in self.runs_dir.glob(f"*/{STATE_FILE}"):
             try:
-                records.append(RunRecord.model_validate_json(path.read_text()))
-            except (OSError, ValidationError):
+                records.append(RunRecord.from_json(path.read_text()))
+            except (OSError, ValueError):
                 continue  # a run being created or deleted right now
         return sorted(records, key=lambda r: r.created)
 

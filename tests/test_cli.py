@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,9 +63,26 @@ def test_launch_usage_errors(tfl_home: Path) -> None:
         assert result.exit_code == 2 and message in result.stderr, (args, result.output)
 
 
-def test_common_commands_import_neither_tensorflow_nor_fabric() -> None:
+def test_common_commands_import_neither_tensorflow_nor_fabric(tmp_path: Path) -> None:
+    """Nor pydantic's schema machinery: `tfl status` must stay near the bare imports (docs/benchmarks.md §1)."""
     code = ("import sys; from typer.testing import CliRunner; from launcher.cli import app; "
-            "CliRunner().invoke(app, ['status']); CliRunner().invoke(app, ['--help']); "
-            "print([m for m in ('tensorflow', 'fabric', 'paramiko') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+            "from launcher.runstore import RunRecord, RunStore, TaskRecord; "
+            "store = RunStore(); run = store.run_dir('r1'); "
+            "store.create(RunRecord(run_id='r1', job='j.py', job_args=[], run_dir=str(run), created=1.0, "
+            "tasks=[TaskRecord(task='chief:0', host='localhost', backend='local', log_path='l', progress_path='p')])); "
+            "results = [CliRunner().invoke(app, args) for args in (['status'], ['status', 'r1'], ['status', '--json'], ['--help'])]; "
+            "assert all(r.exit_code == 0 for r in results), [r.output for r in results]; "
+            "assert 'r1' in results[0].stdout and 'chief:0' in results[1].stdout; "
+            "print([m for m in ('tensorflow', 'fabric', 'paramiko', 'typer._adapters', 'pydantic._internal._generate_schema') "
+            "if m in sys.modules])")
+    env = {**os.environ, "TFL_HOME": str(tmp_path / "home")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_status_takes_one_run(tfl_home: Path) -> None:
+    result = runner.invoke(app, ["status", "a", "b"])
+    assert result.exit_code == 2 and "status takes one RUN, got 2: a b" in result.stderr
+    assert "Usage: tfl status [OPTIONS] [RUN]" in runner.invoke(app, ["status", "--help"]).stdout
+    assert runner.invoke(app, ["status", "--bogus"]).exit_code == 2
