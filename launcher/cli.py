@@ -108,7 +108,7 @@ def launch(
     if dry_run:
         typer.echo(render_plan(plan))
         return
-    _core(lambda: core.preflight(plan))
+    _core(lambda: core.preflight(plan, remote=detach))
     config = SupervisorConfig(max_restarts=max_restarts, retry_on=retry_on, grace_period=grace_period,
                               evaluator_timeout=evaluator_timeout, stall_timeout=stall_timeout)
     if detach:

@@ -57,9 +57,13 @@ def host_tasks(plan: LaunchPlan, *, ssh_only: bool = False) -> list[HostTasks]:
     return list(hosts.values())
 
 
-def probe(h: HostTasks) -> tuple[list[Check], dict[str, Any] | None]:
+def probe_request(h: HostTasks, *, quick: bool = False) -> dict[str, Any]:
+    return {"mode": "probe", "quick": quick, "ports": [p for _, p in h.ports], "workdir": h.workdir}
+
+
+def probe(h: HostTasks, *, quick: bool = False) -> tuple[list[Check], dict[str, Any] | None]:
     """Reach the host and collect its facts; a failure to do so is a check of its own."""
-    request = {"mode": "probe", "ports": [p for _, p in h.ports], "workdir": h.workdir}
+    request = probe_request(h, quick=quick)
     checks: list[Check] = []
     try:
         if h.target is None:
@@ -153,7 +157,7 @@ def _gpus(host: str, gpus: list[str] | None) -> Check:
 def diagnose(plan: LaunchPlan, *, quick: bool = False, ssh_only: bool = False) -> list[Check]:
     """Every check of every host of the plan, all hosts at once, in host order."""
     def one(h: HostTasks) -> list[Check]:
-        checks, facts = probe(h)
+        checks, facts = probe(h, quick=quick)
         return checks + (judge(h, facts, quick=quick) if facts is not None else [])
 
     results = parallel(one, host_tasks(plan, ssh_only=ssh_only))
@@ -161,8 +165,15 @@ def diagnose(plan: LaunchPlan, *, quick: bool = False, ssh_only: bool = False) -
 
 
 def preflight_remote(plan: LaunchPlan) -> None:
-    """``tfl launch``'s quick checks of its SSH hosts; raises with the first failure."""
-    failures = [c for c in diagnose(plan, quick=True, ssh_only=True) if c.status == "fail"]
+    """``tfl launch``'s quick checks of its SSH hosts on connections of their own (``--detach``
+    checks before it returns); raises with the first failure. A foreground launch makes the
+    same checks through the agents it starts (``backends.ssh.prepare_hosts``)."""
+    raise_failures(diagnose(plan, quick=True, ssh_only=True))
+
+
+def raise_failures(checks: list[Check]) -> None:
+    """A launch stops at the first failed check, saying how many more there are."""
+    failures = [c for c in checks if c.status == "fail"]
     if failures:
         more = f" (and {len(failures) - 1} more problem(s); `tfl doctor --cluster FILE` lists them)" if len(failures) > 1 else ""
         raise LaunchError(f"{failures[0].host}: {failures[0].detail}{more}")

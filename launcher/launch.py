@@ -40,13 +40,14 @@ def make_plan(job: str, job_args: tuple[str, ...], spec: ClusterSpec, store: Run
                       python=sys.executable, cwd=os.getcwd(), remote=remote, virtual_devices=virtual_devices)
 
 
-def preflight(plan: LaunchPlan) -> None:
-    """Quick checks before anything starts: every local task's port is free; every SSH host
-    is reachable, authenticated, has its python and the tasks' ports free (all hosts at once)."""
+def preflight(plan: LaunchPlan, *, remote: bool = False) -> None:
+    """Quick checks before anything starts: every local task's port is free. With ``remote``,
+    also every SSH host's (reachable, authenticated, its python, the tasks' ports free; all
+    hosts at once); without it, ``execute`` makes those checks as it reaches the hosts."""
     for task in plan.tasks:
         if task.backend == "local" and not task.task.type == "evaluator":
             _check_port_free(task.name, task.host, task.port)
-    if any(t.backend == "ssh" for t in plan.tasks):
+    if remote and any(t.backend == "ssh" for t in plan.tasks):
         from launcher.doctor import preflight_remote
 
         preflight_remote(plan)
@@ -76,7 +77,7 @@ def _port_owner(port: int) -> str:
 def execute(plan: LaunchPlan, store: RunStore, config: SupervisorConfig, out: TextIO | None, *,
             colour: bool = False) -> RunRecord:
     """Start the plan and supervise it to the end, streaming every task's output to ``out``."""
-    hosts = _ssh_hosts(plan)  # before the run exists: an unreachable host fails the launch cleanly
+    hosts = _ssh_hosts(plan)  # before the run exists: a host that fails its checks fails the launch cleanly
     record = initial_record(plan, created=time.time(), max_restarts=config.max_restarts)
     me = psutil.Process()
     record.launcher_pid, record.launcher_create_time = me.pid, me.create_time()

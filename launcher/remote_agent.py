@@ -1,9 +1,13 @@
 """The tfl agent: the one program tfl runs on a remote host (stdlib only, Python >= 3.8).
 
 It is not installed there. The launcher starts ``python -u -c BOOTSTRAP`` over SSH and
-sends this file's source as the first stdin line, then one JSON request line. So the
+sends this file's source as the first stdin line, then JSON request lines. So the
 remote command line shows neither the job's arguments nor its environment (TF_CONFIG
 and the TFL_* variables travel in the request, never through ``ps`` or a shell).
+
+Every request but ``run`` is answered with one JSON line, and the agent then reads the
+next request, until stdin ends or a ``run`` request comes. ``tfl launch`` uses that to
+check the host, unpack the code and then run the task over one SSH session per task.
 
 Modes of a request:
 
@@ -16,7 +20,11 @@ Modes of a request:
     Liveness, cpu, memory and progress of recorded tasks / signal their groups; a pid
     counts only if its create time matches the recorded one (pids get reused).
 ``probe``
-    What ``tfl doctor`` checks: python, package versions, ports, disk, GPUs.
+    What ``tfl doctor`` checks: python, package versions, ports, disk, GPUs (with
+    ``quick``: python and ports only, what ``tfl launch`` checks first).
+``unpack``
+    Extract gzipped tarballs (base64 in the request) into their directories: the code
+    ``tfl launch`` ships.
 
 Output of ``run`` is framed on stdout (1 type byte, 4-byte length, payload) so that job
 output and control messages stay in order: ``O`` output, ``C`` JSON control, ``P`` ping.
@@ -41,22 +49,27 @@ LOST = threading.Event()  # the launcher is gone: stdin at EOF, or sshd hung up 
 
 
 def create_time(pid: int) -> float | None:
-    """The process's start time, computed the way psutil does so both always agree."""
-    try:
-        import psutil
+    """The process's start time, computed the way psutil does so both always agree.
 
-        return float(psutil.Process(pid).create_time())
-    except ImportError:
-        pass
-    except Exception:
-        return None
+    From /proc where there is one (importing psutil would cost the agent's start as much
+    again as the interpreter's own); psutil elsewhere.
+    """
     try:
         with open("/proc/%d/stat" % pid) as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])
         with open("/proc/stat") as f:
             btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
+        return ticks / os.sysconf("SC_CLK_TCK") + btime
+    except FileNotFoundError:
+        if os.path.exists("/proc/self/stat"):
+            return None  # Linux, and the process is gone
     except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    try:
+        import psutil
+
+        return float(psutil.Process(pid).create_time())
+    except Exception:  # psutil missing, or the process gone
         return None
 
 
@@ -269,6 +282,10 @@ def signal_tasks(request: dict[str, Any]) -> dict[str, str]:
 
 def probe(request: dict[str, Any]) -> dict[str, Any]:
     """Facts for ``tfl doctor``; the launcher judges them (this side only reports)."""
+    ports = {str(p): _port_state(int(p)) for p in request.get("ports", [])}
+    facts: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable, "ports": ports}
+    if request.get("quick"):
+        return facts
     from importlib import metadata  # no package is imported: tensorflow would take seconds
 
     packages: dict[str, str | None] = {}
@@ -277,9 +294,35 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
             packages[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             packages[name] = None
-    ports = {str(p): _port_state(int(p)) for p in request.get("ports", [])}
-    return {"python": sys.version.split()[0], "executable": sys.executable, "packages": packages,
-            "ports": ports, "disk": _disk(request.get("workdir") or "/"), "gpus": _gpus()}
+    facts.update(packages=packages, disk=_disk(request.get("workdir") or "/"), gpus=_gpus())
+    return facts
+
+
+def unpack(request: dict[str, Any]) -> dict[str, Any]:
+    """Extract each archive into its directory, like ``tar --no-same-owner -xzf``."""
+    import base64
+    import io
+    import tarfile
+
+    class Archive(tarfile.TarFile):
+        def chown(self, *args: Any, **kwargs: Any) -> None:
+            pass  # files belong to the user tfl logs in as, whatever owned them on the launcher's machine
+
+    extracted = 0
+    try:
+        for item in request["archives"]:
+            os.makedirs(item["dest"], exist_ok=True)
+            data = base64.b64decode(item["data"])
+            with Archive.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+                members = tar.getmembers()
+                if hasattr(tarfile, "data_filter"):
+                    tar.extractall(item["dest"], members=members, filter="data")
+                else:
+                    tar.extractall(item["dest"], members=members)
+                extracted += len(members)
+    except (OSError, tarfile.TarError) as exc:
+        return {"error": "%s: %s" % (type(exc).__name__, exc)}
+    return {"extracted": extracted}
 
 
 def _port_state(port: int) -> str | None:
@@ -309,24 +352,22 @@ def _gpus() -> list[str] | None:
 
 
 def main() -> None:
-    try:
-        import psutil  # noqa: F401  (now, while waiting: create_time() needs it right after the start)
-    except ImportError:
-        pass
-    line = sys.stdin.readline()
-    if not line:
-        return  # a pre-started agent whose launcher gave up before sending the request
-    request = json.loads(line)
-    mode = request.get("mode")
-    if mode == "run":
-        for signum in (signal.SIGHUP, signal.SIGTERM):
-            # sshd hung up or is shutting down: as good as losing the launcher, so the
-            # relay loop kills the job's group before the agent exits.
-            signal.signal(signum, lambda *_: LOST.set())
-        code = run(request, Frames())
-        sys.exit(code if 0 <= code < 256 else 128 - code)
-    handlers = {"info": info, "signal": signal_tasks, "probe": probe}
-    sys.stdout.write(json.dumps(handlers[mode](request)) + "\n")
+    handlers = {"info": info, "signal": signal_tasks, "probe": probe, "unpack": unpack}
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return  # stdin ended: the requests are done, or the launcher gave up on a pre-started agent
+        request = json.loads(line)
+        mode = request.get("mode")
+        if mode == "run":
+            for signum in (signal.SIGHUP, signal.SIGTERM):
+                # sshd hung up or is shutting down: as good as losing the launcher, so the
+                # relay loop kills the job's group before the agent exits.
+                signal.signal(signum, lambda *_: LOST.set())
+            code = run(request, Frames())
+            sys.exit(code if 0 <= code < 256 else 128 - code)
+        sys.stdout.write(json.dumps(handlers[mode](request)) + "\n")
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ accepted. Every failure becomes an ``SSHError`` naming the host, the cause and t
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -193,23 +194,35 @@ def python_failure(python: str, code: int | None, stderr: bytes, host: str) -> s
     return f"the tfl agent failed under '{python}' ({said}); it needs Python >= 3.8"
 
 
-def ship(conn: Connection, copies: Iterable[tuple[str, str]], timeout: float = 300.0) -> int:
-    """Copy files and directory contents to the host in one tar stream; returns bytes sent."""
+def archives(copies: Iterable[tuple[str, str]]) -> list[dict[str, str]]:
+    """Files and directory contents to copy, as the agent's ``unpack`` request takes them:
+    one gzipped tarball (base64) per destination directory."""
     by_dest: dict[str, list[tuple[str, str]]] = {}
     for local, remote in copies:
         dest = os.path.dirname(remote) if os.path.isfile(local) else remote
         by_dest.setdefault(dest, []).append((local, os.path.basename(remote) if os.path.isfile(local) else "."))
-    sent = 0
-    for dest, items in by_dest.items():
-        data = _tarball(items)
-        command = f"mkdir -p {shlex.quote(dest)} && tar --no-same-owner -xzf - -C {shlex.quote(dest)}"
-        code, _, err = exec_command(conn, command, data, timeout)
-        if code != 0:
-            said = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {code}"]
-            raise SSHError(conn.host, f"could not copy the code to {dest} ({said[0]}); check hosts.<host>.workdir "
-                                      "and free disk there, or use --no-sync if the code is already on the host")
-        sent += len(data)
-    return sent
+    return [{"dest": dest, "data": base64.b64encode(_tarball(items)).decode()} for dest, items in by_dest.items()]
+
+
+def converse(chan: Channel, request: dict[str, Any], host: str, python: str) -> dict[str, Any]:
+    """One request to an agent waiting for more (a pre-started one) and its one-line answer."""
+    try:
+        chan.sendall((json.dumps(request) + "\n").encode())
+        answer = b""
+        while not answer.endswith(b"\n"):
+            data = chan.recv(65536)
+            if not data:
+                break
+            answer += data
+    except OSError as exc:  # socket.timeout included
+        raise SSHError(host, f"the tfl agent did not answer its {request['mode']} request ({type(exc).__name__} {exc})") from None
+    if not answer.endswith(b"\n"):  # the agent is gone: its python is missing, too old, or crashed
+        chan.status_event.wait(5.0)
+        code = chan.exit_status if chan.exit_status_ready() else None
+        stderr = chan.recv_stderr(65536) if chan.recv_stderr_ready() else b""
+        raise SSHError(host, python_failure(python, code, stderr, host))
+    result: dict[str, Any] = json.loads(answer)
+    return result
 
 
 def _tarball(items: list[tuple[str, str]]) -> bytes:

@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Callable
 
@@ -110,10 +111,7 @@ class Supervisor:
         """Run one attempt of the whole group; True when the group is to be restarted."""
         self._set_state(RunState.STARTING if self.record.attempt == 0 else RunState.RESTARTING)
         self._procs = {}
-        for launch in self.plan.tasks:
-            if self._stop_requested:
-                break
-            self._start(launch)
+        self._start_group()
         self._set_state(RunState.RUNNING)
         while True:
             if self._stop_requested:
@@ -134,8 +132,35 @@ class Supervisor:
                 continue
             self._wait(self._config.poll_interval)
 
+    def _start_group(self) -> None:
+        """Start every task: one after another, or all at once where the backend's start is a
+        round trip. A task that cannot start raises, once every other start has been recorded
+        (so that the teardown stops them)."""
+        concurrent = [t for t in self.plan.tasks if self._backend(t.backend).concurrent_start]
+        for launch in self.plan.tasks:
+            if self._stop_requested:
+                return
+            if launch not in concurrent:
+                self._start(launch)
+        if len(concurrent) < 2:
+            for launch in concurrent:
+                self._start(launch)
+            return
+        attempt, errors = self.record.attempt, []
+        with ThreadPoolExecutor(max_workers=len(concurrent), thread_name_prefix="start") as pool:
+            futures = {pool.submit(self._backend(t.backend).start, t, attempt): t for t in concurrent}
+            for future in as_completed(futures):
+                try:
+                    self._record_start(futures[future], future.result())
+                except Exception as exc:  # raised below, once every start is in
+                    errors.append((self.plan.tasks.index(futures[future]), exc))
+        if errors:
+            raise min(errors, key=lambda e: e[0])[1]  # the first task's, in plan order
+
     def _start(self, launch: TaskLaunch) -> None:
-        proc = self._backend(launch.backend).start(launch, self.record.attempt)
+        self._record_start(launch, self._backend(launch.backend).start(launch, self.record.attempt))
+
+    def _record_start(self, launch: TaskLaunch, proc: TaskProcess) -> None:
         self._procs[launch.name] = proc
         task = self.record.task(launch.name)
         task.state, task.attempt, task.pid, task.create_time = TaskState.RUNNING, proc.attempt, proc.pid, proc.create_time

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -33,6 +34,8 @@ class FakeBackend:
 
     ``ignores_term`` tasks survive SIGTERM (only SIGKILL ends them).
     """
+
+    concurrent_start = False
 
     def __init__(self, clock: FakeClock, exits: dict[str, list[tuple[float, int] | None]],
                  ignores_term: frozenset[str] = frozenset(), fail_start: str | None = None) -> None:
@@ -212,3 +215,35 @@ def test_launch_error_stops_started_tasks(tmp_path: Path) -> None:
         sup.run()
     assert [(n, s) for n, s, _ in backend.signals] == [("chief:0", signal.SIGTERM)]
     assert store.load("r").state == RunState.FAILED and "cannot start" in (store.load("r").message or "")
+
+
+class RoundTripBackend(FakeBackend):
+    """Starts are round trips (as over SSH): each waits until every task's start is under way,
+    so starting them one after another breaks the barrier instead of passing it."""
+
+    concurrent_start = True
+
+    def __init__(self, clock: FakeClock, tasks: int, fail_start: str | None = None) -> None:
+        super().__init__(clock, {}, fail_start=fail_start)
+        self.barrier = threading.Barrier(tasks, timeout=10)
+        self.lock = threading.Lock()
+
+    def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
+        self.barrier.wait()
+        with self.lock:
+            return super().start(launch, attempt)
+
+
+def test_round_trip_starts_run_at_once(tmp_path: Path) -> None:
+    sup, backend, _, _ = make(tmp_path, lambda c: RoundTripBackend(c, tasks=3), max_restarts=0)
+    sup._start_group()  # type: ignore[attr-defined]
+    assert sorted(name for name, _ in backend.started) == ["chief:0", "evaluator:0", "worker:0"]
+    assert all(sup.record.task(n).state == TaskState.RUNNING and sup.record.task(n).pid for n in states(sup))
+
+
+def test_a_failed_round_trip_start_stops_those_that_started(tmp_path: Path) -> None:
+    sup, backend, _, store = make(tmp_path, lambda c: RoundTripBackend(c, tasks=3, fail_start="worker:0"))
+    with pytest.raises(LaunchError, match="worker:0: cannot start"):
+        sup.run()
+    assert sorted((n, s) for n, s, _ in backend.signals) == [("chief:0", signal.SIGTERM), ("evaluator:0", signal.SIGTERM)]
+    assert store.load("r").state == RunState.FAILED

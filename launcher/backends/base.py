@@ -21,6 +21,10 @@ class TaskProcess:
 
 
 class Backend(Protocol):
+    # True when ``start`` is mostly waiting (a round trip to a host): the supervisor then
+    # starts the group's tasks at once, from threads. A local fork is quicker one by one.
+    concurrent_start: bool
+
     def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
         """Start the task in its own process group; output goes to ``launch.log_path``.
 

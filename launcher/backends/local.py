@@ -16,6 +16,8 @@ from launcher.plan import TaskLaunch
 
 
 class LocalBackend:
+    concurrent_start = False
+
     def __init__(self, notify: Callable[[], None] = lambda: None) -> None:
         self._notify = notify
 

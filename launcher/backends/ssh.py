@@ -26,11 +26,24 @@ from launcher.backends.base import TaskProcess
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.remoteplan import SSHTarget
 from launcher.runstore import write_atomic
-from launcher.sshconn import SSHError, agent_command, agent_input, connect, first_error, open_channel, parallel, python_failure, ship
+from launcher.sshconn import (
+    SSHError,
+    agent_command,
+    agent_input,
+    archives,
+    connect,
+    converse,
+    first_error,
+    open_channel,
+    parallel,
+    python_failure,
+)
 
 if TYPE_CHECKING:
     from fabric import Connection
     from paramiko import Channel
+
+    from launcher.doctor import Check
 
 HEARTBEAT_EVERY = 2.0
 HEARTBEAT_TIMEOUT = 30.0  # silence after which either side takes the other for lost
@@ -80,10 +93,11 @@ class HostPool:
                 raise SSHError(launch.host, f"the SSH session closed at once ({exc})", launch.name) from None
         return chan
 
-    def start_agent_ahead(self, launch: TaskLaunch) -> None:
+    def start_agent_ahead(self, launch: TaskLaunch) -> Channel:
         # The agent's python starts while other hosts are still being reached, so that
         # starting the tasks one after another later costs a round trip each, not a python startup.
-        self._ready[launch.name] = self.agent(launch)
+        chan = self._ready[launch.name] = self.agent(launch)
+        return chan
 
     def _live(self, host: str) -> list[Connection]:
         conns = self._conns.setdefault(host, [])
@@ -105,23 +119,43 @@ def ssh_targets(tasks: list[TaskLaunch]) -> dict[str, SSHTarget]:
 
 
 def prepare_hosts(plan: LaunchPlan, pool: HostPool | None = None) -> HostPool:
-    """Reach every SSH host of the plan at once and ship the code; the first failure raises."""
+    """Reach every SSH host of the plan at once and get it ready; the first failure raises.
+
+    Per host: one connection, and per task one agent, started ahead. The host's first agent
+    also makes ``tfl launch``'s preflight checks (python, the tasks' ports free) and unpacks
+    the shipped code, so a host costs one SSH session per task and nothing more (each
+    session is a login shell and a python start there).
+    """
+    from launcher.doctor import host_tasks, judge, probe_request, raise_failures
+
     pool = pool or HostPool()
     targets = ssh_targets(list(plan.tasks))
+    needs = {h.host: h for h in host_tasks(plan, ssh_only=True)}
     copies: defaultdict[str, set[tuple[str, str]]] = defaultdict(set)
     for task in plan.tasks:
         copies[task.host].update(task.sync)
 
-    def reach(target: SSHTarget) -> None:
-        conn = pool.get(target)
+    def reach(target: SSHTarget) -> list[Check]:
+        first, *rest = [t for t in plan.tasks if t.host == target.host and t.backend == "ssh"]
+        chan = pool.start_agent_ahead(first)
+        facts = converse(chan, probe_request(needs[target.host], quick=True), target.host, first.argv[0])
+        checks = judge(needs[target.host], facts, quick=True)
+        if any(c.status == "fail" for c in checks):
+            return checks
         if copies[target.host]:
-            ship(conn, sorted(copies[target.host]))
-        for task in plan.tasks:
-            if task.host == target.host and task.backend == "ssh":
-                pool.start_agent_ahead(task)
+            done = converse(chan, {"mode": "unpack", "archives": archives(sorted(copies[target.host]))},
+                            target.host, first.argv[0])
+            if "error" in done:
+                raise SSHError(target.host, f"could not unpack the code there ({done['error']}); check hosts.<host>.workdir "
+                                            "and free disk there, or use --no-sync if the code is already on the host")
+        for task in rest:
+            pool.start_agent_ahead(task)
+        return checks
 
     try:
-        first_error(parallel(reach, targets.values()))
+        results = parallel(reach, targets.values())
+        first_error(results)
+        raise_failures([c for r in results if isinstance(r, list) for c in r])
     except BaseException:
         pool.close()
         raise
@@ -219,12 +253,15 @@ def write_atomic_quietly(path: str, text: str) -> None:
 class SSHBackend:
     """The Backend protocol over SSH (see ``backends.base``)."""
 
+    concurrent_start = True  # each start is a round trip to its host's agent
+
     def __init__(self, notify: Callable[[], None] = lambda: None, pool: HostPool | None = None) -> None:
         self._notify = notify
         self._pool, self._own_pool = pool or HostPool(), pool is None
         self._tasks: list[RemoteTask] = []
         self._closing = threading.Event()
         self._pinger: threading.Thread | None = None
+        self._pinger_lock = threading.Lock()
 
     def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
         if launch.ssh is None:
@@ -273,9 +310,10 @@ class SSHBackend:
             self._pool.close()
 
     def _ensure_pinger(self) -> None:
-        if self._pinger is None:
-            self._pinger = threading.Thread(target=self._ping, name="ssh-heartbeat", daemon=True)
-            self._pinger.start()
+        with self._pinger_lock:  # tasks start from several threads at once
+            if self._pinger is None:
+                self._pinger = threading.Thread(target=self._ping, name="ssh-heartbeat", daemon=True)
+                self._pinger.start()
 
     def _ping(self) -> None:
         while not self._closing.wait(HEARTBEAT_EVERY):
