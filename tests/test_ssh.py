@@ -94,8 +94,13 @@ def test_two_hosts_get_args_env_code_and_stream_logs_back(sshd: Sshd, tmp_path: 
     cluster = two_hosts(tmp_path, sshd, tfl_home, env={"DECLARED": "yes"})
     hostile = ["a b", "it's", '"q"', "x;y", "$(touch pwned)", "`touch pwned2`", "*", "", "ü", "--flag=1"]
     env = {**child_env, "TFL_TEST_LOCAL_ONLY": "leak"}
+    log_before = len(sshd.log())
     result = tfl(["launch", str(job), "--cluster", str(cluster), "--sync", str(src), "--", *hostile], env)
     assert result.returncode == 0, result.stderr
+    # Per host one connection and one session (its task's agent, which also checked the host
+    # and unpacked the code): no probe or copy sessions of their own.
+    sshd_said = sshd.log()[log_before:]
+    assert sshd_said.count("Accepted publickey") == 2 and sshd_said.count("Starting session: command") == 2, sshd_said
     infos = {}
     for task in ("chief:0", "worker:0"):
         line = next(x for x in result.stdout.splitlines() if x.startswith(f"[{task}]") and " info " in x)

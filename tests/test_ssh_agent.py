@@ -192,3 +192,37 @@ def test_agent_source_parses_as_python_3_8() -> None:
     source = (Path(__file__).parents[1] / "launcher" / "remote_agent.py").read_text()
     ast.parse(source, feature_version=(3, 8))
     assert "from __future__ import annotations" in source
+
+
+def test_one_session_checks_unpacks_then_runs(tmp_path: Path) -> None:
+    """What `tfl launch` sends a pre-started agent: a quick probe, the code, then the run."""
+    from launcher.sshconn import archives
+
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "data.txt").write_text("shipped")
+    (src / "job.py").write_text("print(open('pkg/data.txt').read(), flush=True)\n")
+    dest = tmp_path / "host" / "work"
+    agent = start_agent({})  # the source only, like a pre-started agent
+    assert agent.stdin is not None and agent.stdout is not None
+
+    def say(request: dict[str, Any]) -> dict[str, Any]:
+        agent.stdin.write((json.dumps(request) + "\n").encode())  # type: ignore[union-attr]
+        agent.stdin.flush()  # type: ignore[union-attr]
+        return json.loads(agent.stdout.readline())  # type: ignore[union-attr,no-any-return]
+
+    try:
+        facts = say({"mode": "probe", "quick": True, "ports": [], "workdir": str(dest)})
+        assert facts["executable"] == sys.executable and "packages" not in facts  # quick: no package scan
+        assert say({"mode": "unpack", "archives": archives([(str(src), str(dest))])}) == {"extracted": 4}  # ., pkg, pkg/data.txt, job.py
+        broken = say({"mode": "unpack", "archives": [{"dest": str(dest), "data": "bm90IGEgdGFyYmFsbA=="}]})
+        assert broken["error"].startswith("ReadError")
+        assert (dest / "pkg" / "data.txt").read_text() == "shipped"
+        agent.stdin.write((json.dumps({"mode": "run", "argv": [sys.executable, "-u", str(dest / "job.py")], "env": {},
+                                       "cwd": str(dest), "mkdirs": []}) + "\n").encode())
+        agent.stdin.flush()
+        controls, output = collect(agent)
+        assert output == b"shipped\n" and controls[-1] == {"exit": 0}
+    finally:
+        agent.kill()
+        agent.wait()
