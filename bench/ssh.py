@@ -3,6 +3,12 @@
 The hosts are loopback addresses 127.0.0.2 … 127.0.0.9 served by one private sshd (its
 own host key, client key and known_hosts, in the bench's temp dir); nothing listens on
 or connects to any other address. One tiny task per host, the job shipped by tfl.
+
+Every SSH session starts the account's login shell, and bash started by sshd sources
+~/.bashrc. That file is the account's, not tfl's (on the machine the report was made on,
+root's runs `pyenv init`), so the hosts are measured twice: with a plain login shell (the
+private sshd sets SHLVL=1 in its sessions, which makes bash skip ~/.bashrc), which the
+target is judged on, and with the account's ~/.bashrc as it is.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -37,34 +44,52 @@ def availability() -> str | None:
     return None
 
 
+SHELLS = {"plain": "plain login shell", "bashrc": "this account's ~/.bashrc"}
+
+
 @dataclass
 class SSHLaunch:
     all_started_s: float
     launcher_cpu_s: float
-    sessions_cpu_s: float  # sshd's sessions: the session processes, tfl's agents and probes, the tasks
+    sessions_cpu_s: float  # sshd's sessions: the session processes, their shells, tfl's agents, the tasks
+    connections: int  # SSH connections the launch opened (sshd's "Accepted publickey" lines)
+    sessions: int  # … and sessions ("Starting session: command")
 
     @property
     def cpu_s(self) -> float:
         return self.launcher_cpu_s + self.sessions_cpu_s
 
 
-def ssh_scaling(cfg: Config, ws: Workspace) -> tuple[dict[int, list[SSHLaunch]] | None, str]:
+def bashrc_differs() -> bool:
+    """Whether sshd's sessions here would source a ~/.bashrc (the account's shell is bash and has one)."""
+    return pwd.getpwuid(os.getuid()).pw_shell.endswith("bash") and (Path.home() / ".bashrc").is_file()
+
+
+def ssh_scaling(cfg: Config, ws: Workspace) -> tuple[dict[str, dict[int, list[SSHLaunch]]] | None, str]:
+    """shell ("plain", "bashrc") -> hosts -> launches. The account's ~/.bashrc is measured at the
+    smallest and largest N only, and only where there is one."""
     why = availability()
     if why:
         return None, why
-    sshd_dir = ws.root / "sshd"
-    server, port = _start_sshd(sshd_dir, HOSTS[:max(cfg.ssh_ns)])
-    try:
-        times: dict[int, list[SSHLaunch]] = {n: [] for n in cfg.ssh_ns}
-        for rep in range(cfg.reps):
-            for n in (cfg.ssh_ns if rep % 2 == 0 else tuple(reversed(cfg.ssh_ns))):
-                times[n].append(_launch(ws, sshd_dir, server.pid, port, n, rep))
-    finally:
-        server.terminate()
-        server.wait(10)
-    return times, (f"SSH: one tiny task per host on {', '.join(HOSTS[:max(cfg.ssh_ns)])} (loopback aliases of this "
-                   f"machine, one private sshd); `tfl launch --cluster` ships the job to each host. {cfg.reps} repetitions; "
-                   "the ratio is to the 1-host run of the same repetition.")
+    results: dict[str, dict[int, list[SSHLaunch]]] = {}
+    shells = {"plain": cfg.ssh_ns}
+    if bashrc_differs():
+        shells["bashrc"] = (min(cfg.ssh_ns), max(cfg.ssh_ns))
+    for shell, ns in shells.items():
+        sshd_dir = ws.root / f"sshd-{shell}"
+        server, port = _start_sshd(sshd_dir, HOSTS[:max(ns)], skip_bashrc=shell == "plain")
+        try:
+            times: dict[int, list[SSHLaunch]] = {n: [] for n in ns}
+            for rep in range(cfg.reps):
+                for n in (ns if rep % 2 == 0 else tuple(reversed(ns))):
+                    times[n].append(_launch(ws, sshd_dir, server.pid, port, n, rep))
+            results[shell] = times
+        finally:
+            server.terminate()
+            server.wait(10)
+    return results, (f"SSH: one tiny task per host on {', '.join(HOSTS[:max(cfg.ssh_ns)])} (loopback aliases of this "
+                     f"machine, one private sshd); `tfl launch --cluster` ships the job to each host. {cfg.reps} repetitions; "
+                     "the ratio is to the 1-host run of the same repetition.")
 
 
 def _launch(ws: Workspace, sshd_dir: Path, sshd_pid: int, port: int, n: int, rep: int) -> SSHLaunch:
@@ -82,6 +107,7 @@ def _launch(ws: Workspace, sshd_dir: Path, sshd_pid: int, port: int, n: int, rep
         "hosts": {h: {"python": PYTHON, "workdir": str(d)} for h, d in workdirs.items()},
     }, indent=1))
     sessions_before = _reaped_cpu(sshd_pid)
+    log_before = (sshd_dir / "sshd.log").stat().st_size
     spawned = time.time()
     usage = run_launcher([*tfl_command(), "launch", str(TINY), "--cluster", str(cluster), "--", "--sleep", "0.5"],
                          ws.env(home), timeout=300)
@@ -92,7 +118,11 @@ def _launch(ws: Workspace, sshd_dir: Path, sshd_pid: int, port: int, n: int, rep
         raise BenchError(f"tfl launch over SSH on {n} host(s) exited {usage.exit_code}: {logs}")
     started = GroupRun(usage.wall_s, run_dir, spawned, usage).all_started_s(n)
     sessions = _reaped_cpu(sshd_pid, settle=True) - sessions_before
-    return SSHLaunch(started, usage.own_cpu_s + usage.children_cpu_s, sessions)
+    with open(sshd_dir / "sshd.log", "rb") as f:
+        f.seek(log_before)
+        said = f.read().decode(errors="replace")
+    return SSHLaunch(started, usage.own_cpu_s + usage.children_cpu_s, sessions,
+                     said.count("Accepted publickey"), said.count("Starting session: command"))
 
 
 def _reaped_cpu(sshd_pid: int, settle: bool = False) -> float:
@@ -108,7 +138,7 @@ def _reaped_cpu(sshd_pid: int, settle: bool = False) -> float:
     return float(times.children_user + times.children_system)
 
 
-def _start_sshd(directory: Path, hosts: tuple[str, ...]) -> tuple[subprocess.Popen[bytes], int]:
+def _start_sshd(directory: Path, hosts: tuple[str, ...], skip_bashrc: bool) -> tuple[subprocess.Popen[bytes], int]:
     if not all(h.startswith("127.") for h in hosts):
         raise BenchError(f"refusing to start sshd on a non-loopback address: {hosts}")
     directory.mkdir(parents=True)
@@ -121,7 +151,9 @@ def _start_sshd(directory: Path, hosts: tuple[str, ...]) -> tuple[subprocess.Pop
         f"HostKey {directory / 'host_ed25519'}", f"PidFile {directory / 'sshd.pid'}",
         f"AuthorizedKeysFile {directory / 'authorized_keys'}",
         "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-        "StrictModes no", "UsePAM no", "MaxSessions 64", "MaxStartups 64", "LogLevel ERROR", "",
+        "StrictModes no", "UsePAM no", "MaxSessions 64", "MaxStartups 64", "LogLevel VERBOSE",
+        # bash takes a session with SHLVL >= 1 for a nested shell and skips ~/.bashrc.
+        *(["SetEnv SHLVL=1"] if skip_bashrc else []), "",
     ]))
     host_key = " ".join((directory / "host_ed25519.pub").read_text().split()[:2])
     (directory / "known_hosts").write_text("".join(f"[{h}]:{port} {host_key}\n" for h in hosts))
