@@ -146,7 +146,7 @@ def prepare_hosts(plan: LaunchPlan, pool: HostPool | None = None) -> HostPool:
             done = converse(chan, {"mode": "unpack", "archives": archives(sorted(copies[target.host]))},
                             target.host, first.argv[0])
             if "error" in done:
-                raise SSHError(target.host, f"could not unpack the code there ({done['error']}); check hosts.<host>.workdir "
+                raise SSHError(target.host, f"could not unpack the code there ({done['error']}); check hosts.{target.host}.workdir "
                                             "and free disk there, or use --no-sync if the code is already on the host")
         for task in rest:
             pool.start_agent_ahead(task)
