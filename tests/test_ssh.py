@@ -183,7 +183,8 @@ def launch_error(args: list[str]) -> str:
     return errors[0]
 
 
-@pytest.mark.parametrize("problem", ["nothing listening", "auth refused", "unknown host key", "python missing", "port busy"])
+@pytest.mark.parametrize("problem", ["nothing listening", "auth refused", "unknown host key", "python missing", "port busy",
+                                     "workdir unusable"])
 def test_host_problems_are_one_clear_line_and_nothing_runs(problem: str, sshd: Sshd, tmp_path: Path,
                                                            tfl_home: Path) -> None:
     job = write_job(tmp_path / "src", SLEEP_JOB)
@@ -202,6 +203,10 @@ def test_host_problems_are_one_clear_line_and_nothing_runs(problem: str, sshd: S
     elif problem == "python missing":
         extra = {"hosts": {"127.0.0.3": {"python": "/no/such/python3"}}}
         expected = "127.0.0.3: python '/no/such/python3' not found"
+    elif problem == "workdir unusable":
+        (tmp_path / "a-file").write_text("")
+        extra = {"hosts": {"127.0.0.3": {"workdir": str(tmp_path / "a-file" / "w")}}}  # the code cannot be unpacked there
+        expected = "127.0.0.3: could not unpack the code there (NotADirectoryError"
     cluster = two_hosts(tmp_path, sshd, tfl_home, worker_host=worker_host, **extra)
     with socket.socket() as busy:
         if problem == "port busy":
