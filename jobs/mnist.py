@@ -85,6 +85,7 @@ def main() -> None:
         epochs=args.epochs, steps_per_epoch=steps_per_epoch, global_batch_size=global_batch,
         backup_every_steps=args.backup_every_steps,
     )
+    jobkit.finish(strategy)  # all training tasks leave together, without TensorFlow's slow teardown
 
 
 if __name__ == "__main__":

@@ -49,6 +49,15 @@ def test_local_cluster_with_evaluator(child_env: dict[str, str], tfl_home: Path)
     assert list((model / "tensorboard").rglob("events.out.tfevents*"))
     assert list((model / "eval").rglob("events.out.tfevents*"))
     assert "eval checkpoint=" in (logs / "evaluator-0.log").read_text()
+    # Both training tasks left together through jobkit.finish (os._exit after a barrier),
+    # and nothing the chief wrote was cut short by that: every epoch's summaries are in.
+    for log in ("chief-0.log", "worker-0.log"):
+        assert "jobkit: every training task done" in (logs / log).read_text()
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    (events,) = (model / "tensorboard" / "train").glob("events.out.tfevents*")
+    tags = [v.tag for event in EventFileLoader(str(events)).Load() for v in event.summary.value]
+    assert tags.count("epoch_loss") == 2 and tags.count("epoch_accuracy") == 2, tags
     # Only the chief wrote: no event file or checkpoint outside the chief's model dir,
     # and the worker's scratch dir is gone.
     for path in run.rglob("*"):

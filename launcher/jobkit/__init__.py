@@ -5,6 +5,7 @@
     strategy = jobkit.make_strategy(context)
     ...
     jobkit.fit(model, dataset, context=context, model_dir=..., epochs=..., global_batch_size=...)
+    jobkit.finish(strategy)                # last: all training tasks leave together, at once
 
 TensorFlow-using parts load on first use, so `launcher.jobkit.context` etc. stay cheap.
 """
@@ -29,6 +30,7 @@ _LAZY = {
     "local_devices": "launcher.jobkit.strategy",
     "global_batch_size": "launcher.jobkit.strategy",
     "shard_by_data": "launcher.jobkit.strategy",
+    "finish": "launcher.jobkit.strategy",
     "fit": "launcher.jobkit.training",
     "use_true_per_step_logs": "launcher.jobkit.training",
     "run_evaluator": "launcher.jobkit.evaluator",
