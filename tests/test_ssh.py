@@ -296,3 +296,22 @@ def test_tfl_stop_after_launcher_kill9_on_ssh_hosts(sshd: Sshd, tmp_path: Path, 
     assert RunStore(tfl_home).load(run).state.value == "stopped"
     again = tfl(["stop", run], child_env)
     assert again.returncode == 0 and "already stopped; nothing to stop" in again.stdout
+
+
+def test_detach_checks_hosts_before_returning_then_runs(sshd: Sshd, tmp_path: Path, tfl_home: Path,
+                                                        child_env: dict[str, str]) -> None:
+    """--detach keeps the preflight in the foreground (its own connections), so a bad host is
+    reported to the terminal; a good cluster runs to the end in the background."""
+    job = write_job(tmp_path / "src", INFO_JOB)
+    bad = two_hosts(tmp_path, sshd, tfl_home, hosts={"127.0.0.3": {"python": "/no/such/python3"}})
+    failed = tfl(["launch", str(job), "--cluster", str(bad), "--detach"], child_env)
+    assert failed.returncode == 2 and "127.0.0.3: python '/no/such/python3' not found" in failed.stderr, failed.stderr
+    assert not (tfl_home / "runs").exists() or not list((tfl_home / "runs").iterdir())
+    good = two_hosts(tmp_path, sshd, tfl_home)
+    started = tfl(["launch", str(job), "--cluster", str(good), "--detach"], child_env)
+    assert started.returncode == 0, started.stderr
+    run = started.stdout.strip()
+    wait_for(lambda: json.loads(tfl(["status", run, "--json"], child_env).stdout)["state"] == "succeeded")
+    log = (tfl_home / "runs" / run / "logs" / "worker-0.log").read_text()
+    assert log.startswith("info ") and json.loads(log.split(" ", 1)[1])["cwd"].endswith("$(touch x); `id`")
+    wait_for(lambda: tfl_processes(home=str(tfl_home)) == [])
