@@ -114,10 +114,6 @@ class HostPool:
         self._conns.clear()
 
 
-def ssh_targets(tasks: list[TaskLaunch]) -> dict[str, SSHTarget]:
-    return {t.host: SSHTarget.from_dict(t.ssh) for t in tasks if t.backend == "ssh" and t.ssh is not None}
-
-
 def prepare_hosts(plan: LaunchPlan, pool: HostPool | None = None) -> HostPool:
     """Reach every SSH host of the plan at once and get it ready; the first failure raises.
 
@@ -126,34 +122,28 @@ def prepare_hosts(plan: LaunchPlan, pool: HostPool | None = None) -> HostPool:
     the shipped code, so a host costs one SSH session per task and nothing more (each
     session is a login shell and a python start there).
     """
-    from launcher.doctor import host_tasks, judge, probe_request, raise_failures
+    from launcher.doctor import HostTasks, host_tasks, judge, probe_request, raise_failures
 
     pool = pool or HostPool()
-    targets = ssh_targets(list(plan.tasks))
-    needs = {h.host: h for h in host_tasks(plan, ssh_only=True)}
-    copies: defaultdict[str, set[tuple[str, str]]] = defaultdict(set)
-    for task in plan.tasks:
-        copies[task.host].update(task.sync)
 
-    def reach(target: SSHTarget) -> list[Check]:
-        first, *rest = [t for t in plan.tasks if t.host == target.host and t.backend == "ssh"]
+    def reach(host: HostTasks) -> list[Check]:
+        first, *rest = [t for t in plan.tasks if t.host == host.host]
         chan = pool.start_agent_ahead(first)
-        facts = converse(chan, probe_request(needs[target.host], quick=True), target.host, first.argv[0])
-        checks = judge(needs[target.host], facts, quick=True)
+        checks = judge(host, converse(chan, probe_request(host, quick=True), host.host, host.python), quick=True)
         if any(c.status == "fail" for c in checks):
             return checks
-        if copies[target.host]:
-            done = converse(chan, {"mode": "unpack", "archives": archives(sorted(copies[target.host]))},
-                            target.host, first.argv[0])
+        copies = sorted({copy for task in plan.tasks if task.host == host.host for copy in task.sync})
+        if copies:
+            done = converse(chan, {"mode": "unpack", "archives": archives(copies)}, host.host, host.python)
             if "error" in done:
-                raise SSHError(target.host, f"could not unpack the code there ({done['error']}); check hosts.{target.host}.workdir "
-                                            "and free disk there, or use --no-sync if the code is already on the host")
+                raise SSHError(host.host, f"could not unpack the code there ({done['error']}); check hosts.{host.host}.workdir "
+                                          "and free disk there, or use --no-sync if the code is already on the host")
         for task in rest:
             pool.start_agent_ahead(task)
         return checks
 
     try:
-        results = parallel(reach, targets.values())
+        results = parallel(reach, host_tasks(plan, ssh_only=True))
         first_error(results)
         raise_failures([c for r in results if isinstance(r, list) for c in r])
     except BaseException:
