@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -137,25 +137,26 @@ class Supervisor:
         round trip. A task that cannot start raises, once every other start has been recorded
         (so that the teardown stops them)."""
         concurrent = [t for t in self.plan.tasks if self._backend(t.backend).concurrent_start]
+        if len(concurrent) < 2:
+            concurrent = []  # a single round trip gains nothing from a thread
         for launch in self.plan.tasks:
             if self._stop_requested:
                 return
             if launch not in concurrent:
                 self._start(launch)
-        if len(concurrent) < 2:
-            for launch in concurrent:
-                self._start(launch)
+        if not concurrent:
             return
-        attempt, errors = self.record.attempt, []
+        attempt = self.record.attempt
         with ThreadPoolExecutor(max_workers=len(concurrent), thread_name_prefix="start") as pool:
-            futures = {pool.submit(self._backend(t.backend).start, t, attempt): t for t in concurrent}
-            for future in as_completed(futures):
-                try:
-                    self._record_start(futures[future], future.result())
-                except Exception as exc:  # raised below, once every start is in
-                    errors.append((self.plan.tasks.index(futures[future]), exc))
+            futures = [(t, pool.submit(self._backend(t.backend).start, t, attempt)) for t in concurrent]
+        errors = []
+        for launch, future in futures:  # every start is done here; recorded in plan order
+            try:
+                self._record_start(launch, future.result())
+            except Exception as exc:  # raised below, once every start is recorded
+                errors.append(exc)
         if errors:
-            raise min(errors, key=lambda e: e[0])[1]  # the first task's, in plan order
+            raise errors[0]
 
     def _start(self, launch: TaskLaunch) -> None:
         self._record_start(launch, self._backend(launch.backend).start(launch, self.record.attempt))
