@@ -131,6 +131,16 @@ def kill_all(jobs: Iterable[JobProcess]) -> None:
         job.popen.wait(timeout=30)
 
 
+def run_to_end(job: JobProcess, timeout_s: float) -> int:
+    """Wait for one started job (its group is killed if it overruns), prove it gone, return its exit code."""
+    try:
+        codes = wait_all([job], timeout_s)
+    finally:
+        kill_all([job])
+    assert_none_alive([job])
+    return codes[job.name]
+
+
 def assert_none_alive(jobs: Iterable[JobProcess]) -> None:
     alive = [job.name for job in jobs if psutil.pid_exists(job.popen.pid)
              and psutil.Process(job.popen.pid).status() != psutil.STATUS_ZOMBIE]

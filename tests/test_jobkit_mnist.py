@@ -27,6 +27,7 @@ from tests.jobkit_helpers import (
     assert_none_alive,
     free_ports,
     kill_all,
+    run_to_end,
     start_job,
     tf_config,
     wait_all,
@@ -167,12 +168,8 @@ def test_evaluator_follows_the_chief_until_training_is_done(group_run: GroupRun)
 def test_by_hand_run_needs_no_launcher(tmp_path: Path) -> None:
     """No TF_CONFIG, no TFL_* variables, started from an unrelated cwd."""
     job = start_job("by-hand", tmp_path / "job", small_run(16), launcher_env=False, cwd=tmp_path)
-    try:
-        codes = wait_all([job], timeout_s=180)
-    finally:
-        kill_all([job])
-    assert_none_alive([job])
-    assert codes[job.name] == 0, job.output()[-3000:]
+    code = run_to_end(job, timeout_s=180)
+    assert code == 0, job.output()[-3000:]
     assert FALLBACK_NOTICE in job.output()
     assert [epoch for epoch, _, _ in epoch_values(job)] == [1, 2]
     model_dir = Path(re.search(r"jobkit: model dir (\S+)", job.output())[1])  # type: ignore[index]
@@ -240,12 +237,8 @@ def test_restart_resumes_from_the_last_step_backup(tmp_path: Path) -> None:
     assert list((tmp_path / "model" / "backup").rglob("*.index")), "a step backup should exist"
 
     second = start_job("chief:0", tmp_path / "attempt1", args, extra_env={"TFL_ATTEMPT": "1"})
-    try:
-        codes = wait_all([second], timeout_s=180)
-    finally:
-        kill_all([second])
-    assert_none_alive([second])
-    assert codes[second.name] == 0, second.output()[-3000:]
+    code = run_to_end(second, timeout_s=180)
+    assert code == 0, second.output()[-3000:]
     records = second.step_records()
     first_step = {k: records[0][k] for k in ("attempt", "epoch", "step", "global_step")}
     assert first_step == {"attempt": 1, "epoch": 1, "step": 5, "global_step": 5}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.jobkit_helpers import assert_none_alive, free_ports, job_env, kill_all, start_job, tf_config, wait_all
+from tests.jobkit_helpers import free_ports, job_env, run_to_end, start_job, tf_config
 
 pytestmark = pytest.mark.slow
 JOB = ROOT / "jobs" / "model_parallel.py"
@@ -60,10 +60,6 @@ def test_refuses_a_multi_worker_cluster(tmp_path: Path) -> None:
     ports = free_ports(2)
     cluster = {"worker": [f"localhost:{p}" for p in ports]}
     job = start_job("worker:0", tmp_path, ["--epochs", "1"], job=JOB, tf_config_json=tf_config(cluster, "worker", 0))
-    try:
-        codes = wait_all([job], timeout_s=120)
-    finally:
-        kill_all([job])
-    assert_none_alive([job])
-    assert codes[job.name] == 1
+    code = run_to_end(job, timeout_s=120)
+    assert code == 1
     assert "model_parallel: 2 training tasks; this job splits one model over one task's devices" in job.output()

@@ -12,7 +12,7 @@ import pytest
 
 from launcher.jobkit.reuters import NUM_CLASSES, reuters_from_npz, synthetic_reuters
 from tests.conftest import ROOT
-from tests.jobkit_helpers import assert_none_alive, kill_all, start_job, wait_all
+from tests.jobkit_helpers import run_to_end, start_job
 
 REUTERS = ROOT / "jobs" / "reuters.py"
 
@@ -76,12 +76,8 @@ def test_trains_on_a_given_data_file(tmp_path: Path) -> None:
     job = start_job("by-hand", tmp_path / "job", ["--data", str(data), "--epochs", "1", "--steps-per-epoch", "2",
                                                   "--batch-size", "8", "--model-dir", str(tmp_path / "model")],
                     job=REUTERS, launcher_env=False)
-    try:
-        codes = wait_all([job], timeout_s=180)
-    finally:
-        kill_all([job])
-    assert_none_alive([job])
-    assert codes[job.name] == 0, job.output()[-3000:]
+    code = run_to_end(job, timeout_s=180)
+    assert code == 0, job.output()[-3000:]
     assert "falling back" not in job.output() and "download" not in job.output()
     (line,) = job.epoch_lines()
     assert line.startswith("epoch 1/1 loss=") and " accuracy=" in line and " top5_accuracy=" in line
