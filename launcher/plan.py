@@ -157,9 +157,5 @@ def render_ssh(ssh: dict[str, Any]) -> str:
     return f"{user}{ssh['host']}:{ssh['port']}{key}, known_hosts {ssh.get('known_hosts') or '~/.ssh/known_hosts'}{accept}"
 
 
-def slug_of(task: TaskId | str) -> str:
-    return str(task).replace(":", "-")
-
-
 def job_name(job: str) -> str:
     return PurePath(job).stem
