@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-try:
-    from launcher import jobkit  # first: it selects tf_keras before tensorflow loads
-except ImportError:  # run with a python that lacks the project: use this checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from launcher import jobkit
+from launcher import jobkit
+
+jobkit.select_tf_keras()  # before tensorflow is imported: Keras 3 breaks under MultiWorkerMirroredStrategy
 
 import numpy as np
 import tensorflow as tf

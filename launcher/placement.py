@@ -24,13 +24,14 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from launcher import contract
 from launcher.spec import ClusterSpec, HostSettings
 from launcher.tfconfig import TaskId, tasks_of
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
-MEMORY_LIMIT = "TFL_GPU_MEMORY_LIMIT_MB"  # read by the job kit (launcher.jobkit.devices)
+MEMORY_LIMIT = contract.GPU_MEMORY_LIMIT_MB  # read by the job kit (launcher.jobkit.devices)
 ALLOW_GROWTH = "TF_FORCE_GPU_ALLOW_GROWTH"  # read by TensorFlow itself
-COLLECTIVE = "TFL_COLLECTIVE"  # read by the job kit: "ring" for MultiWorkerMirroredStrategy
+COLLECTIVE = contract.COLLECTIVE  # read by the job kit: "ring" for MultiWorkerMirroredStrategy
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence, TextIO
 
+from launcher.contract import ProgressRecord
 from launcher.runstore import FailureRecord, RunRecord
 from launcher.states import RunState
 from launcher.status import RunView, TaskView
@@ -34,32 +35,24 @@ def runs_table(views: Sequence[RunView]) -> str:
     return table(("run", "job", "state", "alive", "started", "duration"), rows)
 
 
-def progress_fraction(progress: dict[str, Any]) -> float | None:
-    epochs, epoch = progress.get("epochs"), progress.get("epoch")
-    if not epochs or not epoch:
-        return None
-    steps, step = progress.get("steps_per_epoch"), progress.get("step") or 0
-    within = step / steps if steps else (1.0 if progress.get("phase") == "epoch_end" else 0.0)
-    return float(min(1.0, (epoch - 1 + within) / epochs))
-
-
-def progress_text(progress: dict[str, Any] | None, bar_width: int = 0) -> str | None:
-    if not progress:
+def progress_text(data: dict[str, Any] | None, bar_width: int = 0) -> str | None:
+    progress = ProgressRecord.from_dict(data)
+    if progress is None:
         return None
     parts = []
-    fraction = progress_fraction(progress)
+    fraction = progress.fraction
     if bar_width and fraction is not None:
         filled = int(round(fraction * bar_width))
         parts.append(f"[{'#' * filled}{'.' * (bar_width - filled)}] {fraction * 100:3.0f}%")
-    if progress.get("phase") == "done":
+    if progress.phase == "done":
         parts.append("done")
-    parts.append(f"epoch {progress.get('epoch')}/{progress.get('epochs')}")
-    if progress.get("steps_per_epoch"):
-        parts.append(f"step {progress.get('step')}/{progress['steps_per_epoch']}")
-    if progress.get("loss") is not None:
-        parts.append(f"loss {progress['loss']:.4f}")
-    if progress.get("examples_per_sec"):
-        parts.append(f"{progress['examples_per_sec']:.0f} ex/s")
+    parts.append(f"epoch {progress.epoch}/{progress.epochs}")
+    if progress.steps_per_epoch:
+        parts.append(f"step {progress.step}/{progress.steps_per_epoch}")
+    if progress.loss is not None:
+        parts.append(f"loss {progress.loss:.4f}")
+    if progress.examples_per_sec:
+        parts.append(f"{progress.examples_per_sec:.0f} ex/s")
     return " ".join(parts)
 
 

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = """
 from launcher import jobkit
+jobkit.select_tf_keras()
 import tensorflow as tf
 
 context = jobkit.task_context()

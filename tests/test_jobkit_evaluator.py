@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from launcher import jobkit  # noqa: F401  (selects tf_keras before tensorflow loads)
+from launcher import jobkit
 from launcher.jobkit.context import JobKitError, TaskContext
 from launcher.jobkit.layout import ModelDirLayout, write_json_atomically
+
+jobkit.select_tf_keras()
 
 pytestmark = pytest.mark.slow
 

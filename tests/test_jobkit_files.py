@@ -149,8 +149,16 @@ def test_digits_fallback_looks_like_mnist() -> None:
 
 
 def test_importing_the_kit_does_not_load_tensorflow() -> None:
+    # Importing has no hidden effect (issue 9): the environment is written only by select_tf_keras().
     code = ("import sys, os; import launcher.jobkit as k; k.task_context(); "
-            "assert 'tensorflow' not in sys.modules; print(os.environ['TF_USE_LEGACY_KERAS'])")
+            "assert 'tensorflow' not in sys.modules; print(os.environ.get('TF_USE_LEGACY_KERAS')); "
+            "k.select_tf_keras(); print(os.environ['TF_USE_LEGACY_KERAS'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PATH": "/usr/bin:/bin"})
-    assert out.stdout.strip() == "1"
+    assert out.stdout.split() == ["None", "1"]
+
+
+def test_select_tf_keras_after_tensorflow_is_refused() -> None:
+    code = "import tensorflow, launcher.jobkit as k; k.select_tf_keras()"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 1 and "select_tf_keras() came after `import tensorflow`" in out.stderr

@@ -21,6 +21,7 @@ import sys
 sys.argv = ["model_parallel"]
 sys.path.insert(0, "{jobs}")
 from launcher import jobkit
+jobkit.select_tf_keras()
 import model_parallel
 import tensorflow as tf
 

@@ -47,7 +47,9 @@ def test_synthetic_fallback_is_seeded_and_reuters_shaped() -> None:
 
 
 def load_job(path: Path) -> ModuleType:
-    from launcher import jobkit  # noqa: F401  (before tensorflow: selects tf_keras)
+    from launcher import jobkit
+
+    jobkit.select_tf_keras()
 
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec and spec.loader

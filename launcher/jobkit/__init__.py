@@ -1,6 +1,7 @@
 """The job kit: what every tfl job needs around its model and data.
 
-    from launcher import jobkit            # before tensorflow: selects tf_keras
+    from launcher import jobkit
+    jobkit.select_tf_keras()               # before tensorflow is imported
     context = jobkit.task_context()
     strategy = jobkit.make_strategy(context)
     ...
@@ -14,16 +15,14 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import Any
 
-# Keras 3 breaks under MultiWorkerMirroredStrategy (keras-team/keras#20585); tf_keras
-# is selected by this variable, which must be set before tensorflow is first imported.
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-
-from launcher.jobkit.args import job_arguments  # noqa: E402
-from launcher.jobkit.context import JobKitError, TaskContext  # noqa: E402
-from launcher.jobkit.context import task_context as _task_context  # noqa: E402
-from launcher.jobkit.layout import ModelDirLayout, default_model_dir  # noqa: E402
+from launcher.contract import LEGACY_KERAS, ModelDirLayout
+from launcher.jobkit.args import job_arguments
+from launcher.jobkit.context import JobKitError, TaskContext
+from launcher.jobkit.context import task_context as _task_context
+from launcher.jobkit.layout import default_model_dir
 
 _LAZY = {
     "make_strategy": "launcher.jobkit.strategy",
@@ -39,7 +38,21 @@ _LAZY = {
     "load_reuters": "launcher.jobkit.reuters",
 }
 
-__all__ = ["JobKitError", "ModelDirLayout", "TaskContext", "default_model_dir", "job_arguments", "task_context", *_LAZY]
+__all__ = ["JobKitError", "ModelDirLayout", "TaskContext", "default_model_dir", "job_arguments", "select_tf_keras", "task_context",
+           *_LAZY]
+
+
+def select_tf_keras() -> None:
+    """Make TensorFlow use tf_keras (Keras 2) instead of Keras 3; call it before importing tensorflow.
+
+    Keras 3 breaks under MultiWorkerMirroredStrategy (keras-team/keras#20585). TensorFlow
+    reads ``TF_USE_LEGACY_KERAS`` once, when it is first imported, so this is the one place
+    the kit writes the process environment, and only when a job asks. The launcher sets the
+    variable in every task's environment anyway; this covers a job run by hand.
+    """
+    if "tensorflow" in sys.modules and os.environ.get(LEGACY_KERAS) != "1":
+        raise JobKitError("select_tf_keras() came after `import tensorflow`; call it first in the job script")
+    os.environ.setdefault(LEGACY_KERAS, "1")
 
 
 def task_context() -> TaskContext:

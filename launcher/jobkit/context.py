@@ -10,8 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TRAINING_TASK_TYPES = ("chief", "worker")
-KNOWN_TASK_TYPES = (*TRAINING_TASK_TYPES, "evaluator")
+from launcher import contract
+from launcher.contract import TASK_TYPES as KNOWN_TASK_TYPES
+from launcher.contract import TRAINING_TYPES as TRAINING_TASK_TYPES
+
 COLLECTIVES = ("auto", "ring", "nccl")  # tf.distribute.experimental.CommunicationImplementation
 
 
@@ -108,23 +110,23 @@ def _parse_cluster(cluster: object) -> dict[str, tuple[str, ...]]:
 
 def task_context(env: Mapping[str, str]) -> TaskContext:
     """Build the context from an environment mapping (pass os.environ in a job)."""
-    task_type, index, cluster = parse_tf_config(env.get("TF_CONFIG"))
-    attempt_raw = env.get("TFL_ATTEMPT", "0") or "0"
+    task_type, index, cluster = parse_tf_config(env.get(contract.TF_CONFIG))
+    attempt_raw = env.get(contract.ATTEMPT, "0") or "0"
     if not attempt_raw.isdigit():
-        raise JobKitError(f"TFL_ATTEMPT is {attempt_raw!r}; expected a non-negative integer")
+        raise JobKitError(f"{contract.ATTEMPT} is {attempt_raw!r}; expected a non-negative integer")
     return TaskContext(
         task_type=task_type,
         task_index=index,
         cluster=cluster,
-        label=env.get("TFL_TASK") or f"{task_type}:{index}",
-        run_id=env.get("TFL_RUN_ID") or None,
+        label=env.get(contract.TASK) or f"{task_type}:{index}",
+        run_id=env.get(contract.RUN_ID) or None,
         attempt=int(attempt_raw),
-        run_dir=_optional_path(env.get("TFL_RUN_DIR")),
-        progress_file=_optional_path(env.get("TFL_PROGRESS_FILE")),
-        progress_log=_optional_path(env.get("TFL_PROGRESS_LOG")),
-        virtual_devices=_optional_count(env, "TFL_VIRTUAL_DEVICES", "the number of logical devices, e.g. 4"),
-        gpu_memory_limit_mb=_optional_count(env, "TFL_GPU_MEMORY_LIMIT_MB", "a GPU memory limit in MB, e.g. 4096"),
-        collective=_collective(env.get("TFL_COLLECTIVE", "").strip()),
+        run_dir=_optional_path(env.get(contract.RUN_DIR)),
+        progress_file=_optional_path(env.get(contract.PROGRESS_FILE)),
+        progress_log=_optional_path(env.get(contract.PROGRESS_LOG)),
+        virtual_devices=_optional_count(env, contract.VIRTUAL_DEVICES, "the number of logical devices, e.g. 4"),
+        gpu_memory_limit_mb=_optional_count(env, contract.GPU_MEMORY_LIMIT_MB, "a GPU memory limit in MB, e.g. 4096"),
+        collective=_collective(env.get(contract.COLLECTIVE, "").strip()),
     )
 
 
@@ -134,7 +136,7 @@ def _optional_path(value: str | None) -> Path | None:
 
 def _collective(raw: str) -> str | None:
     if raw and raw not in COLLECTIVES:
-        raise JobKitError(f"TFL_COLLECTIVE is {raw!r}; expected one of {', '.join(COLLECTIVES)}, or leave it unset")
+        raise JobKitError(f"{contract.COLLECTIVE} is {raw!r}; expected one of {', '.join(COLLECTIVES)}, or leave it unset")
     return raw or None
 
 

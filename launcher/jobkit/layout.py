@@ -16,38 +16,11 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.contract import MODEL_SUBDIR, ModelDirLayout, task_slug
 from launcher.jobkit.context import TaskContext
-
-
-@dataclass(frozen=True)
-class ModelDirLayout:
-    """The fixed layout the evaluator and the launcher rely on."""
-
-    root: Path
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.root / "tensorboard"
-
-    @property
-    def backup(self) -> Path:
-        return self.root / "backup"
-
-    @property
-    def eval(self) -> Path:
-        return self.root / "eval"
-
-    @property
-    def done_file(self) -> Path:
-        return self.root / "training_done.json"
 
 
 @contextlib.contextmanager
@@ -71,7 +44,7 @@ def _fresh_scratch_dir(context: TaskContext) -> Path:
         return Path(tempfile.mkdtemp(prefix=f"tfl-{context.task_type}{context.task_index}-"))
     # Under the launcher: a fixed place in the run dir, so what a SIGKILLed attempt
     # leaves behind stays with its run and is wiped by the task's next attempt.
-    scratch = context.run_dir / "scratch" / f"{context.task_type}-{context.task_index}"
+    scratch = context.run_dir / "scratch" / task_slug(context.task_type, context.task_index)
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     return scratch
@@ -103,5 +76,5 @@ def default_model_dir(context: TaskContext, job: str) -> Path:
     """Under the launcher its run dir's `model/`, shared by all tasks; by hand a new temp
     dir (never inside the repository)."""
     if context.run_dir is not None:
-        return context.run_dir / "model"
+        return context.run_dir / MODEL_SUBDIR
     return Path(tempfile.mkdtemp(prefix=f"tfl-{job}-"))

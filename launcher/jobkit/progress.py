@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, SupportsFloat, SupportsInt
 
+from launcher.contract import ProgressRecord
 from launcher.jobkit.layout import write_json_atomically
 
 Phase = Literal["train", "eval", "done"]
@@ -102,14 +103,13 @@ def progress_record(
     examples_per_sec: SupportsFloat,
     now: float | None = None,
 ) -> dict[str, Any]:
-    """The progress file's schema (the launcher's `tfl status` reads it)."""
+    """The progress file's record (``contract.ProgressRecord``), as the JSON object it is written as."""
     loss, metrics = split_logs(logs)
     # int()/float(): keras hands out numpy scalars (e.g. the batch index after a
     # mid-epoch restore), which json cannot serialise.
-    return {
-        "task": task, "attempt": int(attempt), "phase": phase,
-        "epoch": int(epoch), "epochs": int(epochs), "step": int(step),
-        "steps_per_epoch": None if steps_per_epoch is None else int(steps_per_epoch),
-        "global_step": int(global_step), "loss": loss, "metrics": metrics,
-        "examples_per_sec": float(examples_per_sec), "time": time.time() if now is None else now,
-    }
+    return ProgressRecord(
+        task=task, attempt=int(attempt), phase=phase, epoch=int(epoch), epochs=int(epochs), step=int(step),
+        steps_per_epoch=None if steps_per_epoch is None else int(steps_per_epoch),
+        global_step=int(global_step), loss=loss, metrics=metrics,
+        examples_per_sec=float(examples_per_sec), time=time.time() if now is None else now,
+    ).to_dict()

@@ -1,0 +1,126 @@
+"""What the launcher and the job kit agree on, written once. Standard library only.
+
+Both sides import this module: the launcher (``plan``, ``placement``, the backends,
+``tfl status``) when it writes a task's environment or reads its progress, and the job
+kit (``launcher.jobkit``) inside the task. It travels with the kit to hosts that lack
+tfl, so it must import nothing but the standard library.
+
+- the task types (TF_CONFIG's ``task.type``);
+- the ``TFL_*`` environment variables the launcher sets for each task;
+- the progress record a task writes to ``TFL_PROGRESS_FILE``;
+- the layout of a model directory (checkpoints, TensorBoard, backups, done marker).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Final
+
+# --- task types --------------------------------------------------------------------------
+CHIEF: Final = "chief"
+WORKER: Final = "worker"
+EVALUATOR: Final = "evaluator"
+TRAINING_TYPES: Final = (CHIEF, WORKER)
+TASK_TYPES: Final = (CHIEF, WORKER, EVALUATOR)  # also the order tasks are started in
+
+# --- the environment of a task -----------------------------------------------------------
+TF_CONFIG: Final = "TF_CONFIG"
+# Keras 3 fails under MultiWorkerMirroredStrategy (keras-team/keras#20585): tf_keras is
+# selected by this variable, read by TensorFlow when it is first imported.
+LEGACY_KERAS: Final = "TF_USE_LEGACY_KERAS"
+RUN_ID: Final = "TFL_RUN_ID"  # also the marker `tfl stop` finds a run's processes by
+TASK: Final = "TFL_TASK"  # "worker:1"
+ATTEMPT: Final = "TFL_ATTEMPT"  # 0 for the first start of the group, +1 per restart
+RUN_DIR: Final = "TFL_RUN_DIR"  # the run's directory as the task sees it (default model dir below it)
+MODEL_DIR: Final = "TFL_MODEL_DIR"  # shared storage for the run's model dir, when the cluster file names it
+PROGRESS_FILE: Final = "TFL_PROGRESS_FILE"  # where the task writes its progress record
+PROGRESS_LOG: Final = "TFL_PROGRESS_LOG"  # tests: every progress record, one JSON line each
+VIRTUAL_DEVICES: Final = "TFL_VIRTUAL_DEVICES"  # --virtual-devices N
+GPU_MEMORY_LIMIT_MB: Final = "TFL_GPU_MEMORY_LIMIT_MB"  # per GPU the task sees
+COLLECTIVE: Final = "TFL_COLLECTIVE"  # "ring" when training tasks share a GPU (NCCL refuses that)
+HOME: Final = "TFL_HOME"  # the launcher's run store (not a task variable)
+RESERVED_PREFIX: Final = "TFL_"  # a cluster file's env may not set these, nor TF_CONFIG
+
+
+# --- the progress record -----------------------------------------------------------------
+PHASES: Final = ("train", "eval", "done")
+
+
+@dataclass(frozen=True)
+class ProgressRecord:
+    """The JSON object a task keeps in ``TFL_PROGRESS_FILE`` (written by the kit, read by
+    ``tfl status``, the stall watchdog and the SSH agent's mirror)."""
+
+    # Defaults only so that a reader takes a partial record; the kit writes every field.
+    task: str = ""  # "worker:1"
+    attempt: int = 0
+    phase: str = "train"  # one of PHASES
+    epoch: int = 0  # 1-based: the epoch being trained, or the last one finished
+    epochs: int = 0
+    step: int = 0  # steps done in this epoch
+    steps_per_epoch: int | None = None  # None when the dataset's length is unknown
+    global_step: int = 0
+    loss: float | None = None  # the true running loss of the epoch so far
+    metrics: dict[str, float] = field(default_factory=dict)
+    examples_per_sec: float = 0.0
+    time: float = 0.0  # time.time() when it was written
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> ProgressRecord | None:
+        """The record, or None for anything else (a file from another version, half-written…)."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        except TypeError:
+            return None
+
+    @property
+    def fraction(self) -> float | None:
+        """How much of the whole training is done, 0..1, or None when unknown."""
+        if not self.epochs or not self.epoch:
+            return None
+        within = self.step / self.steps_per_epoch if self.steps_per_epoch else 0.0
+        return float(min(1.0, (self.epoch - 1 + within) / self.epochs))
+
+
+# --- the model directory -----------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelDirLayout:
+    """The fixed layout the chief writes, the evaluator follows and the launcher shows."""
+
+    root: Path
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def backup(self) -> Path:
+        return self.root / "backup"
+
+    @property
+    def eval(self) -> Path:
+        return self.root / "eval"
+
+    @property
+    def done_file(self) -> Path:
+        return self.root / "training_done.json"
+
+
+MODEL_SUBDIR: Final = "model"  # the default model dir: <TFL_RUN_DIR>/model
+PROGRESS_SUBDIR: Final = "progress"  # <run dir>/progress/<type>-<index>.json
+LOGS_SUBDIR: Final = "logs"  # <run dir>/logs/<type>-<index>.log
+
+
+def task_slug(task_type: str, index: int) -> str:
+    """``worker-1``: a task's name in file names (a colon is awkward in paths)."""
+    return f"{task_type}-{index}"
