@@ -86,8 +86,8 @@ def launch(
 ) -> None:
     """Launch JOB on a cluster (--cluster FILE) or on local processes (--local N)."""
     from launcher import launch as core
+    from launcher.hosts import RemoteOptions
     from launcher.plan import render_plan
-    from launcher.remoteplan import RemoteOptions
     from launcher.report import summary
     from launcher.spec import load_cluster, local_cluster
     from launcher.supervisor import SupervisorConfig
@@ -98,29 +98,38 @@ def launch(
         raise _fail("--evaluator goes with --local; in a cluster file add \"evaluator\": [\"host:port\"]")
     if retry_on not in ("any", "preemption"):
         raise _fail(f"--retry-on {retry_on}: choose 'any' or 'preemption'")
-    store = _store()
-    spec = _core(lambda: load_cluster(cluster) if cluster is not None else local_cluster(local or 0, evaluator))
     if sync and no_sync:
         raise _fail("--sync DIR and --no-sync contradict each other; give one")
+    store = _store()
+    spec = _core(lambda: load_cluster(cluster) if cluster is not None else local_cluster(local or 0, evaluator))
     remote = RemoteOptions(ship_code=not no_sync, sync_dirs=tuple(str(d.resolve()) for d in sync),
                            accept_new_host_keys=accept_new_host_keys)
     plan = _core(lambda: core.make_plan(job, tuple(ctx.args), spec, store, remote, virtual_devices))
     if dry_run:
         typer.echo(render_plan(plan))
         return
-    _core(lambda: core.preflight(plan, remote=detach))
     config = SupervisorConfig(max_restarts=max_restarts, retry_on=retry_on, grace_period=grace_period,
                               evaluator_timeout=evaluator_timeout, stall_timeout=stall_timeout)
     if detach:
-        pid = _core(lambda: core.detach(plan, store, config))
-        typer.echo(plan.run_id)
-        typer.echo(f"tfl: run {plan.run_id} supervised in the background (pid {pid}); "
-                   f"follow it with `tfl logs {plan.run_id} --follow`, end it with `tfl stop {plan.run_id}`", err=True)
+        _detach(plan, store, config)
         return
+    prepared = _core(lambda: core.prepare(plan))
     typer.echo(f"tfl: run {plan.run_id}: {', '.join(t.name for t in plan.tasks)}; logs in {plan.run_dir}/logs", err=True)
-    record = _core(lambda: core.execute(plan, store, config, sys.stdout, colour=sys.stdout.isatty()))
+    record = _core(lambda: core.execute(prepared, store, config, sys.stdout, colour=sys.stdout.isatty()))
     typer.echo(summary(record), err=True)
     raise typer.Exit(record.exit_code or 0)
+
+
+def _detach(plan: Any, store: Any, config: Any) -> None:
+    """``--detach``: the quick checks here (their failures reach this terminal), then a
+    background launcher; prints the run id."""
+    from launcher import launch as core
+
+    _core(lambda: core.preflight(plan))
+    pid = _core(lambda: core.detach(plan, store, config))
+    typer.echo(plan.run_id)
+    typer.echo(f"tfl: run {plan.run_id} supervised in the background (pid {pid}); "
+               f"follow it with `tfl logs {plan.run_id} --follow`, end it with `tfl stop {plan.run_id}`", err=True)
 
 
 @app.command(cls=_Command)
@@ -130,15 +139,12 @@ def doctor(
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Check every host of a cluster at once: ssh, python, tensorflow/tf_keras, ports, disk, GPUs."""
-    from launcher.doctor import as_dicts, diagnose, render
-    from launcher.plan import build_plan
-    from launcher.remoteplan import RemoteOptions
+    from launcher.checks import as_dicts, render
+    from launcher.doctor import doctor as diagnose
     from launcher.spec import load_cluster
 
     spec = _core(lambda: load_cluster(cluster))
-    plan = build_plan(spec, "job.py", (), run_id="doctor", run_dir="/nonexistent", python=sys.executable,
-                      cwd=str(Path.cwd()), remote=RemoteOptions(ship_code=True, accept_new_host_keys=accept_new_host_keys))
-    checks = diagnose(plan)
+    checks = _core(lambda: diagnose(spec, accept_new_host_keys=accept_new_host_keys))
     typer.echo(json.dumps(as_dicts(checks), indent=1) if as_json else render(checks))
     raise typer.Exit(1 if any(c.status == "fail" for c in checks) else 0)
 

@@ -1,107 +1,50 @@
 """``tfl stop`` and ``tfl logs``: control a run from any terminal.
 
 Stop asks the run's launcher to stop (SIGTERM: it tears its tasks down and records
-STOPPED). When the launcher is gone (killed with -9, machine rebooted…) stop does the
-teardown itself: every process carrying the run's ``TFL_RUN_ID`` marker, or matching a
-recorded pid *and* create time, gets SIGTERM, a grace period, then SIGKILL. Idempotent.
+STOPPED). Then the run's backend stops whatever is left (``Backend.stop_recorded``): all of
+it when the launcher is gone (killed with -9, machine rebooted…). Idempotent.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from typing import Callable, TextIO
 
 import psutil
 
+from launcher import backends
 from launcher.errors import UsageError
 from launcher.logstream import LogFollower
+from launcher.procs import find_process, is_running
 from launcher.runstore import RunRecord, RunStore
 from launcher.states import RunState, TaskState
-from launcher.status import effective_state, find_process
-from launcher.tfconfig import TaskId
+from launcher.status import effective_state
+from launcher.tasks import TaskId
+from launcher.teardown import teardown
 
-
-def run_processes(record: RunRecord) -> list[psutil.Process]:
-    """Every live local process of the run: recorded tasks and anything with its marker."""
-    found = {p.pid: p for t in record.tasks if (p := find_process(t.pid, t.create_time))}
-    for proc in psutil.process_iter():
-        if proc.pid in found or proc.pid == os.getpid():
-            continue
-        try:
-            if proc.environ().get("TFL_RUN_ID") == record.run_id and proc.status() != psutil.STATUS_ZOMBIE:
-                found[proc.pid] = proc
-        except psutil.Error:
-            continue
-    return list(found.values())
-
-
-def _signal_all(procs: list[psutil.Process], signum: int) -> None:
-    for proc in procs:
-        try:
-            pgid = os.getpgid(proc.pid)
-            if pgid == os.getpgid(0):
-                proc.send_signal(signum)  # never signal our own group
-            else:
-                os.killpg(pgid, signum)
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            pass
-
-
-def _signal_all_direct(procs: list[psutil.Process], signum: int) -> None:
-    for proc in procs:
-        try:
-            proc.send_signal(signum)
-        except psutil.Error:
-            pass
-
-
-def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    return alive
+LAUNCHER_EXTRA_GRACE = 15.0  # beyond the grace: the launcher's own teardown of its tasks
 
 
 def stop_run(store: RunStore, record: RunRecord, grace: float = 5.0) -> str:
     """Stop a run; returns what was done, in one line."""
     launcher = find_process(record.launcher_pid, record.launcher_create_time)
     if launcher is not None:
-        _signal_all_direct([launcher], signal.SIGTERM)
-        # A wedged launcher is killed; the teardown below then does its work.
-        _signal_all_direct(_wait_gone([launcher], grace + 15.0), signal.SIGKILL)
-    procs = run_processes(record)
-    _signal_all(procs, signal.SIGTERM)
-    remote = _stop_remote(store.load(record.run_id), grace)
-    left = _wait_gone(procs, grace)
-    _signal_all(left, signal.SIGKILL)
-    _wait_gone(left, 5.0)
+        # A wedged launcher is killed; the backend's teardown below then does its work.
+        teardown([launcher], signal=_send, alive=is_running, grace=grace + LAUNCHER_EXTRA_GRACE, kill_wait=5.0)
+    left = backends.get(record.backend).stop_recorded(store.load(record.run_id), grace)
     record = store.load(record.run_id)
     if record.state.is_terminal:
-        did = "stopped" if launcher or procs else f"already {record.state.value}; nothing to stop"
+        did = "stopped" if launcher or left else f"already {record.state.value}; nothing to stop"
         return f"run {record.run_id}: {did}"
     _mark_stopped(store, record, "stopped by `tfl stop` (the launcher was gone)")
-    return f"run {record.run_id}: stopped {len(procs) + remote} process(es) left by a launcher that was gone"
+    return f"run {record.run_id}: stopped {left} process(es) left by a launcher that was gone"
 
 
-def _stop_remote(record: RunRecord, grace: float) -> int:
-    """SIGTERM, grace, SIGKILL to the run's SSH tasks still alive on their hosts.
-
-    Their agents also kill them on their own once the launcher's connection is gone;
-    this makes it immediate. Returns how many were signalled.
-    """
-    if not any(t.backend == "ssh" and t.pid for t in record.tasks):
-        return 0
-    from launcher.remotestatus import remote_signal, remote_task_info  # fabric: only for SSH runs
-
-    signalled = [task for task, answer in remote_signal(record, signal.SIGTERM).items() if answer == "signalled"]
-    deadline = time.monotonic() + grace
-    while signalled and time.monotonic() < deadline:
-        time.sleep(0.2)
-        if not any(info.get("alive") for info in remote_task_info(record).values()):
-            return len(signalled)
-    if signalled:
-        remote_signal(record, signal.SIGKILL)
-    return len(signalled)
+def _send(proc: psutil.Process, signum: int) -> None:
+    try:
+        proc.send_signal(signum)
+    except psutil.Error:
+        pass
 
 
 def _mark_stopped(store: RunStore, record: RunRecord, message: str) -> None:

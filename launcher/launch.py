@@ -5,26 +5,28 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, TextIO
+from typing import Iterator, TextIO
 
 import psutil
 
-from launcher.backends import Backend, make_backend
+from launcher import backends
+from launcher.backends.base import Backend
+from launcher.checks import host_tasks, raise_failures
+from launcher.contract import HOME
 from launcher.errors import LaunchError, UsageError
+from launcher.hosts import RemoteOptions
 from launcher.logstream import LogFollower, tail_lines
 from launcher.plan import LaunchPlan, build_plan, job_name
-from launcher.remoteplan import RemoteOptions
 from launcher.runstore import RunRecord, RunStore
 from launcher.spec import ClusterSpec
-from launcher.supervisor import BackendFactory, Supervisor, SupervisorConfig, initial_record
+from launcher.supervisor import Supervisor, SupervisorConfig, initial_record
 
 
 def make_plan(job: str, job_args: tuple[str, ...], spec: ClusterSpec, store: RunStore,
@@ -36,53 +38,53 @@ def make_plan(job: str, job_args: tuple[str, ...], spec: ClusterSpec, store: Run
     for folder in remote.sync_dirs:
         if not os.path.isdir(folder):
             raise UsageError(f"--sync {folder}: no such directory (give a directory to copy to every SSH host)")
-    return build_plan(spec, str(path.resolve()), job_args, run_id=run_id, run_dir=str(store.run_dir(run_id)),
+    plan = build_plan(spec, str(path.resolve()), job_args, run_id=run_id, run_dir=str(store.run_dir(run_id)),
                       python=sys.executable, cwd=os.getcwd(), remote=remote, virtual_devices=virtual_devices)
+    backends.name_for_plan(plan)  # one backend per run: refused here, before anything is written
+    return plan
 
 
-def preflight(plan: LaunchPlan, *, remote: bool = False) -> None:
-    """Quick checks before anything starts: every local task's port is free. With ``remote``,
-    also every SSH host's (reachable, authenticated, its python, the tasks' ports free; all
-    hosts at once); without it, ``execute`` makes those checks as it reaches the hosts."""
-    for task in plan.tasks:
-        if task.backend == "local" and not task.task.type == "evaluator":
-            _check_port_free(task.name, task.host, task.port)
-    if remote and any(t.backend == "ssh" for t in plan.tasks):
-        from launcher.doctor import preflight_remote
+@dataclass
+class Prepared:
+    """A plan whose hosts passed their checks, with the backend that got them ready."""
 
-        preflight_remote(plan)
+    plan: LaunchPlan
+    backend: Backend
+    wake: threading.Event  # set by the backend when a task may have exited
 
 
-def _check_port_free(name: str, host: str, port: int) -> None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
-        except OSError:
-            raise LaunchError(f"{name}: port {port} on {host} is already in use{_port_owner(port)}; "
-                              "free it or give the task another port (or use --local N for free ports)") from None
-
-
-def _port_owner(port: int) -> str:
+def prepare(plan: LaunchPlan) -> Prepared:
+    """Get the plan's hosts ready (``Backend.prepare``: quick checks, code shipped); the first
+    failed check raises, before the run exists, and nothing is left open."""
+    wake = threading.Event()
+    backend = backends.get(backends.name_for_plan(plan), notify=wake.set)
     try:
-        for conn in psutil.net_connections("tcp"):
-            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
-                return f" by pid {conn.pid} ({psutil.Process(conn.pid).name()})"
-    except (psutil.Error, OSError):
-        pass
-    return ""
+        raise_failures(backend.prepare(plan))
+    except BaseException:
+        backend.close()
+        raise
+    return Prepared(plan, backend, wake)
 
 
-def execute(plan: LaunchPlan, store: RunStore, config: SupervisorConfig, out: TextIO | None, *,
+def preflight(plan: LaunchPlan) -> None:
+    """The same quick checks as ``prepare``, on connections of their own, for ``--detach``:
+    its failures reach the terminal before the command returns."""
+    backend = backends.get(backends.name_for_plan(plan))
+    try:
+        raise_failures(backend.probe(host_tasks(plan), quick=True))
+    finally:
+        backend.close()
+
+
+def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: TextIO | None, *,
             colour: bool = False) -> RunRecord:
     """Start the plan and supervise it to the end, streaming every task's output to ``out``."""
-    hosts = _ssh_hosts(plan)  # before the run exists: a host that fails its checks fails the launch cleanly
-    record = initial_record(plan, created=time.time(), max_restarts=config.max_restarts)
+    plan = prepared.plan
+    record = initial_record(plan, created=time.time(), max_restarts=config.max_restarts, backend=prepared.backend.name)
     me = psutil.Process()
     record.launcher_pid, record.launcher_create_time = me.pid, me.create_time()
     store.create(record)
-    supervisor = Supervisor(plan, record, store, config, backend_factory=_backends(hosts))
+    supervisor = Supervisor(plan, record, store, config, backend=prepared.backend, wake=prepared.wake)
     follower = LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour).start() if out else None
     try:
         with _stop_on_signals(supervisor):
@@ -90,31 +92,7 @@ def execute(plan: LaunchPlan, store: RunStore, config: SupervisorConfig, out: Te
     finally:
         if follower:
             follower.stop()
-        if hosts is not None:
-            hosts.close()
-
-
-def _ssh_hosts(plan: LaunchPlan) -> Any:
-    """Connections to every SSH host (opened in parallel, code shipped), or None without any."""
-    if not any(t.backend == "ssh" for t in plan.tasks):
-        return None
-    from launcher.backends.ssh import prepare_hosts
-
-    return prepare_hosts(plan)
-
-
-def _backends(hosts: Any) -> BackendFactory:
-    if hosts is None:
-        return make_backend
-
-    def factory(name: str, notify: Callable[[], None]) -> Backend:
-        if name != "ssh":
-            return make_backend(name, notify)
-        from launcher.backends.ssh import SSHBackend
-
-        return SSHBackend(notify=notify, pool=hosts)
-
-    return factory
+        prepared.backend.close()
 
 
 def detach(plan: LaunchPlan, store: RunStore, config: SupervisorConfig, timeout: float = 20.0) -> int:
@@ -130,7 +108,7 @@ def detach(plan: LaunchPlan, store: RunStore, config: SupervisorConfig, timeout:
         child = subprocess.Popen(
             [sys.executable, "-m", "launcher", "_supervise", str(plan_file), json.dumps(asdict(config))],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "TFL_HOME": str(store.home)})
+            env={**os.environ, HOME: str(store.home)})
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (run_dir / "state.json").exists() and store.load(plan.run_id).launcher_pid == child.pid:
@@ -145,7 +123,7 @@ def detach(plan: LaunchPlan, store: RunStore, config: SupervisorConfig, timeout:
 def supervise_detached(plan_file: Path, config_json: str, store: RunStore) -> RunRecord:
     """The body of a detached launcher (``tfl _supervise``)."""
     plan = LaunchPlan.from_dict(json.loads(plan_file.read_text()))
-    return execute(plan, store, SupervisorConfig(**json.loads(config_json)), None)
+    return execute(prepare(plan), store, SupervisorConfig(**json.loads(config_json)), None)
 
 
 @contextmanager

@@ -21,17 +21,52 @@ The rules, one host at a time (hosts never share GPUs):
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from launcher import contract
-from launcher.spec import ClusterSpec, HostSettings
-from launcher.tfconfig import TaskId, tasks_of
+from launcher.tasks import TaskId
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 MEMORY_LIMIT = contract.GPU_MEMORY_LIMIT_MB  # read by the job kit (launcher.jobkit.devices)
 ALLOW_GROWTH = "TF_FORCE_GPU_ALLOW_GROWTH"  # read by TensorFlow itself
 COLLECTIVE = contract.COLLECTIVE  # read by the job kit: "ring" for MultiWorkerMirroredStrategy
+
+
+class GpuHost(Protocol):
+    """A host's GPU settings (``spec.HostSettings`` has these)."""
+
+    @property
+    def gpus(self) -> int | list[int] | None: ...
+    @property
+    def share_gpus(self) -> bool: ...
+    @property
+    def gpu_memory_limit_mb(self) -> int | None: ...
+    @property
+    def env(self) -> dict[str, str]: ...
+
+
+class GpuRequest(Protocol):
+    """One task's GPU request (``spec.TaskDevices`` has these)."""
+
+    @property
+    def gpus(self) -> int | list[int]: ...
+    @property
+    def gpu_memory_limit_mb(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class GpuInputs:
+    """What placement needs from a cluster description, and nothing else."""
+
+    tasks: Sequence[tuple[TaskId, str]]  # (task, its host), in task order
+    hosts: Mapping[str, GpuHost]  # per-host settings; absent = defaults
+    devices: Mapping[str, GpuRequest]  # "worker:1" -> its request
+    env: Mapping[str, str]  # the cluster-wide env
+
+    def host(self, name: str) -> GpuHost | None:
+        return self.hosts.get(name)
 
 
 @dataclass(frozen=True)
@@ -66,21 +101,21 @@ class Placement:
         return env
 
 
-def place_gpus(spec: ClusterSpec) -> Placement:
+def place_gpus(spec: GpuInputs) -> Placement:
     """Every task's GPUs. Raises ValueError naming the field and the fix when the
     settings contradict each other."""
-    tasks = tasks_of(spec.cluster)
+    tasks = [t for t, _ in spec.tasks]
     names = {str(t) for t in tasks}
     for key in spec.devices:
         if key not in names:
             raise ValueError(f"devices.{key} names no task of the cluster (its tasks: {', '.join(sorted(names))})")
-    host_of = {t: spec.cluster.addresses(t.type)[t.index].host for t in tasks}
+    host_of = dict(spec.tasks)
     result: dict[TaskId, GpuAssignment] = {}
     ring = False
     for host in dict.fromkeys(host_of.values()):
         on_host = [t for t in tasks if host_of[t] == host]
         settings = spec.host(host)
-        if settings.gpus is None and not any(str(t) in spec.devices for t in on_host):
+        if (settings is None or settings.gpus is None) and not any(str(t) in spec.devices for t in on_host):
             continue
         _check_env_leaves_gpus_to_tfl(spec, host)
         assigned = _assign_host(spec, host, settings, on_host)
@@ -101,8 +136,9 @@ def _check_same_count_per_worker(assigned: dict[TaskId, GpuAssignment]) -> None:
                          "MultiWorkerMirroredStrategy needs the same number on every worker: give each the same count")
 
 
-def _assign_host(spec: ClusterSpec, host: str, settings: HostSettings, tasks: list[TaskId]) -> dict[TaskId, GpuAssignment]:
+def _assign_host(spec: GpuInputs, host: str, settings: GpuHost | None, tasks: list[TaskId]) -> dict[TaskId, GpuAssignment]:
     available = _host_gpus(settings)
+    share = settings is not None and settings.share_gpus
     picked: dict[TaskId, tuple[int, ...]] = {}
     usage: Counter[int] = Counter()
     for task in tasks:  # explicit lists first: they are what the user pinned
@@ -117,12 +153,12 @@ def _assign_host(spec: ClusterSpec, host: str, settings: HostSettings, tasks: li
     for task in tasks:
         wanted = spec.devices[str(task)].gpus if str(task) in spec.devices else None
         if isinstance(wanted, int):
-            picked[task] = _take_count(task, wanted, host, available, usage, settings.share_gpus)
+            picked[task] = _take_count(task, wanted, host, available, usage, share)
     automatic = [t for t in tasks if t not in picked and t.is_training]
-    picked.update(_split(automatic, host, available, usage, settings.share_gpus))
+    picked.update(_split(automatic, host, available, usage, share))
     for task in tasks:
         picked.setdefault(task, ())  # an evaluator without an entry: CPU only
-    _check_sharing(picked, host, settings.share_gpus)
+    _check_sharing(picked, host, share)
     users = Counter(g for gpus in picked.values() for g in gpus)
     return {
         task: GpuAssignment(
@@ -132,8 +168,8 @@ def _assign_host(spec: ClusterSpec, host: str, settings: HostSettings, tasks: li
     }
 
 
-def _host_gpus(settings: HostSettings) -> tuple[int, ...] | None:
-    if settings.gpus is None:
+def _host_gpus(settings: GpuHost | None) -> tuple[int, ...] | None:
+    if settings is None or settings.gpus is None:
         return None
     return tuple(range(settings.gpus)) if isinstance(settings.gpus, int) else tuple(settings.gpus)
 
@@ -196,15 +232,16 @@ def _check_sharing(picked: dict[TaskId, tuple[int, ...]], host: str, share: bool
                              "(each task then gets memory growth, or gpu_memory_limit_mb)")
 
 
-def _memory_limit(spec: ClusterSpec, task: TaskId, settings: HostSettings) -> int | None:
+def _memory_limit(spec: GpuInputs, task: TaskId, settings: GpuHost | None) -> int | None:
     entry = spec.devices.get(str(task))
     if entry is not None and entry.gpu_memory_limit_mb is not None:
         return entry.gpu_memory_limit_mb
-    return settings.gpu_memory_limit_mb
+    return settings.gpu_memory_limit_mb if settings is not None else None
 
 
-def _check_env_leaves_gpus_to_tfl(spec: ClusterSpec, host: str) -> None:
-    for where, env in ((f"hosts.{host}.env", spec.host(host).env), ("env", spec.env)):
+def _check_env_leaves_gpus_to_tfl(spec: GpuInputs, host: str) -> None:
+    settings = spec.host(host)
+    for where, env in ((f"hosts.{host}.env", settings.env if settings else {}), ("env", spec.env)):
         if VISIBLE_DEVICES in env:
             raise ValueError(f"{where} sets {VISIBLE_DEVICES}, but tfl assigns the GPUs of {host} "
                              f"(hosts.{host}.gpus / devices); remove it from {where}")

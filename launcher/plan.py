@@ -12,12 +12,15 @@ import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from launcher.placement import place_gpus
-from launcher.remoteplan import RemoteOptions, remote_task
-from launcher.spec import ClusterSpec, parse_address
-from launcher.tfconfig import TaskId, tasks_of, tf_config_json
+from launcher import contract
+from launcher.hosts import HostPlan, RemoteOptions, SSHTarget, host_plan, shipping
+from launcher.tasks import TaskId
+from launcher.tfconfig import tf_config_json
+
+if TYPE_CHECKING:  # a plan is read (status, the detached launcher) without pydantic
+    from launcher.spec import ClusterSpec
 
 
 @dataclass(frozen=True)
@@ -27,35 +30,38 @@ class TaskLaunch:
     task: TaskId
     host: str
     port: int
-    backend: str  # "local" or "ssh"
     argv: tuple[str, ...]
     env: dict[str, str] = field(hash=False)
     cwd: str | None
-    log_path: str
-    progress_path: str
-    # SSH tasks only (see remoteplan): how to reach the host, and (local, remote) copies to ship.
-    ssh: dict[str, Any] | None = field(default=None, hash=False)
-    sync: tuple[tuple[str, str], ...] = ()
+    log_path: str  # on this machine: every backend delivers the task's output here
+    progress_path: str  # on this machine (a remote task's agent mirrors its progress file here)
+    ssh: SSHTarget | None = None  # how to reach the task's host; None: this machine
+    sync: tuple[tuple[str, str], ...] = ()  # (local, remote) copies that put the code on the host
 
     @property
     def name(self) -> str:
         return str(self.task)
 
+    @property
+    def python(self) -> str:
+        return self.argv[0]
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            "task": self.name, "host": self.host, "port": self.port, "backend": self.backend,
+            "task": self.name, "host": self.host, "port": self.port,
             "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd,
             "log_path": self.log_path, "progress_path": self.progress_path,
-            "ssh": self.ssh, "sync": [list(s) for s in self.sync],
+            "ssh": self.ssh.to_dict() if self.ssh else None, "sync": [list(s) for s in self.sync],
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TaskLaunch:
         return cls(
-            task=TaskId.parse(data["task"]), host=data["host"], port=data["port"], backend=data["backend"],
+            task=TaskId.parse(data["task"]), host=data["host"], port=data["port"],
             argv=tuple(data["argv"]), env=dict(data["env"]), cwd=data["cwd"],
             log_path=data["log_path"], progress_path=data["progress_path"],
-            ssh=data.get("ssh"), sync=tuple((a, b) for a, b in data.get("sync", [])),
+            ssh=SSHTarget.from_dict(data["ssh"]) if data.get("ssh") else None,
+            sync=tuple((a, b) for a, b in data.get("sync", [])),
         )
 
 
@@ -85,12 +91,6 @@ class LaunchPlan:
         )
 
 
-def backend_for(spec: ClusterSpec, host: str) -> str:
-    """Local hosts run as local processes unless their settings ask for SSH."""
-    is_local = parse_address(f"[{host}]:1" if ":" in host else f"{host}:1").is_local
-    return "local" if is_local and spec.host(host).ssh is None else "ssh"
-
-
 def build_plan(
     spec: ClusterSpec, job: str, job_args: tuple[str, ...], *, run_id: str, run_dir: str, python: str, cwd: str,
     remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None,
@@ -99,47 +99,53 @@ def build_plan(
 
     ``virtual_devices`` (``--virtual-devices N``): the job kit splits each task's device into N.
     """
+    hosts: dict[str, HostPlan] = {}
     tasks = []
-    placement = place_gpus(spec)  # which GPUs each task sees (validated with the spec)
-    virtual = {} if virtual_devices is None else {"TFL_VIRTUAL_DEVICES": str(virtual_devices)}
-    for task in tasks_of(spec.cluster):
-        address = spec.cluster.addresses(task.type)[task.index]
-        settings = spec.host(address.host)
-        slug = f"{task.type}-{task.index}"
-        env = {
-            **spec.env,
-            **settings.env,
-            **placement.env(task),
-            **virtual,
-            "TF_CONFIG": tf_config_json(spec.cluster, task),
-            # tf_keras, not Keras 3: Keras 3 fails under MultiWorkerMirroredStrategy (keras-team/keras#20585).
-            "TF_USE_LEGACY_KERAS": "1",
-            "PYTHONUNBUFFERED": "1",
-            "TFL_RUN_ID": run_id,
-            "TFL_TASK": str(task),
-            "TFL_RUN_DIR": run_dir,
-            "TFL_PROGRESS_FILE": f"{run_dir}/progress/{slug}.json",
-            "TFL_ATTEMPT": "0",
-        }
-        launch = TaskLaunch(
-            task=task, host=address.host, port=address.port, backend=backend_for(spec, address.host),
-            argv=(settings.python or python, "-u", job, *job_args), env=env, cwd=settings.workdir or cwd,
-            log_path=f"{run_dir}/logs/{slug}.log", progress_path=env["TFL_PROGRESS_FILE"],
-        )
-        if launch.backend == "ssh":
-            launch = remote_task(launch, spec, job, job_args, run_id=run_id, cwd=cwd, options=remote)
-        tasks.append(launch)
+    for task in spec.cluster.tasks():
+        address = spec.cluster.address(task)
+        if address.host not in hosts:
+            hosts[address.host] = host_plan(spec, address.host, run_id=run_id, run_dir=run_dir, python=python,
+                                            cwd=cwd, options=remote)
+        tasks.append(task_launch(spec, task, hosts[address.host], address.port, job, job_args, run_id=run_id,
+                                 run_dir=run_dir, remote=remote, virtual_devices=virtual_devices))
     return LaunchPlan(run_id=run_id, run_dir=run_dir, job=job, job_args=job_args, tasks=tuple(tasks))
+
+
+def task_launch(spec: ClusterSpec, task: TaskId, host: HostPlan, port: int, job: str, job_args: tuple[str, ...], *,
+                run_id: str, run_dir: str, remote: RemoteOptions, virtual_devices: int | None) -> TaskLaunch:
+    """One task, built once: its host's settings, devices, environment and paths."""
+    progress_name = f"{contract.PROGRESS_SUBDIR}/{task.slug}.json"
+    job_there, sync = shipping(job, host.workdir, remote) if host.ssh else (job, ())
+    env = {
+        **spec.env,
+        **spec.host(host.host).env,
+        **spec.placement.env(task),
+        **({} if virtual_devices is None else {contract.VIRTUAL_DEVICES: str(virtual_devices)}),
+        contract.TF_CONFIG: tf_config_json(spec.cluster, task),
+        # tf_keras, not Keras 3: Keras 3 fails under MultiWorkerMirroredStrategy (keras-team/keras#20585).
+        contract.LEGACY_KERAS: "1",
+        "PYTHONUNBUFFERED": "1",
+        contract.RUN_ID: run_id,
+        contract.TASK: str(task),
+        contract.RUN_DIR: host.run_dir,
+        contract.PROGRESS_FILE: f"{host.run_dir}/{progress_name}",
+        contract.ATTEMPT: "0",
+    }
+    return TaskLaunch(
+        task=task, host=host.host, port=port, argv=(host.python, "-u", job_there, *job_args), env=env,
+        cwd=host.workdir, log_path=f"{run_dir}/{contract.LOGS_SUBDIR}/{task.slug}.log",
+        progress_path=f"{run_dir}/{progress_name}", ssh=host.ssh, sync=sync,
+    )
 
 
 def render_plan(plan: LaunchPlan) -> str:
     """Human-readable plan for ``--dry-run``: every task's host, command, env and log."""
     lines = [f"run {plan.run_id}", f"  dir: {plan.run_dir}", f"  job: {plan.job} {shlex.join(plan.job_args)}".rstrip()]
     for t in plan.tasks:
-        lines += ["", f"{t.name}  on {t.host}:{t.port}  ({t.backend})", f"  command: {shlex.join(t.argv)}",
+        lines += ["", f"{t.name}  on {t.host}:{t.port}  ({'over ssh' if t.ssh else 'this machine'})", f"  command: {shlex.join(t.argv)}",
                   f"  cwd: {t.cwd}", f"  log: {t.log_path}"]
         if t.ssh is not None:
-            lines += [f"  ssh: {render_ssh(t.ssh)}", *(f"  ship: {a} -> {b}" for a, b in t.sync)]
+            lines += [f"  ssh: {t.ssh.describe()}", *(f"  ship: {a} -> {b}" for a, b in t.sync)]
         lines.append("  env:")
         for key, value in sorted(t.env.items()):
             if key == "TF_CONFIG":
@@ -148,13 +154,6 @@ def render_plan(plan: LaunchPlan) -> str:
             else:
                 lines.append(f"    {key}={value}")
     return "\n".join(lines)
-
-
-def render_ssh(ssh: dict[str, Any]) -> str:
-    user = f"{ssh['user']}@" if ssh.get("user") else ""
-    key = f", key {ssh['identity_file']}" if ssh.get("identity_file") else ""
-    accept = ", accepting new host keys" if ssh.get("accept_new_host_keys") else ""
-    return f"{user}{ssh['host']}:{ssh['port']}{key}, known_hosts {ssh.get('known_hosts') or '~/.ssh/known_hosts'}{accept}"
 
 
 def job_name(job: str) -> str:

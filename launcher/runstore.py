@@ -86,6 +86,7 @@ class RunRecord:
     exit_code: int | None = None
     message: str | None = None
     plan: dict[str, Any] = field(default_factory=dict)
+    backend: str = "local"  # what ran the tasks: `tfl status`/`stop` ask the same backend
 
     def task(self, name: str) -> TaskRecord:
         return next(t for t in self.tasks if t.task == name)

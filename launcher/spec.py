@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from launcher.contract import RESERVED_PREFIX, TASK_TYPES
+from launcher.contract import TF_CONFIG as TF_CONFIG_VAR
 from launcher.errors import ClusterFileError
+from launcher.placement import GpuInputs, Placement, place_gpus
+from launcher.tasks import LOCAL_HOSTS, TaskId, task_ids
 
-LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
-TRAINING_TYPES = ("chief", "worker")
-TASK_TYPES = ("chief", "worker", "evaluator")
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
 
@@ -164,6 +165,13 @@ class Topology(_Strict):
     def addresses(self, task_type: str) -> list[Address]:
         return [parse_address(a) for a in getattr(self, task_type)]
 
+    def tasks(self) -> list[TaskId]:
+        """Every task, chief first, evaluator last (the order tasks are started in)."""
+        return task_ids({t: len(getattr(self, t)) for t in TASK_TYPES})
+
+    def address(self, task: TaskId) -> Address:
+        return self.addresses(task.type)[task.index]
+
 
 class ClusterSpec(_Strict):
     """A cluster description file."""
@@ -173,6 +181,7 @@ class ClusterSpec(_Strict):
     hosts: dict[str, HostSettings] = Field(default_factory=dict, description="per-host settings, keyed by host")
     ssh: SSHSettings = Field(default_factory=SSHSettings, description="defaults for hosts reached over SSH")
     devices: dict[str, TaskDevices] = Field(default_factory=dict, description="per-task devices, keyed by task (e.g. \"worker:1\")")
+    _placement: Placement = PrivateAttr(default_factory=lambda: Placement({}))
 
     @model_validator(mode="after")
     def _hosts_known(self) -> ClusterSpec:
@@ -181,17 +190,22 @@ class ClusterSpec(_Strict):
         if unknown:
             raise ValueError(f"hosts.{unknown[0]} names a host no task runs on (tasks run on: {', '.join(sorted(used))})")
         keys = [*self.env, *(k for h in self.hosts.values() for k in h.env)]
-        reserved = sorted(k for k in keys if k == "TF_CONFIG" or k.startswith("TFL_"))
+        reserved = sorted(k for k in keys if k == TF_CONFIG_VAR or k.startswith(RESERVED_PREFIX))
         if reserved:
             raise ValueError(f"env sets {reserved[0]}, which tfl sets for each task; remove it")
         return self
 
     @model_validator(mode="after")
     def _devices_fit(self) -> ClusterSpec:
-        from launcher.placement import place_gpus  # imports this module: no top-level import
-
-        place_gpus(self)
+        # Placed once, here, so that a contradiction is reported with the file; the plan reads it.
+        tasks = [(t, self.cluster.address(t).host) for t in self.cluster.tasks()]
+        self._placement = place_gpus(GpuInputs(tasks=tasks, hosts=self.hosts, devices=self.devices, env=self.env))
         return self
+
+    @property
+    def placement(self) -> Placement:
+        """Which GPUs each task sees (see ``launcher.placement``)."""
+        return self._placement
 
     def host(self, name: str) -> HostSettings:
         return self.hosts.get(name, HostSettings())

@@ -20,17 +20,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from launcher.backends import Backend, TaskProcess, make_backend
+from launcher.backends.base import Backend, TaskProcess
 from launcher.errors import LaunchError
 from launcher.logstream import tail_lines
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.runstore import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
 from launcher.states import RunState, TaskState
-from launcher.tfconfig import TaskId
+from launcher.tasks import TaskId
+from launcher.teardown import teardown
 
 # TensorFlow's preemption exit code, and a SIGTERM from outside tfl: always worth a retry.
 PREEMPTION_EXIT_CODES = frozenset({143, -signal.SIGTERM})
-BackendFactory = Callable[[str, Callable[[], None]], Backend]
 
 
 @dataclass(frozen=True)
@@ -60,24 +60,26 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
-def initial_record(plan: LaunchPlan, created: float, max_restarts: int) -> RunRecord:
-    tasks = [TaskRecord(task=t.name, host=t.host, backend=t.backend, log_path=t.log_path,
+def initial_record(plan: LaunchPlan, created: float, max_restarts: int, backend: str) -> RunRecord:
+    tasks = [TaskRecord(task=t.name, host=t.host, backend=backend, log_path=t.log_path,
                         progress_path=t.progress_path) for t in plan.tasks]
     return RunRecord(run_id=plan.run_id, job=plan.job, job_args=list(plan.job_args), run_dir=plan.run_dir,
-                     created=created, max_restarts=max_restarts, tasks=tasks, plan=plan.to_dict())
+                     created=created, max_restarts=max_restarts, tasks=tasks, plan=plan.to_dict(), backend=backend)
 
 
 class Supervisor:
+    """Runs one plan on one backend. ``wake`` is the event the backend was told to set when a
+    task may have exited (its ``notify``); signal handlers set it too (``request_stop``)."""
+
     def __init__(self, plan: LaunchPlan, record: RunRecord, store: RunStore, config: SupervisorConfig, *,
-                 backend_factory: BackendFactory = make_backend, clock: Callable[[], float] = time.monotonic,
+                 backend: Backend, wake: threading.Event | None = None, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, wait: Callable[[float], None] | None = None,
                  progress_time: Callable[[str], float | None] = progress_mtime) -> None:
         self.plan, self.record, self._store, self._config = plan, record, store, config
-        self._factory, self._clock, self._wall = backend_factory, clock, wall
-        self._wake = threading.Event()
+        self._backend, self._clock, self._wall = backend, clock, wall
+        self._wake = wake or threading.Event()
         self._wait = wait or self._wait_for_event
         self._progress_time = progress_time
-        self._backends: dict[str, Backend] = {}
         self._procs: dict[str, TaskProcess] = {}
         self._stop_requested = False
         self._force = False
@@ -102,8 +104,7 @@ class Supervisor:
             raise
         finally:
             self._teardown(list(self._procs.values()), TaskState.STOPPED)
-            for backend in self._backends.values():
-                backend.close()
+            self._backend.close()
             self._save()
         return self.record
 
@@ -136,9 +137,7 @@ class Supervisor:
         """Start every task: one after another, or all at once where the backend's start is a
         round trip. A task that cannot start raises, once every other start has been recorded
         (so that the teardown stops them)."""
-        concurrent = [t for t in self.plan.tasks if self._backend(t.backend).concurrent_start]
-        if len(concurrent) < 2:
-            concurrent = []  # a single round trip gains nothing from a thread
+        concurrent = list(self.plan.tasks) if self._backend.concurrent_start and len(self.plan.tasks) > 1 else []
         for launch in self.plan.tasks:
             if self._stop_requested:
                 return
@@ -148,7 +147,7 @@ class Supervisor:
             return
         attempt = self.record.attempt
         with ThreadPoolExecutor(max_workers=len(concurrent), thread_name_prefix="start") as pool:
-            futures = [(t, pool.submit(self._backend(t.backend).start, t, attempt)) for t in concurrent]
+            futures = [(t, pool.submit(self._backend.start, t, attempt)) for t in concurrent]
         errors = []
         for launch, future in futures:  # every start is done here; recorded in plan order
             try:
@@ -159,7 +158,7 @@ class Supervisor:
             raise errors[0]
 
     def _start(self, launch: TaskLaunch) -> None:
-        self._record_start(launch, self._backend(launch.backend).start(launch, self.record.attempt))
+        self._record_start(launch, self._backend.start(launch, self.record.attempt))
 
     def _record_start(self, launch: TaskLaunch, proc: TaskProcess) -> None:
         self._procs[launch.name] = proc
@@ -174,7 +173,7 @@ class Supervisor:
             task = self.record.task(name)
             if task.state != TaskState.RUNNING:
                 continue
-            code = self._backend(proc.launch.backend).poll(proc)
+            code = self._backend.poll(proc)
             if code is None:
                 continue
             task.exit_code, task.ended = code, self._wall()
@@ -217,7 +216,7 @@ class Supervisor:
         self._teardown(list(self._procs.values()), TaskState.STOPPED)
         failed = self._procs[failure.task]
         if self.record.task(failure.task).exit_code is None:
-            self.record.task(failure.task).exit_code = self._backend(failed.launch.backend).poll(failed)
+            self.record.task(failure.task).exit_code = self._backend.poll(failed)
         if self._may_restart(failure):
             reason = f"{failure.task} on {failure.host}: {failure.reason}"
             self.record.restarts.append(RestartRecord(attempt=self.record.attempt + 1, time=self._wall(), reason=reason))
@@ -242,31 +241,17 @@ class Supervisor:
         self._teardown(evaluators, TaskState.STOPPED)
 
     def _teardown(self, procs: list[TaskProcess], state: TaskState) -> None:
-        """SIGTERM each group, wait ``grace_period``, SIGKILL what is left. Idempotent."""
-        alive = [p for p in procs if self._backend(p.launch.backend).alive(p)]
-        for signum, budget in ((signal.SIGTERM, self._config.grace_period), (signal.SIGKILL, 10.0)):
-            if signum == signal.SIGTERM and self._force:
-                continue
-            for proc in alive:
-                self._backend(proc.launch.backend).signal(proc, signum)
-            deadline = self._clock() + budget
-            while alive and self._clock() < deadline and not (self._force and signum == signal.SIGTERM):
-                self._wait(min(0.05, max(0.0, deadline - self._clock())))
-                alive = [p for p in alive if self._backend(p.launch.backend).alive(p)]
-            alive = [p for p in alive if self._backend(p.launch.backend).alive(p)]
+        """Stop ``procs`` (``launcher.teardown``: SIGTERM, grace, SIGKILL) and record them. Idempotent."""
+        teardown(procs, signal=self._backend.signal, alive=self._backend.alive, grace=self._config.grace_period,
+                 force=lambda: self._force, clock=self._clock, wait=self._wait)
         for proc in procs:
             task = self.record.task(proc.launch.name)
             if task.state == TaskState.RUNNING:
-                code = self._backend(proc.launch.backend).poll(proc)
+                code = self._backend.poll(proc)
                 task.state, task.exit_code, task.ended = state, code, self._wall()
         self._save()
 
     # --- small helpers ------------------------------------------------------------------
-    def _backend(self, name: str) -> Backend:
-        if name not in self._backends:
-            self._backends[name] = self._factory(name, self.notify)
-        return self._backends[name]
-
     def _wait_for_event(self, timeout: float) -> None:
         self._wake.wait(timeout)
         self._wake.clear()

@@ -3,35 +3,20 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from launcher.spec import TASK_TYPES, TRAINING_TYPES, Topology
+from launcher.contract import TASK_TYPES, TRAINING_TYPES
+from launcher.tasks import TaskId
 
+if TYPE_CHECKING:
+    from launcher.spec import Topology
 
-@dataclass(frozen=True, order=True)
-class TaskId:
-    type: str
-    index: int
-
-    def __str__(self) -> str:
-        return f"{self.type}:{self.index}"
-
-    @classmethod
-    def parse(cls, text: str) -> TaskId:
-        kind, _, index = text.partition(":")
-        if kind not in TASK_TYPES or not index.isdigit():
-            raise ValueError(f"'{text}' is not a task; write type:index, e.g. chief:0 or worker:1")
-        return cls(kind, int(index))
-
-    @property
-    def is_training(self) -> bool:
-        return self.type in TRAINING_TYPES
+__all__ = ["TaskId", "tasks_of", "tf_config", "tf_config_json"]
 
 
 def tasks_of(topology: Topology) -> list[TaskId]:
     """Every task, chief first, evaluator last (the order tasks are started in)."""
-    return [TaskId(t, i) for t in TASK_TYPES for i in range(len(getattr(topology, t)))]
+    return topology.tasks()
 
 
 def tf_config(topology: Topology, task: TaskId) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.doctor import HostTasks, judge
+from launcher.checks import HostTasks, judge
 from launcher.spec import free_port
 from tests.sshd import NOWHERE, Sshd, cluster_file
 

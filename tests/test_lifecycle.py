@@ -217,7 +217,9 @@ def test_busy_port_is_a_clear_error(jobs: dict[str, str], child_env: dict[str, s
         cluster.write_text(json.dumps({"cluster": {"chief": [f"localhost:{port}"]}}))
         result = tfl(["launch", jobs["ok"], "--cluster", str(cluster)], child_env)
     assert result.returncode == 2
-    assert result.stderr.startswith(f"tfl: error: chief:0: port {port} on localhost is already in use by pid {os.getpid()}")
+    # One preflight judge for every backend (issue 9): the task, the port, who holds it, the fix.
+    assert result.stderr.startswith(f"tfl: error: localhost: port {port} of chief:0 is in use (Address already in use, by pid {os.getpid()}")
+    assert "give chief:0 another port in the cluster file" in result.stderr
     assert "Traceback" not in result.stderr
 
 

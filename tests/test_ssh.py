@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.remotestatus import remote_signal, remote_task_info
+from launcher.backends.ssh.recorded import remote_signal, remote_task_info
 from launcher.runstore import RunStore
 from launcher.spec import free_port
 from tests.procs import pid_alive, tfl_processes
@@ -259,8 +259,8 @@ def test_real_two_host_multiworker_training(sshd: Sshd, tmp_path: Path, tfl_home
 
 
 def test_a_port_that_is_not_sshd_is_named_as_such(tmp_path: Path) -> None:
-    from launcher.remoteplan import SSHTarget
-    from launcher.sshconn import SSHError, connect
+    from launcher.backends.ssh.connect import SSHError, connect
+    from launcher.hosts import SSHTarget
 
     with socket.socket() as silent:  # accepts connections, never says a word
         silent.bind((NOWHERE, 0))

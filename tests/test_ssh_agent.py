@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import psutil
 import pytest
 
-from launcher.sshconn import BOOTSTRAP, agent_input
+from launcher.backends.ssh.wire import BOOTSTRAP, agent_input
 from tests.procs import pid_alive
 
 CHILD_AND_SLEEP = """
@@ -179,7 +179,7 @@ def test_probe_reports_python_packages_ports_disk(tmp_path: Path) -> None:
 def test_create_time_without_psutil_matches_psutils(sleeper: subprocess.Popen[bytes]) -> None:
     # Agent and status query agree on a host without psutil: both use the /proc formula then.
     code = ("import sys; sys.modules['psutil'] = None; ns = {'__name__': 'agent'};"
-            f"exec(open({str(Path(__file__).parents[1] / 'launcher' / 'remote_agent.py')!r}).read(), ns);"
+            f"exec(open({str(Path(__file__).parents[1] / 'launcher' / 'backends' / 'ssh' / 'agent.py')!r}).read(), ns);"
             f"print(ns['create_time']({sleeper.pid}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert abs(float(out.stdout) - psutil.Process(sleeper.pid).create_time()) < 0.01
@@ -189,14 +189,14 @@ def test_agent_source_parses_as_python_3_8() -> None:
     # It runs under whatever python the host has; annotations are strings (__future__).
     import ast
 
-    source = (Path(__file__).parents[1] / "launcher" / "remote_agent.py").read_text()
+    source = (Path(__file__).parents[1] / "launcher" / "backends" / "ssh" / "agent.py").read_text()
     ast.parse(source, feature_version=(3, 8))
     assert "from __future__ import annotations" in source
 
 
 def test_one_session_checks_unpacks_then_runs(tmp_path: Path) -> None:
     """What `tfl launch` sends a pre-started agent: a quick probe, the code, then the run."""
-    from launcher.sshconn import archives
+    from launcher.backends.ssh.wire import archives
 
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)

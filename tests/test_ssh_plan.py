@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 from launcher.plan import LaunchPlan, build_plan, render_plan
-from launcher.remoteplan import RemoteOptions, SSHTarget, ssh_target
+from launcher.backends import name_for_plan
+from launcher.hosts import RemoteOptions, SSHTarget, ssh_target
 from launcher.spec import parse_cluster
 from tests.conftest import ROOT
 
@@ -33,7 +34,7 @@ def test_per_host_ssh_settings_override_the_defaults() -> None:
 
 def test_shipped_job_runs_from_the_host_workdir() -> None:
     chief, worker = plan(ship_code=True).tasks
-    assert chief.backend == "ssh" and chief.cwd == "/tmp/tfl/r1"
+    assert name_for_plan(plan(ship_code=True)) == "ssh" and chief.cwd == "/tmp/tfl/r1"
     assert chief.argv == ("/venv/python", "-u", "/tmp/tfl/r1/job.py", "--x", "a b")
     assert chief.sync == (("/src/proj/jobs/job.py", "/tmp/tfl/r1/job.py"),)
     assert worker.argv[:3] == ("/opt/py", "-u", "/srv/w/job.py") and worker.cwd == "/srv/w"
@@ -42,8 +43,8 @@ def test_shipped_job_runs_from_the_host_workdir() -> None:
     assert worker.progress_path == "/runs/r1/progress/worker-0.json"  # the local mirror
     assert worker.log_path == "/runs/r1/logs/worker-0.log" and worker.env["DECLARED"] == "yes"
     # Names and paths only: no key material ever lands in the plan (or the run record).
-    assert worker.ssh == {"host": "h2", "port": 22, "user": "other", "identity_file": "~/.ssh/tfl", "connect_timeout": 10.0,
-                          "known_hosts": "/etc/kh", "accept_new_host_keys": False}
+    assert worker.ssh == SSHTarget(**{"host": "h2", "port": 22, "user": "other", "identity_file": "~/.ssh/tfl", "connect_timeout": 10.0,
+                                      "known_hosts": "/etc/kh", "accept_new_host_keys": False})
 
 
 def test_a_synced_dir_holding_the_job_keeps_its_layout() -> None:
@@ -72,8 +73,9 @@ def test_tf_config_travels_in_env_only_and_plan_round_trips() -> None:
 
 def test_localhost_marked_as_ssh_goes_over_ssh() -> None:
     spec = parse_cluster({"cluster": {"chief": ["localhost:1"]}, "hosts": {"localhost": {"ssh": {"port": 2200}}}})
-    task = build_plan(spec, "/j.py", (), run_id="r", run_dir="/r", python="p", cwd="/c").tasks[0]
-    assert task.backend == "ssh" and task.ssh is not None and task.ssh["port"] == 2200
+    p = build_plan(spec, "/j.py", (), run_id="r", run_dir="/r", python="p", cwd="/c")
+    task = p.tasks[0]
+    assert name_for_plan(p) == "ssh" and task.ssh is not None and task.ssh.port == 2200
 
 
 def test_status_and_help_never_import_fabric_or_tensorflow(tmp_path: object) -> None:

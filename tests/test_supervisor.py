@@ -84,11 +84,11 @@ def make(tmp_path: Path, backend_of: Callable[[FakeClock], FakeBackend], evaluat
     store = RunStore(tmp_path)
     plan: LaunchPlan = build_plan(parse_cluster({"cluster": cluster}), "/job.py", (), run_id="r",
                                   run_dir=str(tmp_path / "runs" / "r"), python="py", cwd="/")
-    record = initial_record(plan, created=0.0, max_restarts=int(config.get("max_restarts", 0)))  # type: ignore[arg-type]
+    record = initial_record(plan, created=0.0, max_restarts=int(config.get("max_restarts", 0)), backend="fake")  # type: ignore[arg-type]
     store.create(record)
     clock = FakeClock()
     backend = backend_of(clock)
-    sup = Supervisor(plan, record, store, SupervisorConfig(**config), backend_factory=lambda name, notify: backend,  # type: ignore[arg-type]
+    sup = Supervisor(plan, record, store, SupervisorConfig(**config), backend=backend,  # type: ignore[arg-type]
                      clock=clock, wall=clock, wait=clock.sleep)
     return sup, backend, clock, store
 

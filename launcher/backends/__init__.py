@@ -1,26 +1,52 @@
-"""Backends start, poll and signal the tasks of a plan; they never decide policy.
+"""Backends run a plan's tasks somewhere; they never decide policy (see ``base``).
 
-``BACKENDS`` maps a plan's ``TaskLaunch.backend`` to a factory, so tests can pass fakes
-and the SSH backend (which imports fabric) is only imported when a plan needs it.
+``BACKENDS`` maps a backend's name (recorded with each run) to its class, imported lazily
+so that `tfl status` of a local run never pays for fabric. ``name_for`` is the one place
+that decides which backend serves a plan.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Callable
 
-from launcher.backends.base import Backend, TaskProcess
+from launcher.backends.base import Backend, TaskLive, TaskProcess
+from launcher.errors import UsageError
 
-__all__ = ["Backend", "TaskProcess", "make_backend", "BACKENDS"]
+if TYPE_CHECKING:
+    from launcher.plan import LaunchPlan
 
-# name -> "module:Class"; imported lazily so `tfl status` never pays for fabric.
+__all__ = ["BACKENDS", "Backend", "TaskLive", "TaskProcess", "get", "name_for", "name_for_plan"]
+
+# name -> "module:Class"
 BACKENDS: dict[str, str] = {
     "local": "launcher.backends.local:LocalBackend",
-    "ssh": "launcher.backends.ssh:SSHBackend",
+    "ssh": "launcher.backends.ssh.backend:SSHBackend",
 }
 
 
-def make_backend(name: str, notify: Callable[[], None]) -> Backend:
+def name_for(hosts: Iterable[tuple[str, bool]]) -> str:
+    """The backend for a run's hosts, given as (host, reached over SSH): one run, one backend.
+    Hosts with an SSH target run over SSH, the others as local processes."""
+    hosts = list(hosts)
+    remote = {is_remote for _, is_remote in hosts}
+    if len(remote) > 1:
+        local = sorted({h for h, is_remote in hosts if not is_remote})
+        raise UsageError(f"hosts {', '.join(local)} run locally while others are reached over SSH; one run uses one "
+                         f"backend: give hosts.<host>.ssh settings to {', '.join(local)} too, or run every task locally")
+    return "ssh" if remote == {True} else "local"
+
+
+def name_for_plan(plan: LaunchPlan) -> str:
+    return name_for((t.host, t.ssh is not None) for t in plan.tasks)
+
+
+def get(name: str, notify: Callable[[], None] = lambda: None) -> Backend:
+    """A backend by the name a run recorded; ``notify`` is called whenever a task may have exited."""
+    if name not in BACKENDS:
+        raise UsageError(f"this run was recorded by a backend this tfl does not have ('{name}'); "
+                         f"use the tfl that launched it (known: {', '.join(sorted(BACKENDS))})")
     module, _, cls = BACKENDS[name].partition(":")
     factory = getattr(importlib.import_module(module), cls)
     backend: Backend = factory(notify=notify)

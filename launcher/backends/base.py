@@ -1,11 +1,26 @@
-"""The one narrow interface every backend implements."""
+"""The one interface every backend implements, for the whole life of a run.
+
+A backend owns the *mechanism* of running a plan's tasks somewhere: reaching the hosts,
+starting, polling and signalling tasks, and later, from any terminal, looking at and
+stopping what a recorded run left running. *Policy* (restarts, fail-fast, stalls) is the
+supervisor's; *judging* host facts is ``launcher.checks``'s; rendering is the CLI's.
+Commands call this interface and never ask which backend they hold.
+
+Logs are not part of it: every backend delivers each task's output into the task's
+``log_path`` on this machine (local tasks write it, SSH agents relay it), so ``tfl logs``
+reads files whatever ran the tasks.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from launcher.plan import TaskLaunch
+if TYPE_CHECKING:
+    from launcher.checks import Check, HostTasks
+    from launcher.plan import LaunchPlan, TaskLaunch
+    from launcher.runstore import RunRecord
 
 
 @dataclass
@@ -20,11 +35,35 @@ class TaskProcess:
     handle: Any = field(default=None, repr=False)  # backend-private (a Popen, a channel…)
 
 
+@dataclass
+class TaskLive:
+    """What a recorded task looks like on its host now (``tfl status``)."""
+
+    alive: bool
+    state: str | None = None  # overrides the recorded state: "gone" (vanished), "unreachable"
+    cpu_percent: float | None = None
+    rss_mb: float | None = None
+    uptime_s: float | None = None
+
+
 class Backend(Protocol):
+    name: str  # as recorded in the run's record; ``launcher.backends.get(name)`` makes one
     # True when ``start`` is mostly waiting (a round trip to a host): the supervisor then
     # starts the group's tasks at once, from threads. A local fork is quicker one by one.
     concurrent_start: bool
 
+    # --- before a run ---------------------------------------------------------------------
+    def probe(self, hosts: Sequence[HostTasks], *, quick: bool) -> list[Check]:
+        """Gather each host's facts on a connection of its own and judge them (``checks.judge``).
+        ``quick``: python and ports only, what a launch needs; else everything ``tfl doctor`` shows."""
+        ...
+
+    def prepare(self, plan: LaunchPlan) -> list[Check]:
+        """Get every host ready to start the plan's tasks (reach it, quick checks, ship the
+        code) and return the checks; when one failed, nothing was shipped and nothing runs."""
+        ...
+
+    # --- a live run -----------------------------------------------------------------------
     def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
         """Start the task in its own process group; output goes to ``launch.log_path``.
 
@@ -47,4 +86,15 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release connections and threads; idempotent."""
+        ...
+
+    # --- a recorded run, from any terminal ------------------------------------------------
+    def inspect(self, record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
+        """Each recorded task with a pid, as its host sees it now. ``ask``: go and look even
+        where that is costly (over SSH); else answer from what is at hand."""
+        ...
+
+    def stop_recorded(self, record: RunRecord, grace: float) -> int:
+        """Stop what is left of a run whose launcher is gone: SIGTERM, ``grace``, SIGKILL to
+        every task still alive (``launcher.teardown``). Idempotent; returns how many it signalled."""
         ...

@@ -2,25 +2,67 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import threading
 import time
-from typing import Callable
+from collections.abc import Sequence
+from typing import Any, Callable
 
 import psutil
 
-from launcher.backends.base import TaskProcess
+from launcher import procs
+from launcher.backends.base import TaskLive, TaskProcess
+from launcher.checks import Check, HostTasks, diagnose, host_tasks, probe_request
 from launcher.errors import LaunchError
-from launcher.plan import TaskLaunch
+from launcher.plan import LaunchPlan, TaskLaunch
+from launcher.runstore import RunRecord
+from launcher.states import TaskState
+from launcher.teardown import teardown
 
 
 class LocalBackend:
+    name = "local"
     concurrent_start = False
 
     def __init__(self, notify: Callable[[], None] = lambda: None) -> None:
         self._notify = notify
 
+    # --- before a run -------------------------------------------------------------------
+    def probe(self, hosts: Sequence[HostTasks], *, quick: bool) -> list[Check]:
+        return diagnose(hosts, lambda h: ([], self._facts(h, quick)), quick=quick)
+
+    def prepare(self, plan: LaunchPlan) -> list[Check]:
+        return self.probe(host_tasks(plan), quick=True)
+
+    @staticmethod
+    def _facts(h: HostTasks, quick: bool) -> dict[str, Any] | None:
+        """The agent's own probe: in this process for the quick checks (no python to start),
+        under the host's python for the full ones (its packages are what counts). The agent is
+        the one place host facts are gathered, whatever the backend."""
+        from launcher.backends.ssh import agent
+        from launcher.backends.ssh.wire import BOOTSTRAP, agent_input, python_failure
+
+        if quick:
+            facts = agent.probe(probe_request(h, quick=True))
+            facts["executable"] = shutil.which(h.python) or h.python
+            for port, held in facts["ports"].items():
+                if held is not None:
+                    facts["ports"][port] = held + _port_owner(int(port))
+            return facts
+        try:
+            out = subprocess.run([h.python, "-u", "-c", BOOTSTRAP], input=agent_input(probe_request(h)),
+                                 capture_output=True, timeout=60)
+        except (FileNotFoundError, PermissionError):
+            raise LaunchError(f"{h.host}: {python_failure(h.python, 127, b'no such file', h.host)}") from None
+        if out.returncode != 0:
+            raise LaunchError(f"{h.host}: {python_failure(h.python, out.returncode, out.stderr, h.host)}")
+        result: dict[str, Any] = json.loads(out.stdout.decode().splitlines()[-1])
+        return result
+
+    # --- a live run ---------------------------------------------------------------------
     def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
         env = {**os.environ, **launch.env, "TFL_ATTEMPT": str(attempt)}
         if launch.cwd and not os.path.isdir(launch.cwd):
@@ -76,3 +118,37 @@ class LocalBackend:
     def close(self) -> None:
         pass
 
+    # --- a recorded run -----------------------------------------------------------------
+    def inspect(self, record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
+        found = {t.task: procs.find_process(t.pid, t.create_time) for t in record.tasks}
+        if ask:  # cpu % is measured over an interval: prime every process, then read
+            for proc in found.values():
+                procs.cpu_percent(proc)
+            time.sleep(0.1)
+        live = {}
+        for task in record.tasks:
+            proc = found[task.task]
+            gone = task.state == TaskState.RUNNING and proc is None  # recorded as running, vanished
+            live[task.task] = TaskLive(
+                alive=proc is not None, state="gone" if gone else None,
+                cpu_percent=procs.cpu_percent(proc) if ask and proc else None, rss_mb=procs.rss_mb(proc),
+                uptime_s=round(time.time() - task.create_time, 1) if proc and task.create_time else None)
+        return live
+
+    def stop_recorded(self, record: RunRecord, grace: float) -> int:
+        """Every process of the run: the recorded tasks (pid and create time) and anything
+        carrying its ``TFL_RUN_ID`` marker, by process group."""
+        known = {p.pid: p for t in record.tasks if (p := procs.find_process(t.pid, t.create_time))}
+        found = procs.marked_processes(record.run_id, known)
+        teardown(found, signal=procs.signal_group, alive=procs.is_running, grace=grace, kill_wait=5.0)
+        return len(found)
+
+
+def _port_owner(port: int) -> str:
+    try:
+        for conn in psutil.net_connections("tcp"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                return f", by pid {conn.pid} ({psutil.Process(conn.pid).name()})"
+    except (psutil.Error, OSError):
+        pass
+    return ""

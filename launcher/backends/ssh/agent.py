@@ -282,7 +282,8 @@ def signal_tasks(request: dict[str, Any]) -> dict[str, str]:
 
 def probe(request: dict[str, Any]) -> dict[str, Any]:
     """Facts for ``tfl doctor``; the launcher judges them (this side only reports)."""
-    ports = {str(p): _port_state(int(p)) for p in request.get("ports", [])}
+    ipv6 = bool(request.get("ipv6"))
+    ports = {str(p): _port_state(int(p), ipv6) for p in request.get("ports", [])}
     facts: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable, "ports": ports}
     if request.get("quick"):
         return facts
@@ -325,12 +326,14 @@ def unpack(request: dict[str, Any]) -> dict[str, Any]:
     return {"extracted": extracted}
 
 
-def _port_state(port: int) -> str | None:
-    """None when free; else what holds it. Binds every interface, as TensorFlow's server does."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+def _port_state(port: int, ipv6: bool = False) -> str | None:
+    """None when free; else what holds it. Binds every interface of the task's address family,
+    as TensorFlow's server does."""
+    family = socket.AF_INET6 if ipv6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("0.0.0.0", port))
+            sock.bind(("::" if ipv6 else "0.0.0.0", port))
             return None
         except OSError as exc:
             return exc.strerror or "in use"

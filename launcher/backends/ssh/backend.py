@@ -1,6 +1,6 @@
 """Tasks on remote hosts, each run by a tfl agent over its own SSH channel.
 
-Per task, one SSH session runs ``remote_agent`` under the host's python. The agent gets
+Per task, one SSH session runs the agent (``agent.py``) under the host's python. The agent gets
 argv, environment and cwd as JSON on stdin (so neither TF_CONFIG nor any job argument
 passes through a remote shell or shows in ``ps``), starts the job as the leader of a new
 session, and sends back its pid, its output, progress updates and finally its exit code.
@@ -19,31 +19,23 @@ import os
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from launcher.backends.base import TaskProcess
+from launcher.backends.base import TaskLive, TaskProcess
+from launcher.backends.ssh.connect import SSHError, connect, open_channel
+from launcher.backends.ssh.wire import agent_command, agent_input, agent_request, archives, converse, python_failure
+from launcher.checks import Check, HostTasks, diagnose, host_tasks, judge, probe_request
+from launcher.contract import ATTEMPT, PROGRESS_FILE
+from launcher.hosts import SSHTarget
+from launcher.parallel import first_error, parallel
 from launcher.plan import LaunchPlan, TaskLaunch
-from launcher.remoteplan import SSHTarget
-from launcher.runstore import write_atomic
-from launcher.sshconn import (
-    SSHError,
-    agent_command,
-    agent_input,
-    archives,
-    connect,
-    converse,
-    first_error,
-    open_channel,
-    parallel,
-    python_failure,
-)
+from launcher.runstore import RunRecord, write_atomic
 
 if TYPE_CHECKING:
     from fabric import Connection
     from paramiko import Channel
-
-    from launcher.doctor import Check
 
 HEARTBEAT_EVERY = 2.0
 HEARTBEAT_TIMEOUT = 30.0  # silence after which either side takes the other for lost
@@ -86,7 +78,9 @@ class HostPool:
         """The task's agent: one started ahead by ``start_agent_ahead``, else a new one."""
         chan = self._ready.pop(launch.name, None)
         if chan is None or chan.closed or chan.exit_status_ready():
-            chan = self.channel(SSHTarget.from_dict(launch.ssh or {}), agent_command(launch.argv[0]), HEARTBEAT_TIMEOUT)
+            if launch.ssh is None:
+                raise SSHError(launch.host, "the plan has no ssh settings for this task (a plan from another tfl?)", launch.name)
+            chan = self.channel(launch.ssh, agent_command(launch.python), HEARTBEAT_TIMEOUT)
             try:
                 chan.sendall(agent_input(None))
             except (OSError, EOFError) as exc:
@@ -114,18 +108,15 @@ class HostPool:
         self._conns.clear()
 
 
-def prepare_hosts(plan: LaunchPlan, pool: HostPool | None = None) -> HostPool:
-    """Reach every SSH host of the plan at once and get it ready; the first failure raises.
+def prepare_hosts(plan: LaunchPlan, pool: HostPool) -> list[Check]:
+    """Reach every SSH host of the plan at once and get it ready: its quick checks, or the
+    first failure to reach one raises.
 
     Per host: one connection, and per task one agent, started ahead. The host's first agent
-    also makes ``tfl launch``'s preflight checks (python, the tasks' ports free) and unpacks
-    the shipped code, so a host costs one SSH session per task and nothing more (each
-    session is a login shell and a python start there).
+    also makes the preflight checks (python, the tasks' ports free) and unpacks the shipped
+    code, so a host costs one SSH session per task and nothing more (each session is a login
+    shell and a python start there). Nothing is shipped to a host whose checks failed.
     """
-    from launcher.doctor import HostTasks, host_tasks, judge, probe_request, raise_failures
-
-    pool = pool or HostPool()
-
     def reach(host: HostTasks) -> list[Check]:
         first, *rest = [t for t in plan.tasks if t.host == host.host]
         chan = pool.start_agent_ahead(first)
@@ -142,14 +133,29 @@ def prepare_hosts(plan: LaunchPlan, pool: HostPool | None = None) -> HostPool:
             pool.start_agent_ahead(task)
         return checks
 
+    results = parallel(reach, host_tasks(plan))
+    first_error(results)
+    return [c for r in results if isinstance(r, list) for c in r]
+
+
+def probe_host(h: HostTasks, quick: bool) -> tuple[list[Check], dict[str, Any] | None]:
+    """Reach the host and collect its facts on a connection of its own; a failure to do so
+    is a check of its own."""
+    if h.target is None:
+        raise SSHError(h.host, "no ssh settings for this host")
+    started = time.monotonic()
     try:
-        results = parallel(reach, host_tasks(plan, ssh_only=True))
-        first_error(results)
-        raise_failures([c for r in results if isinstance(r, list) for c in r])
-    except BaseException:
-        pool.close()
-        raise
-    return pool
+        conn = connect(h.target)
+    except SSHError as exc:
+        return [Check(h.host, "ssh", "fail", exc.cause)], None
+    checks = [Check(h.host, "ssh", "ok", f"reached {h.target} in {time.monotonic() - started:.2f} s")]
+    try:
+        facts: dict[str, Any] = agent_request(conn, h.python, probe_request(h, quick=quick))
+        return checks, facts
+    except SSHError as exc:
+        return checks + [Check(h.host, "python", "fail", exc.cause)], None
+    finally:
+        conn.close()
 
 
 class RemoteTask:
@@ -245,18 +251,30 @@ class SSHBackend:
 
     concurrent_start = True  # each start is a round trip to its host's agent
 
-    def __init__(self, notify: Callable[[], None] = lambda: None, pool: HostPool | None = None) -> None:
+    name = "ssh"
+
+    def __init__(self, notify: Callable[[], None] = lambda: None) -> None:
         self._notify = notify
-        self._pool, self._own_pool = pool or HostPool(), pool is None
+        self._pool = HostPool()
         self._tasks: list[RemoteTask] = []
         self._closing = threading.Event()
         self._pinger: threading.Thread | None = None
         self._pinger_lock = threading.Lock()
 
+    # --- before a run -------------------------------------------------------------------
+    def probe(self, hosts: Sequence[HostTasks], *, quick: bool) -> list[Check]:
+        return diagnose(hosts, lambda h: probe_host(h, quick), quick=quick)
+
+    def prepare(self, plan: LaunchPlan) -> list[Check]:
+        try:
+            return prepare_hosts(plan, self._pool)
+        except BaseException:
+            self._pool.close()
+            raise
+
+    # --- a live run ---------------------------------------------------------------------
     def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
-        if launch.ssh is None:
-            raise SSHError(launch.host, "the plan has no ssh settings for this task (a plan from another tfl?)", launch.name)
-        python = launch.argv[0]
+        python = launch.python
         chan = self._pool.agent(launch)
         task = RemoteTask(chan, launch, attempt, self._notify)
         task.send(self._request(launch, attempt))  # a dead channel shows as a missing pid below
@@ -275,9 +293,9 @@ class SSHBackend:
 
     @staticmethod
     def _request(launch: TaskLaunch, attempt: int) -> dict[str, Any]:
-        progress = launch.env.get("TFL_PROGRESS_FILE")
+        progress = launch.env.get(PROGRESS_FILE)
         return {
-            "mode": "run", "argv": list(launch.argv), "env": {**launch.env, "TFL_ATTEMPT": str(attempt)},
+            "mode": "run", "argv": list(launch.argv), "env": {**launch.env, ATTEMPT: str(attempt)},
             "cwd": launch.cwd, "mkdirs": [os.path.dirname(progress)] if progress else [], "progress_file": progress,
             "heartbeat_timeout": HEARTBEAT_TIMEOUT, "grace": KILL_GRACE,
         }
@@ -296,8 +314,7 @@ class SSHBackend:
         self._closing.set()
         for task in self._tasks:
             task.close()
-        if self._own_pool:
-            self._pool.close()
+        self._pool.close()
 
     def _ensure_pinger(self) -> None:
         with self._pinger_lock:  # tasks start from several threads at once
@@ -309,3 +326,16 @@ class SSHBackend:
         while not self._closing.wait(HEARTBEAT_EVERY):
             for task in [t for t in self._tasks if not t.closed.is_set()]:
                 task.send({"ping": 1})
+
+    # --- a recorded run -----------------------------------------------------------------
+    def inspect(self, record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
+        """``ask``: every host of the run is asked (over SSH, all at once). Without it, a
+        running task counts as alive while its launcher is: its agent kills it without one."""
+        from launcher.backends.ssh import recorded
+
+        return recorded.inspect(record, ask=ask)
+
+    def stop_recorded(self, record: RunRecord, grace: float) -> int:
+        from launcher.backends.ssh import recorded
+
+        return recorded.stop(record, grace)

@@ -1,0 +1,176 @@
+"""Preflight checks: the facts a backend gathers about each host, judged in one place.
+
+Per host: reachable and authenticated (SSH hosts), python found, tensorflow / tf_keras /
+keras versions (Keras 3 breaks under MultiWorkerMirroredStrategy, so tf_keras and
+TF_USE_LEGACY_KERAS=1 are required), each task's port free, free disk in the working dir,
+GPUs visible. Backends gather the facts (``Backend.probe`` / ``Backend.prepare``, with the
+agent's ``probe`` request, on the host itself); ``judge`` turns them into checks, the same
+for ``tfl doctor`` and for ``tfl launch`` (foreground or ``--detach``), which makes the
+quick subset (python, ports).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher.contract import LEGACY_KERAS
+from launcher.errors import LaunchError
+from launcher.hosts import RemoteOptions, SSHTarget, host_plan
+from launcher.plan import LaunchPlan
+
+if TYPE_CHECKING:
+    from launcher.spec import ClusterSpec
+
+MIN_FREE_GB, LOW_FREE_GB = 1.0, 5.0
+
+
+@dataclass(frozen=True)
+class Check:
+    host: str
+    name: str  # "ssh", "python", "packages", "port 23456", "disk", "gpus"
+    status: str  # "ok" | "warn" | "fail"
+    detail: str  # one line; for a failure it ends with the fix
+
+
+@dataclass
+class HostTasks:
+    """What one host must offer: its python, working dir, and the ports of its tasks."""
+
+    host: str
+    python: str
+    workdir: str | None
+    target: SSHTarget | None  # None: this machine
+    ports: list[tuple[str, int]] = field(default_factory=list)  # (task, port)
+    legacy_keras: bool = True  # TF_USE_LEGACY_KERAS=1 in the tasks' environment
+
+
+def host_tasks(plan: LaunchPlan) -> list[HostTasks]:
+    """What each host of a plan must offer, in host order."""
+    hosts: dict[str, HostTasks] = {}
+    for t in plan.tasks:
+        entry = hosts.setdefault(t.host, HostTasks(t.host, t.python, t.cwd, t.ssh))
+        entry.legacy_keras = entry.legacy_keras and t.env.get(LEGACY_KERAS, "").lower() in ("1", "true")
+        if t.task.is_training:  # TensorFlow starts no server for the sidecar evaluator
+            entry.ports.append((t.name, t.port))
+    return list(hosts.values())
+
+
+def cluster_hosts(spec: ClusterSpec, options: RemoteOptions) -> list[HostTasks]:
+    """What each host of a cluster file must offer, before any run exists (``tfl doctor``)."""
+    hosts: dict[str, HostTasks] = {}
+    for task in spec.cluster.tasks():
+        address = spec.cluster.address(task)
+        if address.host not in hosts:
+            plan = host_plan(spec, address.host, run_id=None, run_dir="", python=sys.executable, cwd=str(Path.cwd()),
+                             options=options)
+            hosts[address.host] = HostTasks(address.host, plan.python, plan.workdir, plan.ssh)
+        if task.is_training:
+            hosts[address.host].ports.append((str(task), address.port))
+    return list(hosts.values())
+
+
+Gather = Callable[[HostTasks], "tuple[list[Check], dict[str, Any] | None]"]
+
+
+def diagnose(hosts: Sequence[HostTasks], gather: Gather, *, quick: bool = False) -> list[Check]:
+    """Every check of every host, all hosts at once, in host order. ``gather`` reaches one
+    host and returns its facts (None when it could not), with checks of its own (reach)."""
+    from launcher.parallel import parallel
+
+    def one(h: HostTasks) -> list[Check]:
+        checks, facts = gather(h)
+        return checks + (judge(h, facts, quick=quick) if facts is not None else [])
+
+    results = parallel(one, list(hosts))
+    return [c for r in results for c in (r if isinstance(r, list) else [Check("?", "preflight", "fail", str(r))])]
+
+
+def probe_request(h: HostTasks, *, quick: bool = False) -> dict[str, Any]:
+    return {"mode": "probe", "quick": quick, "ports": [p for _, p in h.ports], "ipv6": ":" in h.host, "workdir": h.workdir}
+
+
+def judge(h: HostTasks, facts: dict[str, Any], *, quick: bool = False) -> list[Check]:
+    """Turn a host's facts into checks. Pure."""
+    checks = [Check(h.host, "python", "ok", f"Python {facts['python']} ({facts['executable']})")]
+    for task, port in h.ports:
+        held = facts["ports"].get(str(port))
+        checks.append(Check(h.host, f"port {port}", "ok", f"free for {task}") if held is None else Check(
+            h.host, f"port {port}", "fail", f"port {port} of {task} is in use ({held}); "
+                                            f"stop what holds it or give {task} another port in the cluster file"))
+    if quick:
+        return checks
+    checks += [_keras(h, facts["packages"]), _disk(h.host, facts["disk"]), _gpus(h.host, facts["gpus"])]
+    if facts["packages"].get("psutil") is None:
+        checks.append(Check(h.host, "psutil", "warn", "psutil missing: `tfl status` shows no cpu/memory for tasks "
+                                                       f"here; fix: {h.python} -m pip install psutil"))
+    return checks
+
+
+def _keras(h: HostTasks, packages: dict[str, str | None]) -> Check:
+    tf, tf_keras, keras = packages.get("tensorflow"), packages.get("tf_keras"), packages.get("keras")
+    pip = f"{h.python} -m pip install"
+    if tf is None:
+        return Check(h.host, "packages", "fail", f"tensorflow is not installed for {h.python}; fix: {pip} tensorflow")
+    versions = f"tensorflow {tf}, tf_keras {tf_keras or '-'}, keras {keras or '-'}"
+    tf_minor = ".".join(tf.split(".")[:2])
+    keras3 = _version(tf) >= (2, 16) or _version(keras or "0") >= (3,)
+    if keras3 and tf_keras is None:
+        return Check(h.host, "packages", "fail", f"{versions}: Keras 3 would be used and it breaks under "
+                                                 f"MultiWorkerMirroredStrategy; fix: {pip} 'tf_keras~={tf_minor}.0'")
+    if keras3 and not h.legacy_keras:
+        return Check(h.host, "packages", "fail", f"{versions}: tf_keras is installed but unused; fix: set "
+                                                 "TF_USE_LEGACY_KERAS=1 in the tasks' environment")
+    if tf_keras is not None and _version(tf_keras)[:2] != _version(tf)[:2]:
+        return Check(h.host, "packages", "warn", f"{versions}: tf_keras should match tensorflow's version; "
+                                                 f"fix: {pip} 'tf_keras~={tf_minor}.0'")
+    return Check(h.host, "packages", "ok", versions + (" (tf_keras in use)" if keras3 else ""))
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def _disk(host: str, disk: dict[str, Any]) -> Check:
+    free, path = disk["free_gb"], disk["path"]
+    if free < MIN_FREE_GB:
+        return Check(host, "disk", "fail", f"only {free} GB free at {path}; free some space or point hosts.{host}.workdir elsewhere")
+    status = "warn" if free < LOW_FREE_GB else "ok"
+    return Check(host, "disk", status, f"{free} GB free at {path}" + (" (checkpoints may not fit)" if status == "warn" else ""))
+
+
+def _gpus(host: str, gpus: list[str] | None) -> Check:
+    if gpus is None:
+        return Check(host, "gpus", "ok", "no nvidia-smi: tasks here train on CPU")
+    if not gpus:
+        return Check(host, "gpus", "warn", "nvidia-smi lists no GPU (driver not loaded?); tasks here would train on CPU")
+    return Check(host, "gpus", "ok", f"{len(gpus)} visible: " + "; ".join(g.split(" (UUID")[0] for g in gpus))
+
+
+def raise_failures(checks: list[Check]) -> None:
+    """A launch stops at the first failed check, saying how many more there are."""
+    failures = [c for c in checks if c.status == "fail"]
+    if failures:
+        more = f" (and {len(failures) - 1} more problem(s); `tfl doctor --cluster FILE` lists them)" if len(failures) > 1 else ""
+        raise LaunchError(f"{failures[0].host}: {failures[0].detail}{more}")
+
+
+def render(checks: list[Check]) -> str:
+    width = max((len(c.host) for c in checks), default=0)
+    lines = [f"{c.host.ljust(width)}  {c.status.upper():4}  {c.name}: {c.detail}" for c in checks]
+    failed = sorted({c.host for c in checks if c.status == "fail"})
+    hosts = len({c.host for c in checks})
+    lines.append(f"doctor: {len(failed)} of {hosts} host(s) have problems ({', '.join(failed)})" if failed
+                 else f"doctor: all {hosts} host(s) ready")
+    return "\n".join(lines)
+
+
+def as_dicts(checks: list[Check]) -> list[dict[str, str]]:
+    return [asdict(c) for c in checks]
