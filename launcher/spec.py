@@ -165,6 +165,35 @@ class Topology(_Strict):
         return [parse_address(a) for a in getattr(self, task_type)]
 
 
+class SharedStorage(_Strict):
+    """Storage every task sees (``storage``): the run's model dir, checkpoints and backups go there."""
+
+    path: str = Field(description="a directory mounted at this same path for every task (e.g. /mnt/shared), or a URL "
+                                  "TensorFlow's file system supports (e.g. gs://bucket/dir); today only `tfl export k8s` uses it")
+    k8s_claim: str | None = Field(None, description="tfl export k8s: the PersistentVolumeClaim mounted at `path` in every pod")
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if not value.isprintable() or not (value.startswith("/") or re.fullmatch(r"[a-z][a-z0-9+.-]*://\S+", value)):
+            raise ValueError(f"'{value}' is neither an absolute path nor a URL (write e.g. /mnt/shared or gs://bucket/dir)")
+        return value
+
+    @field_validator("k8s_claim")
+    @classmethod
+    def _claim(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", value):
+            raise ValueError(f"'{value}' is not a PersistentVolumeClaim name (lowercase letters, digits, '-' and '.')")
+        return value
+
+    @model_validator(mode="after")
+    def _claim_is_mounted(self) -> SharedStorage:
+        if self.k8s_claim is not None and not self.path.startswith("/"):
+            raise ValueError(f"k8s_claim is mounted at path, but path '{self.path}' is a URL; "
+                             "remove k8s_claim or give the directory it is mounted at")
+        return self
+
+
 class ClusterSpec(_Strict):
     """A cluster description file."""
 
@@ -173,6 +202,7 @@ class ClusterSpec(_Strict):
     hosts: dict[str, HostSettings] = Field(default_factory=dict, description="per-host settings, keyed by host")
     ssh: SSHSettings = Field(default_factory=SSHSettings, description="defaults for hosts reached over SSH")
     devices: dict[str, TaskDevices] = Field(default_factory=dict, description="per-task devices, keyed by task (e.g. \"worker:1\")")
+    storage: SharedStorage | None = Field(None, description="shared storage for the run's model dir (path, k8s_claim)")
 
     @model_validator(mode="after")
     def _hosts_known(self) -> ClusterSpec:
