@@ -176,20 +176,20 @@ class SharedStorage(_Strict):
     @classmethod
     def _path(cls, value: str) -> str:
         if not value.isprintable() or not (value.startswith("/") or re.fullmatch(r"[a-z][a-z0-9+.-]*://\S+", value)):
-            raise ValueError(f"'{value}' is neither an absolute path nor a URL (write e.g. /mnt/shared or gs://bucket/dir)")
+            raise ValueError(f"{value!r} is neither an absolute path nor a URL (write e.g. /mnt/shared or gs://bucket/dir)")
         return value
 
     @field_validator("k8s_claim")
     @classmethod
     def _claim(cls, value: str | None) -> str | None:
         if value is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", value):
-            raise ValueError(f"'{value}' is not a PersistentVolumeClaim name (lowercase letters, digits, '-' and '.')")
+            raise ValueError(f"{value!r} is not a PersistentVolumeClaim name (lowercase letters, digits, '-' and '.')")
         return value
 
     @model_validator(mode="after")
     def _claim_is_mounted(self) -> SharedStorage:
         if self.k8s_claim is not None and not self.path.startswith("/"):
-            raise ValueError(f"k8s_claim is mounted at path, but path '{self.path}' is a URL; "
+            raise ValueError(f"k8s_claim is mounted at path, but path {self.path!r} is a URL; "
                              "remove k8s_claim or give the directory it is mounted at")
         return self
 

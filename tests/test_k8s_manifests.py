@@ -16,7 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.errors import ExportError
+from launcher.errors import ClusterFileError, ExportError
 from launcher.k8s import entry, jobset
 from launcher.k8s.export import export_k8s
 from launcher.k8s.pods import ExportOptions, Role, default_name
@@ -297,3 +297,16 @@ def test_tfl_status_does_not_import_yaml(tmp_path: Path) -> None:
                          env={"PATH": "/usr/bin:/bin", "TFL_HOME": str(tmp_path)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize(("storage", "message"), [
+    ({"path": "shared/runs"}, "storage.path: 'shared/runs' is neither an absolute path nor a URL"),
+    ({"path": "gs://bucket/runs", "k8s_claim": "data"}, "storage: k8s_claim is mounted at path, but path 'gs://bucket/runs' is a URL"),
+    ({"path": "/mnt/s", "k8s_claim": "Data_1"}, "storage.k8s_claim: 'Data_1' is not a PersistentVolumeClaim name"),
+    ({"path": "/mnt/s\n"}, "storage.path: '/mnt/s\\n' is neither"),
+    ({"claim": "x", "path": "/mnt/s"}, "storage.claim: unknown key"),
+])
+def test_storage_field_is_checked_with_its_fix(storage: dict[str, Any], message: str) -> None:
+    with pytest.raises(ClusterFileError) as caught:
+        parse_cluster(cluster(1, 0, 0, storage=storage), "c.json")
+    assert str(caught.value).startswith(f"c.json: {message}"), str(caught.value)
