@@ -141,6 +141,20 @@ def test_gs_storage_passes_through_and_cpu_only_tasks_stay_off_gpus() -> None:
             assert "CUDA_VISIBLE_DEVICES" not in env
 
 
+def test_warnings_name_missing_or_unmounted_storage() -> None:
+    def warnings(data: dict[str, Any], restarts: int = 0) -> tuple[str, ...]:
+        options = ExportOptions(job="jobs/mnist.py", image="img:1", name="run1", max_restarts=restarts)
+        return export_k8s(parse_cluster(data), options).warnings
+
+    assert warnings(cluster(1, 1, 0)) == ()
+    assert warnings(cluster(1, 1, 0, storage={"path": "/mnt/s", "k8s_claim": "s"}), restarts=2) == ()
+    for data, restarts in ((cluster(1, 1, 1), 0), (cluster(1, 1, 0), 1)):
+        (line,) = warnings(data, restarts)
+        assert line.startswith("no shared storage in the cluster file: each pod keeps its model dir on its own disk")
+    (line,) = warnings(cluster(1, 1, 1, storage={"path": "gs://bucket/runs"}))
+    assert line.startswith("storage.path gs://bucket/runs reaches the pods as TFL_RUN_DIR, unmounted")
+
+
 # --- TFJob --------------------------------------------------------------------------------
 
 def test_tfjob_replica_specs_and_policies() -> None:
