@@ -171,9 +171,12 @@ def test_tfjob_replica_specs_and_policies() -> None:
     assert tfjob_rule_violations(tfjob) == []
 
 
-def test_tfjob_refuses_a_second_chief() -> None:
+def test_formats_refuse_role_counts_they_cannot_express() -> None:
     with pytest.raises(ExportError, match="a TFJob has at most one Chief"):
         check_roles([Role("chief", 2, None), Role("worker", 1, None)])
+    jobset.check_roles([Role("worker", 100_000, None)])
+    with pytest.raises(ExportError, match="cluster.worker has 100001 tasks; a JobSet runs a role as one Indexed Job"):
+        jobset.check_roles([Role("chief", 1, None), Role("worker", 100_001, None)])
 
 
 # --- the upstream schemas and the rules they do not carry ----------------------------------
