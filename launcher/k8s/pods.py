@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.errors import ExportError
-from launcher.placement import VISIBLE_DEVICES, place_gpus
+from launcher.placement import VISIBLE_DEVICES, Placement, place_gpus
 from launcher.spec import TASK_TYPES, ClusterSpec
-from launcher.tfconfig import tasks_of
+from launcher.tfconfig import TaskId
 
 FORMATS = ("jobset", "tfjob")
 CONTAINER = "tensorflow"  # the TFJob operator injects TF_CONFIG only into a container of this name
@@ -74,10 +74,11 @@ def default_name(job: str, stamp: str) -> str:
 
 def roles_of(spec: ClusterSpec) -> list[Role]:
     """Each task type with tasks, with the GPUs every one of its pods gets."""
-    placement = place_gpus(spec)
+    has_gpu_settings = bool(spec.devices) or any(h.gpus is not None for h in spec.hosts.values())
+    placement = place_gpus(spec) if has_gpu_settings else Placement({})  # placing is quadratic in the tasks
     roles = []
     for kind in TASK_TYPES:
-        tasks = [t for t in tasks_of(spec.cluster) if t.type == kind]
+        tasks = [TaskId(kind, i) for i in range(len(getattr(spec.cluster, kind)))]
         if not tasks:
             continue
         counts = {len(placement.tasks[t].gpus) if t in placement.tasks else None for t in tasks}
