@@ -244,5 +244,54 @@ def logs(
         raise typer.Exit(130) from None
 
 
+export_app = typer.Typer(name="export", no_args_is_help=True, rich_markup_mode=None, cls=_Group,
+                         help="Write a job and its cluster roles as manifests for another system to run.")
+app.add_typer(export_app)
+
+
+@export_app.command("k8s", cls=_Command, context_settings={"allow_extra_args": True})
+def export_k8s(
+    ctx: typer.Context,
+    job: str = typer.Argument(..., help="the job script's path inside the image, e.g. jobs/mnist.py; its arguments go after --"),
+    cluster: Path | None = typer.Option(None, "--cluster", "-c", help="cluster description (JSON): roles, counts, env, GPUs, storage"),
+    local: int | None = typer.Option(None, "--local", help="a chief and N-1 workers"),
+    evaluator: bool = typer.Option(False, "--evaluator", help="with --local: add a sidecar evaluator"),
+    image: str | None = typer.Option(None, "--image", help="container image with TensorFlow, tf_keras, tfl and the job (required)"),
+    fmt: str = typer.Option("jobset", "--format", help="jobset (JobSet, default) | tfjob (Kubeflow TFJob)"),
+    namespace: str | None = typer.Option(None, "--namespace", "-n", help="namespace of every object (default: kubectl's)"),
+    name: str | None = typer.Option(None, "--name", help="name of the JobSet/TFJob, a DNS label (default: the job's name and the time)"),
+    max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="restart the whole group up to K times (TFJob: backoffLimit)"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="write the YAML to FILE instead of printing it"),
+) -> None:
+    """Print JOB on a cluster's roles as Kubernetes manifests: a JobSet (default) or a Kubeflow TFJob."""
+    import time
+
+    from launcher.k8s.export import export_k8s as export
+    from launcher.k8s.export import write_manifests
+    from launcher.k8s.pods import ExportOptions, default_name
+    from launcher.spec import load_cluster, local_cluster
+
+    if (cluster is None) == (local is None):
+        raise _fail("give exactly one of --cluster FILE or --local N (e.g. --local 2)")
+    if evaluator and cluster is not None:
+        raise _fail("--evaluator goes with --local; in a cluster file add \"evaluator\": [\"host:port\"]")
+    if image is None:
+        raise _fail("--image is required: the container image with TensorFlow, tf_keras, tfl and the job "
+                    "(e.g. --image registry.example.com/train:1; see docs/kubernetes.md)")
+    spec = _core(lambda: load_cluster(cluster) if cluster is not None else local_cluster(local or 0, evaluator))
+    options = ExportOptions(job=job, image=image, name=name or default_name(job, time.strftime("%Y%m%d-%H%M%S")),
+                            job_args=tuple(ctx.args), format=fmt, namespace=namespace, max_restarts=max_restarts)
+    result = _core(lambda: export(spec, options))
+    for warning in result.warnings:
+        typer.echo(f"tfl: warning: {warning}", err=True)
+    if output is None:
+        typer.echo(result.text, nl=False)
+        return
+    _core(lambda: write_manifests(output, result.text))
+    count = len(result.documents)
+    typer.echo(f"tfl: wrote {count} object{'' if count == 1 else 's'} ({options.name}) to {output}; "
+               f"apply them with `kubectl apply -f {output}`", err=True)
+
+
 def main() -> None:
     app()

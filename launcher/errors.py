@@ -26,3 +26,7 @@ class LaunchError(TflError):
 
 class RunNotFoundError(TflError):
     """``tfl status/logs/stop RUN`` named a run the store does not have."""
+
+
+class ExportError(TflError):
+    """`tfl export`: the chosen format cannot express the cluster, or an option is invalid."""

@@ -173,6 +173,35 @@ class Topology(_Strict):
         return self.addresses(task.type)[task.index]
 
 
+class SharedStorage(_Strict):
+    """Storage every task sees (``storage``): the run's model dir, checkpoints and backups go there."""
+
+    path: str = Field(description="a directory mounted at this same path for every task (e.g. /mnt/shared), or a URL "
+                                  "TensorFlow's file system supports (e.g. gs://bucket/dir); today only `tfl export k8s` uses it")
+    k8s_claim: str | None = Field(None, description="tfl export k8s: the PersistentVolumeClaim mounted at `path` in every pod")
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if not value.isprintable() or not (value.startswith("/") or re.fullmatch(r"[a-z][a-z0-9+.-]*://\S+", value)):
+            raise ValueError(f"{value!r} is neither an absolute path nor a URL (write e.g. /mnt/shared or gs://bucket/dir)")
+        return value
+
+    @field_validator("k8s_claim")
+    @classmethod
+    def _claim(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", value):
+            raise ValueError(f"{value!r} is not a PersistentVolumeClaim name (lowercase letters, digits, '-' and '.')")
+        return value
+
+    @model_validator(mode="after")
+    def _claim_is_mounted(self) -> SharedStorage:
+        if self.k8s_claim is not None and not self.path.startswith("/"):
+            raise ValueError(f"k8s_claim is mounted at path, but path {self.path!r} is a URL; "
+                             "remove k8s_claim or give the directory it is mounted at")
+        return self
+
+
 class ClusterSpec(_Strict):
     """A cluster description file."""
 
@@ -181,6 +210,7 @@ class ClusterSpec(_Strict):
     hosts: dict[str, HostSettings] = Field(default_factory=dict, description="per-host settings, keyed by host")
     ssh: SSHSettings = Field(default_factory=SSHSettings, description="defaults for hosts reached over SSH")
     devices: dict[str, TaskDevices] = Field(default_factory=dict, description="per-task devices, keyed by task (e.g. \"worker:1\")")
+    storage: SharedStorage | None = Field(None, description="shared storage for the run's model dir (path, k8s_claim)")
     _placement: Placement = PrivateAttr(default_factory=lambda: Placement({}))
 
     @model_validator(mode="after")
@@ -198,7 +228,8 @@ class ClusterSpec(_Strict):
     @model_validator(mode="after")
     def _devices_fit(self) -> ClusterSpec:
         # Placed once, here, so that a contradiction is reported with the file; the plan reads it.
-        tasks = [(t, self.cluster.address(t).host) for t in self.cluster.tasks()]
+        hosts = {t: [a.host for a in self.cluster.addresses(t)] for t in TASK_TYPES}  # parsed once: O(tasks)
+        tasks = [(t, hosts[t.type][t.index]) for t in self.cluster.tasks()]
         self._placement = place_gpus(GpuInputs(tasks=tasks, hosts=self.hosts, devices=self.devices, env=self.env))
         return self
 

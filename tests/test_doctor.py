@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from launcher.cli import app
 from launcher.checks import HostTasks, judge
+from launcher.cli import app
 from launcher.spec import free_port
 from tests.sshd import NOWHERE, Sshd, cluster_file
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from launcher.cli import app
 from launcher.backends.ssh.recorded import remote_signal, remote_task_info
+from launcher.cli import app
 from launcher.runstore import RunStore
 from launcher.spec import free_port
 from tests.procs import pid_alive, tfl_processes

@@ -6,9 +6,9 @@ import json
 import subprocess
 import sys
 
-from launcher.plan import LaunchPlan, build_plan, render_plan
 from launcher.backends import name_for_plan
 from launcher.hosts import RemoteOptions, SSHTarget, ssh_target
+from launcher.plan import LaunchPlan, build_plan, render_plan
 from launcher.spec import parse_cluster
 from tests.conftest import ROOT
 

@@ -1,0 +1,138 @@
+"""Offline checks of generated Kubernetes manifests: upstream CRD schemas, operator rules, core kinds.
+
+- Custom resources (JobSet, TFJob) against the upstream CRD's ``openAPIV3Schema`` from
+  ``../shared/k8s-crds/`` (see its README), closed with ``additionalProperties: false`` the way
+  strict field validation on the API server rejects an unknown field.
+- The rules those schemas do not carry (the TFJob operator's, JobSet's webhook's).
+- Core kinds (ConfigMap, Job, Pod) with ``kubernetes-validate`` in strict mode for a pinned
+  Kubernetes version; a kind it has no schema for raises, so it can never pass unseen.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+CRD_DIR = ROOT.parent / "shared" / "k8s-crds"
+CRD_FILES = {"JobSet": "jobset.x-k8s.io_jobsets.yaml", "TFJob": "kubeflow.org_tfjobs.yaml"}
+KUBERNETES_VERSION = "1.31"  # JobSet v0.9 and training-operator v1.9 both run on it
+TFJOB_RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
+TFJOB_CLEAN_POD_POLICIES = ("All", "Running", "None")
+TFJOB_SUCCESS_POLICIES = ("", "AllWorkers")
+
+
+def need_crds() -> Path:
+    """The CRD directory; skip without it, except under CI=true, where that is a failure."""
+    if not CRD_DIR.is_dir():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{CRD_DIR} is missing; CI must have ../shared/k8s-crds beside the clone")
+        pytest.skip(f"{CRD_DIR} is missing (upstream CRDs for the schema checks)")
+    return CRD_DIR
+
+
+def close_objects(schema: Any) -> Any:
+    """A copy where every object schema that lists ``properties`` and does not preserve unknown
+    fields refuses any other key (``additionalProperties: false``)."""
+    schema = copy.deepcopy(schema)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+                node.setdefault("additionalProperties", False)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    return schema
+
+
+@functools.cache
+def crd_schema(kind: str, api_version: str, closed: bool = True) -> Any:
+    crd = yaml.load((need_crds() / CRD_FILES[kind]).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    assert crd["spec"]["names"]["kind"] == kind
+    group, version = api_version.split("/")
+    assert crd["spec"]["group"] == group
+    (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version and v["served"]]
+    schema = served["schema"]["openAPIV3Schema"]
+    return close_objects(schema) if closed else schema
+
+
+def validate_custom(document: dict[str, Any], closed: bool = True) -> None:
+    """Raises jsonschema.ValidationError when the CRD's schema refuses the object."""
+    schema = crd_schema(document["kind"], document["apiVersion"], closed)
+    jsonschema.Draft7Validator(schema).validate(document)
+
+
+def validate_core(document: dict[str, Any]) -> None:
+    """Raises kubernetes_validate's ValidationError, or SchemaNotFoundError for a kind it lacks."""
+    kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+
+
+def tfjob_rule_violations(tfjob: dict[str, Any]) -> list[str]:
+    """What training-operator v1.9 refuses although its CRD schema lets it through."""
+    problems = []
+    specs = tfjob["spec"]["tfReplicaSpecs"]
+    chiefs = sum(spec.get("replicas", 1) for kind, spec in specs.items() if kind in ("Chief", "Master"))
+    if chiefs > 1:
+        problems.append(f"{chiefs} Chief/Master replicas; at most one")
+    for kind, spec in specs.items():
+        names = [c["name"] for c in spec["template"]["spec"]["containers"]]
+        if names.count("tensorflow") != 1:
+            problems.append(f"{kind}: containers {names}; exactly one must be named tensorflow")
+        if spec.get("restartPolicy", "Never") not in TFJOB_RESTART_POLICIES:
+            problems.append(f"{kind}: restartPolicy {spec['restartPolicy']!r}")
+    run_policy = tfjob["spec"].get("runPolicy", {})
+    if run_policy.get("cleanPodPolicy", "None") not in TFJOB_CLEAN_POD_POLICIES:
+        problems.append(f"cleanPodPolicy {run_policy['cleanPodPolicy']!r}")
+    if tfjob["spec"].get("successPolicy", "") not in TFJOB_SUCCESS_POLICIES:
+        problems.append(f"successPolicy {tfjob['spec']['successPolicy']!r}")
+    return problems
+
+
+def jobset_rule_violations(jobset: dict[str, Any]) -> list[str]:
+    """What JobSet's webhook (and the entry shim) need beyond the schema."""
+    problems = []
+    names = [r["name"] for r in jobset["spec"]["replicatedJobs"]]
+    for target in jobset["spec"].get("successPolicy", {}).get("targetReplicatedJobs", []):
+        if target not in names:
+            problems.append(f"successPolicy names {target!r}, not one of {names}")
+    for rjob in jobset["spec"]["replicatedJobs"]:
+        job = rjob["template"]["spec"]
+        if job.get("completionMode") != "Indexed":
+            problems.append(f"{rjob['name']}: not an Indexed Job (no JOB_COMPLETION_INDEX for the shim)")
+        host = f"{jobset['metadata']['name']}-{rjob['name']}-{rjob.get('replicas', 1) - 1}-{job['parallelism'] - 1}"
+        if len(host) > 63:
+            problems.append(f"{rjob['name']}: pod hostname {host!r} is longer than 63")
+    return problems
+
+
+def core_objects(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every core object of an export, the ones embedded in custom resources included: each
+    replicated job's Job template as a Job, each TFJob replica's pod template as a Pod."""
+    found = []
+    for doc in documents:
+        if doc["kind"] == "JobSet":
+            for rjob in doc["spec"]["replicatedJobs"]:
+                name = f"{doc['metadata']['name']}-{rjob['name']}-0"
+                found.append({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name}, "spec": rjob["template"]["spec"]})
+        elif doc["kind"] == "TFJob":
+            for kind, spec in doc["spec"]["tfReplicaSpecs"].items():
+                name = f"{doc['metadata']['name']}-{kind.lower()}-0"
+                found.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, **spec["template"].get("metadata", {})},
+                              "spec": spec["template"]["spec"]})
+        else:
+            found.append(doc)
+    return found
