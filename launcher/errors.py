@@ -26,3 +26,15 @@ class LaunchError(TflError):
 
 class RunNotFoundError(TflError):
     """``tfl status/logs/stop RUN`` named a run the store does not have."""
+
+
+class RunExistsError(TflError):
+    """A new run's directory exists already: run dirs are never shared."""
+
+
+class StateWriteError(TflError):
+    """A run's record could not be saved (disk full, permissions): the run cannot be recorded."""
+
+
+class UnreadableRunError(TflError):
+    """The run asked for (or the latest one) has a record this tfl cannot read, e.g. a newer tfl's."""

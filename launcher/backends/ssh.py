@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from launcher.backends.base import TaskProcess
+from launcher.files import open_private, write_atomic
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.remoteplan import SSHTarget
-from launcher.runstore import write_atomic
 from launcher.sshconn import (
     SSHError,
     agent_command,
@@ -161,7 +161,7 @@ class RemoteTask:
         self.exit_code: int | None = None
         self.started, self.closed = threading.Event(), threading.Event()
         self._send_lock = threading.Lock()
-        self._log = open(launch.log_path, "ab")
+        self._log = open_private(launch.log_path)
         if attempt:
             self._write(f"--- tfl: attempt {attempt} of {launch.name} at {time.strftime('%H:%M:%S')} ---\n".encode())
         threading.Thread(target=self._read, name=f"ssh-{launch.name}", daemon=True).start()
