@@ -186,6 +186,7 @@ def status(
     if watch and run is not None:
         from launcher.report import watch_run
 
+        _core(lambda: store.resolve(run))  # a run that is missing or unreadable: one line, not a traceback
         try:
             watch_run(lambda: run_view(store.resolve(run), measure=True), sys.stdout)
         except KeyboardInterrupt:

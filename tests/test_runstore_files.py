@@ -228,3 +228,11 @@ def test_stop_logs_status_say_so_instead_of_acting_on_an_older_run(tfl_home: Pat
     listed = json.loads(runner.invoke(app, ["status", "--json"]).stdout)
     assert [(r["run_id"], r["state"]) for r in listed] == [("old", "starting"), ("new", "unreadable")]
     assert "newer tfl" in listed[1]["reason"]
+
+
+def test_watch_of_an_unreadable_run_is_one_line(tfl_home: Path) -> None:
+    store = RunStore(tfl_home)
+    newer_record(store, "new", created=2.0)
+    result = runner.invoke(app, ["status", "new", "--watch"])
+    assert result.exit_code == 2 and isinstance(result.exception, (SystemExit, type(None))), result.exception
+    assert result.stderr.startswith("tfl: error: run 'new': ") and "was written by a newer tfl" in result.stderr
