@@ -206,7 +206,7 @@ def describe_error(exc: ValidationError) -> str:
     if kind == "extra_forbidden":
         return f"{loc}: unknown key; remove it or check its spelling (see `tfl schema` for the allowed keys)"
     if kind == "missing" and loc != "cluster":  # a nested key, e.g. devices.worker:0.gpus
-        return f"{loc}: required key is missing; add it (see `tfl schema`)"
+        return f"{loc}: required key is missing (see `tfl schema`); add it"
     if kind == "missing":
         return f"{loc}: required key is missing; add it (e.g. {{\"cluster\": {{\"chief\": [\"localhost:23456\"]}}}})"
     if kind in ("model_type", "dict_type") and not loc:
