@@ -131,7 +131,7 @@ HOST_FIX = " (write a name like gpu1.example.com, or an IP address: 10.0.0.1, ::
 
 def parse_port(text: str) -> int:
     """A port as written in an address: ASCII digits only, no leading zero, 1 to 65535."""
-    if not _PORT.fullmatch(text) or not 1 <= int(text) <= 65535:
+    if not _PORT.fullmatch(text) or len(text) > 5 or not 1 <= int(text) <= 65535:
         raise ValueError(f"port {shown(text)} must be a number from 1 to 65535 (ASCII digits, no sign or space)")
     if text[0] == "0":
         raise ValueError(f"port {shown(text)} has a leading zero; write {int(text)}")
