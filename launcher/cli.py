@@ -192,14 +192,17 @@ def status(
     if watch and run is not None:
         from launcher.report import watch_run
 
+        _core(lambda: store.resolve(run))  # a run that is missing or unreadable: one line, not a traceback
         try:
             watch_run(lambda: run_view(store.resolve(run), measure=True), sys.stdout)
         except KeyboardInterrupt:
             pass
         return
     if run is None:
-        views = [run_view(r) for r in store.list()]
-        typer.echo(json.dumps([v.to_dict() for v in views], indent=1) if as_json else runs_table(views))
+        records, unreadable = store.scan()
+        views = [run_view(r) for r in records]
+        rows = [v.to_dict() for v in views] + [u.to_dict() for u in unreadable]
+        typer.echo(json.dumps(rows, indent=1) if as_json else runs_table(views, unreadable))
         return
     view = run_view(_core(lambda: store.resolve(run)), measure=True)
     typer.echo(json.dumps(view.to_dict(), indent=1) if as_json else run_detail(view))

@@ -30,3 +30,15 @@ class RunNotFoundError(TflError):
 
 class ExportError(TflError):
     """`tfl export`: the chosen format cannot express the cluster, or an option is invalid."""
+
+
+class RunExistsError(TflError):
+    """A new run's directory exists already: run dirs are never shared."""
+
+
+class StateWriteError(TflError):
+    """A run's record could not be saved (disk full, permissions): the run cannot be recorded."""
+
+
+class UnreadableRunError(TflError):
+    """The run asked for (or the latest one) has a record this tfl cannot read, e.g. a newer tfl's."""

@@ -21,6 +21,7 @@ from launcher.backends.base import Backend
 from launcher.checks import host_tasks, raise_failures
 from launcher.contract import HOME
 from launcher.errors import LaunchError, UsageError
+from launcher.files import open_private, write_atomic
 from launcher.hosts import RemoteOptions
 from launcher.logstream import LogFollower, tail_lines
 from launcher.plan import LaunchPlan, build_plan, job_name
@@ -77,13 +78,13 @@ def preflight(plan: LaunchPlan) -> None:
 
 
 def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: TextIO | None, *,
-            colour: bool = False) -> RunRecord:
+            colour: bool = False, reserved: bool = False) -> RunRecord:
     """Start the plan and supervise it to the end, streaming every task's output to ``out``."""
     plan = prepared.plan
     record = initial_record(plan, created=time.time(), max_restarts=config.max_restarts, backend=prepared.backend.name)
     me = psutil.Process()
     record.launcher_pid, record.launcher_create_time = me.pid, me.create_time()
-    store.create(record)
+    store.create(record, reserved=reserved)
     supervisor = Supervisor(plan, record, store, config, backend=prepared.backend, wake=prepared.wake)
     follower = LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour).start() if out else None
     try:
@@ -101,10 +102,10 @@ def detach(plan: LaunchPlan, store: RunStore, config: SupervisorConfig, timeout:
     Returns once the run is recorded, so ``tfl status`` sees it at once.
     """
     run_dir = Path(plan.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    store.reserve(run_dir)  # 0700, never an existing dir; the launcher's store.create(reserved=True) fills it
     plan_file = run_dir / "plan.json"
-    plan_file.write_text(json.dumps(plan.to_dict()))
-    with open(run_dir / "launcher.log", "ab") as log:
+    write_atomic(plan_file, json.dumps(plan.to_dict()))  # 0600: it holds every task's env
+    with open_private(run_dir / "launcher.log") as log:
         child = subprocess.Popen(
             [sys.executable, "-m", "launcher", "_supervise", str(plan_file), json.dumps(asdict(config))],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -123,7 +124,7 @@ def detach(plan: LaunchPlan, store: RunStore, config: SupervisorConfig, timeout:
 def supervise_detached(plan_file: Path, config_json: str, store: RunStore) -> RunRecord:
     """The body of a detached launcher (``tfl _supervise``)."""
     plan = LaunchPlan.from_dict(json.loads(plan_file.read_text()))
-    return execute(prepare(plan), store, SupervisorConfig(**json.loads(config_json)), None)
+    return execute(prepare(plan), store, SupervisorConfig(**json.loads(config_json)), None, reserved=True)
 
 
 @contextmanager

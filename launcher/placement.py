@@ -108,7 +108,8 @@ def place_gpus(spec: GpuInputs) -> Placement:
     names = {str(t) for t in tasks}
     for key in spec.devices:
         if key not in names:
-            raise ValueError(f"devices.{key} names no task of the cluster (its tasks: {', '.join(sorted(names))})")
+            raise ValueError(f"devices.{key} names no task of the cluster (its tasks: {', '.join(sorted(names))}); "
+                             "use one of those or remove it")
     host_of = dict(spec.tasks)
     result: dict[TaskId, GpuAssignment] = {}
     ring = False

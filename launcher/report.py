@@ -6,7 +6,7 @@ import time
 from typing import Any, Callable, Sequence, TextIO
 
 from launcher.contract import ProgressRecord
-from launcher.runstore import FailureRecord, RunRecord
+from launcher.runstore import FailureRecord, RunRecord, UnreadableRun
 from launcher.states import RunState
 from launcher.status import RunView, TaskView
 
@@ -26,13 +26,20 @@ def duration(seconds: float | None) -> str | None:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
-def runs_table(views: Sequence[RunView]) -> str:
-    if not views:
+def runs_table(views: Sequence[RunView], unreadable: Sequence[UnreadableRun] = ()) -> str:
+    """Every run, oldest first; an unreadable record is a row too, its reason below the table."""
+    if not views and not unreadable:
         return "no runs yet (start one with `tfl launch JOB --local 2`)"
-    rows = [(v.run_id, v.job.rsplit("/", 1)[-1], v.state, f"{v.alive}/{v.total}",
-             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v.started)), duration(v.duration_s))
-            for v in views]
-    return table(("run", "job", "state", "alive", "started", "duration"), rows)
+    rows: list[tuple[float, tuple[str | None, ...]]] = [
+        (v.started, (v.run_id, v.job.rsplit("/", 1)[-1], v.state, f"{v.alive}/{v.total}", _when(v.started), duration(v.duration_s)))
+        for v in views]
+    rows += [(u.created, (u.run_id, None, "unreadable", None, _when(u.created), None)) for u in unreadable]
+    text = table(("run", "job", "state", "alive", "started", "duration"), [r for _, r in sorted(rows, key=lambda r: r[0])])
+    return "\n".join([text, *(f"{u.run_id}: unreadable: {u.reason}" for u in unreadable)])
+
+
+def _when(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
 
 
 def progress_text(data: dict[str, Any] | None, bar_width: int = 0) -> str | None:

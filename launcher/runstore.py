@@ -1,7 +1,13 @@
 """The run store: one directory per run holding ``state.json``, logs and progress.
 
-Only the run's supervisor writes its record, always atomically (temp file + ``os.replace``),
-so ``tfl status`` in another terminal never reads half a file.
+Only the run's supervisor writes its record, always atomically (temp file + ``os.replace``)
+and durably (fsync of the file and of the run dir), so ``tfl status`` in another terminal
+never reads half a file, and a crash leaves the last record whole. Run dirs are 0700 and
+their files 0600 (``launcher.files``); a run dir is made once, never reused.
+
+Records carry a ``version``. One from a newer tfl is never taken for absent: ``tfl status``
+lists it as unreadable with the reason, and ``tfl stop``/``tfl logs`` without RUN refuse to
+fall back on an older run when the latest one cannot be read.
 """
 
 from __future__ import annotations
@@ -10,7 +16,6 @@ import dataclasses
 import json
 import os
 import secrets
-import tempfile
 import time
 import types
 import typing
@@ -19,10 +24,12 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
-from launcher.errors import RunNotFoundError
+from launcher.errors import RunExistsError, RunNotFoundError, StateWriteError, UnreadableRunError
+from launcher.files import private_dir, write_atomic
 from launcher.states import RunState, TaskState
 
 STATE_FILE = "state.json"
+RECORD_VERSION = 1  # bump when a record changes so that an older tfl cannot read it right
 
 # Records are plain dataclasses read by a small strict loader, not pydantic models: `tfl status`
 # reads every run's record, and building pydantic's validators costs more than the command's
@@ -87,6 +94,7 @@ class RunRecord:
     message: str | None = None
     plan: dict[str, Any] = field(default_factory=dict)
     backend: str = "local"  # what ran the tasks: `tfl status`/`stop` ask the same backend
+    version: int = RECORD_VERSION
 
     def task(self, name: str) -> TaskRecord:
         return next(t for t in self.tasks if t.task == name)
@@ -96,8 +104,31 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, text: str) -> RunRecord:
-        """Raises ValueError for anything that is not a record of this version."""
-        return _load(cls, json.loads(text), "record")
+        """Raises ValueError for anything that is not a record of this version
+        (NewerRecordError for a newer tfl's)."""
+        data = json.loads(text)
+        version = data.get("version") if isinstance(data, dict) else None
+        if isinstance(version, int) and not isinstance(version, bool) and version > RECORD_VERSION:
+            raise NewerRecordError(f"written by a newer tfl (record version {version}; this tfl reads up to "
+                                   f"{RECORD_VERSION}): upgrade tfl to use it")
+        return _load(cls, data, "record")
+
+
+class NewerRecordError(ValueError):
+    """A record from a newer tfl: not damaged, just not ours to interpret."""
+
+
+@dataclass(frozen=True)
+class UnreadableRun:
+    """A run whose record cannot be read: listed, never silently skipped."""
+
+    run_id: str
+    path: str
+    reason: str
+    created: float  # the record's own, when that much can be read; else the file's mtime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "state": "unreadable", "reason": self.reason, "path": self.path, "started": self.created}
 
 
 _T = TypeVar("_T")
@@ -158,15 +189,7 @@ def default_home() -> Path:
     return Path(state) / "tfl"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+_Scan = tuple[list[RunRecord], list[UnreadableRun]]  # here: `list` in RunStore is its method
 
 
 class RunStore:
@@ -175,19 +198,46 @@ class RunStore:
         self.runs_dir = self.home / "runs"
 
     def new_run_id(self, job: str) -> str:
-        return f"{job}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        """48 random bits per second, and never the id of a run dir that exists (``create``
+        refuses the one that might appear in between: it never shares a dir)."""
+        while True:
+            run_id = f"{job}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(6)}"
+            if not os.path.lexists(self.run_dir(run_id)):
+                return run_id
 
     def run_dir(self, run_id: str) -> Path:
         return self.runs_dir / run_id
 
-    def create(self, record: RunRecord) -> None:
-        run_dir = Path(record.run_dir)
-        for sub in ("logs", "progress"):
-            (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    def reserve(self, run_dir: str | os.PathLike[str]) -> None:
+        """Make a new run's dir, 0700; refuse one that exists (another run's)."""
+        try:
+            private_dir(run_dir)
+        except FileExistsError:
+            raise RunExistsError(f"run dir {run_dir} exists already (another launch took the same run id); "
+                                 "launch again for a new id") from None
+        except OSError as exc:
+            raise StateWriteError(f"cannot create the run dir {run_dir}: {exc.strerror} "
+                                  f"(check that {self.home} is writable, or set TFL_HOME)") from None
+
+    def create(self, record: RunRecord, *, reserved: bool = False) -> None:
+        """Record a new run: its dir (unless ``reserve`` made it), logs/, progress/, state.json."""
+        if not reserved:
+            self.reserve(record.run_dir)
+        try:
+            for sub in ("logs", "progress"):
+                private_dir(Path(record.run_dir) / sub, exist_ok=True)
+        except OSError as exc:
+            raise StateWriteError(f"cannot create {record.run_dir}/{sub}: {exc.strerror}") from None
         self.save(record)
 
     def save(self, record: RunRecord) -> None:
-        write_atomic(Path(record.run_dir) / STATE_FILE, record.to_json())
+        """Write the record durably; StateWriteError (one line) when the disk refuses."""
+        path = Path(record.run_dir) / STATE_FILE
+        try:
+            write_atomic(path, record.to_json(), durable=True)
+        except OSError as exc:
+            raise StateWriteError(f"cannot save the state of run {record.run_id} to {path}: {exc.strerror or exc}; "
+                                  "its last saved record stays (free space on that disk or fix its permissions)") from None
 
     def load(self, run_id: str) -> RunRecord:
         path = self.run_dir(run_id) / STATE_FILE
@@ -195,23 +245,38 @@ class RunStore:
             return RunRecord.from_json(path.read_text())
         except FileNotFoundError:
             raise RunNotFoundError(f"run '{run_id}' not found in {self.runs_dir} (see `tfl status` for the runs)") from None
-        except ValueError:
-            raise RunNotFoundError(f"run '{run_id}': {path} is not a tfl run record (was it written by another version?)") from None
+        except NewerRecordError as exc:
+            raise UnreadableRunError(f"run '{run_id}': {path} was {exc}") from None
+        except (OSError, ValueError):
+            raise UnreadableRunError(f"run '{run_id}': {path} is not a tfl run record this tfl can read "
+                                     "(damaged, or written by another version)") from None
 
     def list(self) -> list[RunRecord]:
         """Every readable run, oldest first."""
-        records = []
+        return self.scan()[0]
+
+    def scan(self) -> _Scan:
+        """Every run: the readable records and the unreadable ones, each oldest first."""
+        records, unreadable = [], []
         for path in self.runs_dir.glob(f"*/{STATE_FILE}"):
             try:
-                records.append(RunRecord.from_json(path.read_text()))
-            except (OSError, ValueError):
-                continue  # a run being created or deleted right now
-        return sorted(records, key=lambda r: r.created)
+                text = path.read_text()
+                records.append(RunRecord.from_json(text))
+            except FileNotFoundError:
+                continue  # a run deleted right now
+            except (OSError, ValueError) as exc:
+                reason = f"{path.name} was {exc}" if isinstance(exc, NewerRecordError) else f"{path.name} cannot be read: {exc}"
+                unreadable.append(UnreadableRun(path.parent.name, str(path), reason, _created_of(path)))
+        return sorted(records, key=lambda r: r.created), sorted(unreadable, key=lambda u: u.created)
 
     def resolve(self, ref: str | None) -> RunRecord:
         """A run by id, unique id prefix, or the latest run when ``ref`` is None."""
         if ref is None:
-            runs = self.list()
+            runs, unreadable = self.scan()
+            if unreadable and (not runs or unreadable[-1].created >= runs[-1].created):
+                latest = unreadable[-1]
+                raise UnreadableRunError(f"the latest run, {latest.run_id}, is unreadable: {latest.reason}; "
+                                         "name a RUN to act on another one (see `tfl status`)")
             if not runs:
                 raise RunNotFoundError(f"no runs yet in {self.runs_dir} (start one with `tfl launch`)")
             return runs[-1]
@@ -223,3 +288,17 @@ class RunStore:
         if matches:
             raise RunNotFoundError(f"'{ref}' matches {len(matches)} runs ({', '.join(matches[:3])}, …); give more of the id")
         raise RunNotFoundError(f"run '{ref}' not found in {self.runs_dir} (see `tfl status` for the runs)")
+
+
+def _created_of(path: Path) -> float:
+    """When an unreadable run began: its record's ``created`` if that much parses, else the mtime."""
+    try:
+        created = json.loads(path.read_text()).get("created")
+        if isinstance(created, (int, float)) and not isinstance(created, bool):
+            return float(created)
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0

@@ -7,23 +7,36 @@ Pure data. ``load_cluster`` turns a JSON file into a ``ClusterSpec`` or raises
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 import socket
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from launcher.contract import RESERVED_PREFIX, TASK_TYPES
 from launcher.contract import TF_CONFIG as TF_CONFIG_VAR
 from launcher.errors import ClusterFileError
+from launcher.fields import (
+    HOST_FIX,
+    EnvName,
+    EnvValue,
+    HostName,
+    PathText,
+    UserName,
+    decode_json,
+    describe_error,
+    one_line,
+    parse_port,
+    shown,
+    valid_host,
+)
 from launcher.placement import GpuInputs, Placement, place_gpus
 from launcher.tasks import LOCAL_HOSTS, TaskId, task_ids
 
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+MAX_GPUS = 1024  # per host; a count beyond any machine is a typo (and a huge range to build)
+MAX_GPU_MEMORY_MB = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, order=True)
@@ -38,54 +51,69 @@ class Address:
     def is_local(self) -> bool:
         return self.host in LOCAL_HOSTS
 
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        """Equal for two addresses that reach the same socket: hostnames ignore case, IPs are
+        compared as numbers, and localhost, 127.0.0.1 and ::1 are all this machine."""
+        if self.is_local:
+            return ("localhost", self.port)
+        address, _, scope = self.host.partition("%")
+        try:
+            return (ipaddress.ip_address(address).compressed + (f"%{scope}" if scope else ""), self.port)
+        except ValueError:
+            return (self.host.lower(), self.port)
+
 
 def parse_address(text: str) -> Address:
     """``host:port`` or ``[v6]:port``; raises ValueError with the fix."""
     match = re.fullmatch(r"\[(?P<v6>[^\]]+)\]:(?P<p1>[^:]*)|(?P<host>[^:\[\]]*):(?P<p2>[^:]*)", text)
     if not match:
-        raise ValueError(f"'{text}' is not host:port (write e.g. 'localhost:23456', or '[::1]:23456' for IPv6)")
+        raise ValueError(f"{shown(text)} is not host:port (write e.g. 'localhost:23456', or '[::1]:23456' for IPv6)")
     host = match["v6"] or match["host"] or ""
-    port_text = match["p1"] if match["v6"] else match["p2"]
-    if not _valid_host(host, bool(match["v6"])):
-        raise ValueError(f"'{text}': '{host}' is not a valid hostname or IP address")
-    if not (port_text or "").isdigit() or not 1 <= int(port_text) <= 65535:
-        raise ValueError(f"'{text}': port '{port_text}' must be a number from 1 to 65535")
-    return Address(host, int(port_text))
-
-
-def _valid_host(host: str, bracketed: bool) -> bool:
+    if not valid_host(host, bracketed=bool(match["v6"])):
+        raise ValueError(f"{shown(text)}: {shown(host)} is not a valid hostname or IP address{HOST_FIX}")
     try:
-        ip = ipaddress.ip_address(host)
-        return bracketed == (ip.version == 6)
-    except ValueError:
-        return not bracketed and bool(_HOSTNAME.match(host))
+        port = parse_port(match["p1"] if match["v6"] else match["p2"])
+    except ValueError as exc:
+        raise ValueError(f"{shown(text)}: {exc}") from None
+    return Address(host, port)
+
+
+def _address(text: str) -> str:
+    parse_address(text)
+    return text
+
+
+AddressText = Annotated[str, AfterValidator(_address)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: JSON's true is not 1, "22" is not 22; what validates is what runs.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class SSHSettings(_Strict):
     """How to reach a remote host. Every field may be overridden per host."""
 
-    user: str | None = Field(None, description="login user (default: the local user / ssh config)")
+    user: UserName | None = Field(None, description="login user (default: the local user / ssh config)")
     port: int = Field(22, ge=1, le=65535, description="sshd port")
-    identity_file: str | None = Field(None, description="private key file")
-    connect_timeout: float = Field(10.0, gt=0, description="seconds to wait for the connection")
-    known_hosts: str | None = Field(None, description="known_hosts file (default: ~/.ssh/known_hosts)")
+    identity_file: PathText | None = Field(None, description="private key file")
+    connect_timeout: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False, description="seconds to wait for the connection")
+    known_hosts: PathText | None = Field(None, description="known_hosts file (default: ~/.ssh/known_hosts)")
 
 
 class HostSettings(_Strict):
     """Settings for every task on one host."""
 
-    python: str | None = Field(None, description="python executable for the tasks (default: the launcher's)")
-    workdir: str | None = Field(None, description="working directory of the tasks")
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment for this host's tasks")
+    python: PathText | None = Field(None, description="python executable for the tasks (default: the launcher's)")
+    workdir: PathText | None = Field(None, description="working directory of the tasks")
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, description="extra environment for this host's tasks")
     ssh: SSHSettings | None = Field(None, description="overrides of the top-level ssh settings")
     # GPUs (see launcher/placement.py for how they are split among the host's tasks).
     gpus: int | list[int] | None = Field(None, description="the host's GPUs: a count (2 = GPUs 0 and 1) or a list of indices")
     share_gpus: bool = Field(False, description="allow several tasks on one GPU (each gets memory growth or its memory limit)")
-    gpu_memory_limit_mb: int | None = Field(None, gt=0, description="each task's memory limit in MB on each GPU it sees")
+    gpu_memory_limit_mb: int | None = Field(None, gt=0, le=MAX_GPU_MEMORY_MB,
+                                            description="each task's memory limit in MB on each GPU it sees")
 
     @field_validator("gpus", mode="before")
     @classmethod
@@ -95,22 +123,23 @@ class HostSettings(_Strict):
 
 def check_gpus(value: object) -> object:
     """A GPU count or a list of distinct indices; JSON's true/1.5/"0" are refused, not coerced."""
-    def index(v: object) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-    if value is None or index(value):
+    def number(v: object, limit: int) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= limit
+    if value is None or number(value, MAX_GPUS):
         return value
-    if isinstance(value, list) and all(index(v) for v in value):
+    if isinstance(value, list) and all(number(v, MAX_GPUS - 1) for v in value):
         if len(set(value)) < len(value):
-            raise ValueError(f"{value} names a GPU twice; list each index once")
+            raise ValueError(f"{shown(str(value))[1:-1]} names a GPU twice; list each index once")
         return value
-    raise ValueError(f"{value!r} is not a GPU count or a list of GPU indices (write e.g. 2 or [0, 1])")
+    raise ValueError(f"{shown(repr(value))[1:-1]} is not a GPU count or a list of GPU indices (write e.g. 2 or [0, 1]); "
+                     f"at most {MAX_GPUS} GPUs per host")
 
 
 class TaskDevices(_Strict):
     """The devices of one task (``devices.<task>``)."""
 
     gpus: int | list[int] = Field(description="GPU indices on the task's host (e.g. [0]) or a count of them; 0 or [] = CPU only")
-    gpu_memory_limit_mb: int | None = Field(None, gt=0, description="this task's GPU memory limit in MB")
+    gpu_memory_limit_mb: int | None = Field(None, gt=0, le=MAX_GPU_MEMORY_MB, description="this task's GPU memory limit in MB")
 
     @field_validator("gpus", mode="before")
     @classmethod
@@ -121,16 +150,9 @@ class TaskDevices(_Strict):
 class Topology(_Strict):
     """Mirrors TF_CONFIG's ``cluster``: task type -> list of host:port."""
 
-    chief: list[str] = Field(default_factory=list, description="at most one host:port")
-    worker: list[str] = Field(default_factory=list, description="host:port of each worker")
-    evaluator: list[str] = Field(default_factory=list, description="at most one host:port (sidecar evaluator)")
-
-    @field_validator("chief", "worker", "evaluator")
-    @classmethod
-    def _addresses(cls, entries: list[str]) -> list[str]:
-        for entry in entries:
-            parse_address(entry)
-        return entries
+    chief: list[AddressText] = Field(default_factory=list, description="at most one host:port")
+    worker: list[AddressText] = Field(default_factory=list, description="host:port of each worker")
+    evaluator: list[AddressText] = Field(default_factory=list, description="at most one host:port (sidecar evaluator)")
 
     @field_validator("chief")
     @classmethod
@@ -150,11 +172,9 @@ class Topology(_Strict):
     def _consistent(self) -> Topology:
         if not self.chief and not self.worker:
             raise ValueError("no training task; add a 'chief' or at least one 'worker' (e.g. \"chief\": [\"localhost:23456\"])")
-        seen = Counter(parse_address(a) for a in self.chief + self.worker + self.evaluator)
-        duplicates = sorted(str(a) for a, n in seen.items() if n > 1)
-        if duplicates:
-            raise ValueError(f"{', '.join(duplicates)} is used by more than one task; give each task its own host:port")
-        kinds = {a.is_local for a in seen}
+        addresses = [parse_address(a) for a in self.chief + self.worker + self.evaluator]
+        _check_distinct(addresses)
+        kinds = {a.is_local for a in addresses}
         if len(kinds) > 1:
             raise ValueError(
                 "mixes local hosts (localhost/127.0.0.1/::1) with remote ones; remote tasks could not reach a "
@@ -202,12 +222,25 @@ class SharedStorage(_Strict):
         return self
 
 
+def _check_distinct(addresses: list[Address]) -> None:
+    by_endpoint: dict[tuple[str, int], list[Address]] = {}
+    for address in addresses:
+        by_endpoint.setdefault(address.endpoint, []).append(address)
+    for same in by_endpoint.values():
+        names = sorted({str(a) for a in same})
+        if len(same) > 1 and len(names) == 1:
+            raise ValueError(f"{names[0]} is used by more than one task; give each task its own host:port")
+        if len(same) > 1:
+            raise ValueError(f"{' and '.join(names)} are the same address (hostnames ignore case; localhost, 127.0.0.1 "
+                             "and ::1 are all this machine); give each task its own host:port")
+
+
 class ClusterSpec(_Strict):
     """A cluster description file."""
 
     cluster: Topology
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment for every task")
-    hosts: dict[str, HostSettings] = Field(default_factory=dict, description="per-host settings, keyed by host")
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, description="extra environment for every task")
+    hosts: dict[HostName, HostSettings] = Field(default_factory=dict, description="per-host settings, keyed by host")
     ssh: SSHSettings = Field(default_factory=SSHSettings, description="defaults for hosts reached over SSH")
     devices: dict[str, TaskDevices] = Field(default_factory=dict, description="per-task devices, keyed by task (e.g. \"worker:1\")")
     storage: SharedStorage | None = Field(None, description="shared storage for the run's model dir (path, k8s_claim)")
@@ -218,7 +251,8 @@ class ClusterSpec(_Strict):
         used = {a.host for t in TASK_TYPES for a in self.cluster.addresses(t)}
         unknown = sorted(set(self.hosts) - used)
         if unknown:
-            raise ValueError(f"hosts.{unknown[0]} names a host no task runs on (tasks run on: {', '.join(sorted(used))})")
+            raise ValueError(f"hosts.{unknown[0]} names a host no task runs on (tasks run on: {', '.join(sorted(used))}); "
+                             "fix its spelling or remove it")
         keys = [*self.env, *(k for h in self.hosts.values() for k in h.env)]
         reserved = sorted(k for k in keys if k == TF_CONFIG_VAR or k.startswith(RESERVED_PREFIX))
         if reserved:
@@ -245,40 +279,24 @@ class ClusterSpec(_Strict):
 def load_cluster(path: Path) -> ClusterSpec:
     name = str(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
-        raise ClusterFileError(f"{name}: no such file (pass a cluster description, "
-                               "e.g. --cluster cluster.example.json, or use --local N)") from None
+        raise ClusterFileError(one_line(f"{name}: no such file (pass a cluster description, "
+                                        "e.g. --cluster cluster.example.json, or use --local N)")) from None
     except OSError as exc:
-        raise ClusterFileError(f"{name}: cannot be read: {exc.strerror}") from None
+        raise ClusterFileError(one_line(f"{name}: cannot be read: {exc.strerror}")) from None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ClusterFileError(f"{name}: not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    return parse_cluster(data, name)
+        parsed = decode_json(data)
+    except ValueError as exc:
+        raise ClusterFileError(one_line(f"{name}: {exc}")) from None
+    return parse_cluster(parsed, name)
 
 
 def parse_cluster(data: Any, name: str = "cluster") -> ClusterSpec:
     try:
         return ClusterSpec.model_validate(data)
     except ValidationError as exc:
-        raise ClusterFileError(f"{name}: {describe_error(exc)}") from None
-
-
-def describe_error(exc: ValidationError) -> str:
-    """The first error of a ValidationError as one line: field path, problem, fix."""
-    err = exc.errors(include_url=False)[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    kind, msg = err["type"], err["msg"].removeprefix("Value error, ")
-    if kind == "extra_forbidden":
-        return f"{loc}: unknown key; remove it or check its spelling (see `tfl schema` for the allowed keys)"
-    if kind == "missing" and loc != "cluster":  # a nested key, e.g. devices.worker:0.gpus
-        return f"{loc}: required key is missing (see `tfl schema`)"
-    if kind == "missing":
-        return f"{loc}: required key is missing (e.g. {{\"cluster\": {{\"chief\": [\"localhost:23456\"]}}}})"
-    if kind == "model_type" and not loc:
-        return "the file must hold a JSON object with a 'cluster' key"
-    return f"{loc}: {msg}" if loc else msg
+        raise ClusterFileError(one_line(f"{name}: {describe_error(exc)}")) from None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from launcher.backends.base import Backend, TaskProcess
-from launcher.errors import LaunchError
+from launcher.errors import LaunchError, StateWriteError
 from launcher.logstream import tail_lines
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.runstore import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
@@ -83,6 +83,7 @@ class Supervisor:
         self._procs: dict[str, TaskProcess] = {}
         self._stop_requested = False
         self._force = False
+        self._save_error: StateWriteError | None = None
 
     # --- called from signal handlers / other threads ------------------------------------
     def notify(self) -> None:
@@ -106,6 +107,8 @@ class Supervisor:
             self._teardown(list(self._procs.values()), TaskState.STOPPED)
             self._backend.close()
             self._save()
+        if self._save_error is not None:
+            raise self._save_error  # the tasks are stopped; the last record saved stays as it was
         return self.record
 
     def _run_attempt(self) -> bool:
@@ -118,7 +121,10 @@ class Supervisor:
             if self._stop_requested:
                 self._set_state(RunState.STOPPING)
                 self._teardown(list(self._procs.values()), TaskState.STOPPED)
-                self._finish(RunState.STOPPED, 130, "stopped by the user")
+                if self._save_error is not None:
+                    self._finish(RunState.FAILED, 1, f"tasks stopped: {self._save_error}")
+                else:
+                    self._finish(RunState.STOPPED, 130, "stopped by the user")
                 return False
             self._reap()
             self._check_stalls()
@@ -266,4 +272,11 @@ class Supervisor:
         self._save()
 
     def _save(self) -> None:
-        self._store.save(self.record)
+        """A run that can no longer be recorded (disk full...) is stopped: nobody could see or
+        stop its tasks. Saving is still tried on the way down; ``run`` raises the first error."""
+        try:
+            self._store.save(self.record)
+        except StateWriteError as exc:
+            if self._save_error is None:
+                self._save_error = exc
+                self.request_stop()

@@ -86,3 +86,24 @@ def test_status_takes_one_run(tfl_home: Path) -> None:
     assert result.exit_code == 2 and "status takes one RUN, got 2: a b" in result.stderr
     assert "Usage: tfl status [OPTIONS] [RUN]" in runner.invoke(app, ["status", "--help"]).stdout
     assert runner.invoke(app, ["status", "--bogus"]).exit_code == 2
+
+
+def test_bad_cluster_files_get_one_line_never_a_traceback(tfl_home: Path, tmp_path: Path) -> None:
+    """Issue 13: a RecursionError and a UnicodeDecodeError escaped; an '=' in an env name passed
+    validate and the dry run, then crashed the launch."""
+    cases = {
+        "deep.json": (b'{"cluster": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", "nests objects/lists more than 64 levels deep"),
+        "latin1.json": (b'{"cluster": {"chief": ["h\xe9:1"]}}', "is not UTF-8 text (byte 0xe9 at offset 25); save it as UTF-8"),
+        "env.json": (json.dumps({"cluster": {"chief": ["localhost:5"]}, "env": {"A=B": "1"}}).encode(),
+                     "env: key 'A=B' is not an environment variable name"),
+    }
+    for name, (content, message) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        for args in (["validate", str(path)], ["launch", str(ROOT / "jobs" / "mnist.py"), "--cluster", str(path), "--dry-run"]):
+            result = runner.invoke(app, args)
+            assert result.exit_code == 2, (args, result.output[-300:])
+            lines = result.stderr.splitlines()
+            assert len(lines) == 1 and lines[0].startswith(f"tfl: error: {path}: ") and message in lines[0], lines
+            assert "Traceback" not in result.output
+    assert not tfl_home.exists()

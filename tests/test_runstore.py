@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import RunNotFoundError
+from launcher.errors import UnreadableRunError
 from launcher.runstore import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
 from launcher.states import RunState, TaskState
 
@@ -47,11 +47,14 @@ def test_refuses_what_is_not_a_record(tmp_path: Path, change: object, where: str
         RunRecord.from_json(json.dumps(data))
 
 
-def test_store_skips_or_names_unreadable_records(tmp_path: Path) -> None:
+def test_store_names_unreadable_records(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     store.create(record(store.run_dir("good")))
     (store.run_dir("bad")).mkdir(parents=True)
     (store.run_dir("bad") / "state.json").write_text('{"run_id": "bad"}')
-    assert [r.run_id for r in store.list()] == ["r"]  # the good one (its id is the record's); the bad one skipped
-    with pytest.raises(RunNotFoundError, match="is not a tfl run record"):
+    assert [r.run_id for r in store.list()] == ["r"]  # the good one (its id is the record's)
+    records, unreadable = store.scan()
+    assert [r.run_id for r in records] == ["r"] and [u.run_id for u in unreadable] == ["bad"]
+    assert "state.json cannot be read: record: " in unreadable[0].reason
+    with pytest.raises(UnreadableRunError, match="is not a tfl run record this tfl can read"):
         store.load("bad")

@@ -33,7 +33,7 @@ def test_example_file_is_valid() -> None:
     ({"cluster": {}}, "no training task"),
     ({"cluster": {"chief": ["a:1"], "worker": ["a:1"]}}, "c.json: cluster: a:1 is used by more than one task; give each task its own host:port"),
     ({"cluster": {"chief": ["localhost:1"], "worker": ["gpu1:1"]}}, "c.json: cluster: mixes local hosts (localhost/127.0.0.1/::1) with remote ones"),
-    ({"cluster": {"chief": ["a"]}}, "c.json: cluster.chief: 'a' is not host:port (write e.g. 'localhost:23456'"),
+    ({"cluster": {"chief": ["a"]}}, "c.json: cluster.chief[0]: 'a' is not host:port (write e.g. 'localhost:23456'"),
     ({"cluster": {"chief": ["a:0"]}}, "port '0' must be a number from 1 to 65535"),
     ({"cluster": {"chief": ["a:70000"]}}, "port '70000' must be a number from 1 to 65535"),
     ({"cluster": {"chief": ["a:x"]}}, "port 'x' must be a number from 1 to 65535"),
@@ -91,3 +91,76 @@ def test_local_cluster_uses_distinct_free_ports() -> None:
 def test_schema_describes_fields() -> None:
     schema = json.dumps(ClusterSpec.model_json_schema())
     assert "at most one host:port" in schema and "identity_file" in schema
+
+
+# --- issue 13: every field to one standard (each case was accepted, or a traceback, before) ---
+A = {"chief": ["gpu1:5"]}
+
+
+@pytest.mark.parametrize("data, expected", [
+    # env names: the POSIX form, so never '=', NUL or empty; values: no NUL, no lone surrogate
+    ({"cluster": A, "env": {"A=B": "x"}}, "c.json: env: key 'A=B' is not an environment variable name; use letters, digits and _"),
+    ({"cluster": A, "hosts": {"gpu1": {"env": {"A\x00": "x"}}}}, r"c.json: hosts.gpu1.env: key 'A\x00' is not an environment variable name"),
+    ({"cluster": A, "env": {"": "x"}}, "c.json: env: key '' is not an environment variable name"),
+    ({"cluster": A, "env": {"1X": "x"}}, "key '1X' is not an environment variable name"),
+    ({"cluster": A, "env": {"A": "x\x00y"}}, r"c.json: env.A: 'x\x00y' contains a NUL character; remove it"),
+    ({"cluster": A, "env": {"A": "\ud800"}}, r"c.json: env.A: '\ud800' contains a lone surrogate escape"),
+    ({"cluster": A, "env": {"A": "x" * 200_000}}, "c.json: env.A: is 200000 bytes; an environment value may have at most"),
+    # hosts and addresses: matched in full, no trailing newline; an all-numeric name is an IP
+    ({"cluster": {"chief": ["gpu1\n:2222"]}}, r"c.json: cluster.chief[0]: 'gpu1\n:2222': 'gpu1\n' is not a valid hostname or IP address (write"),
+    ({"cluster": {"chief": ["[fe80::1%\n]:2222"]}}, "is not a valid hostname or IP address"),
+    ({"cluster": {"chief": ["127.1:2222"]}}, "'127.1' is not a valid hostname or IP address"),
+    ({"cluster": A, "hosts": {"gpu1\n": {}}}, r"c.json: hosts: key 'gpu1\n' is not a valid hostname or IP address"),
+    # ports: ASCII digits, no sign, no space, no leading zero
+    ({"cluster": {"chief": ["gpu1:２２２２"]}}, "port '２２２２' must be a number from 1 to 65535 (ASCII digits, no sign or space)"),
+    ({"cluster": {"chief": ["gpu1:٢٢٢٢"]}}, "port '٢٢٢٢' must be a number from 1 to 65535"),
+    ({"cluster": {"chief": ["gpu1:+2222"]}}, "port '+2222' must be a number"),
+    ({"cluster": {"chief": ["gpu1: 2222"]}}, "port ' 2222' must be a number"),
+    ({"cluster": {"chief": ["gpu1:" + "9" * 5000]}}, "port '" + "9" * 60 + "…' must be a number from 1 to 65535"),
+    ({"cluster": {"chief": ["gpu1:02222"]}}, "c.json: cluster.chief[0]: 'gpu1:02222': port '02222' has a leading zero; write 2222"),
+    ({"cluster": A, "ssh": {"port": "22"}}, "c.json: ssh.port: expected a whole number, got text"),
+    ({"cluster": A, "ssh": {"port": True}}, "c.json: ssh.port: expected a whole number, got true"),
+    # one address written two ways
+    ({"cluster": {"chief": ["localhost:5"], "worker": ["127.0.0.1:5"]}}, "c.json: cluster: 127.0.0.1:5 and localhost:5 are the same address"),
+    ({"cluster": {"chief": ["[::1]:5"], "worker": ["localhost:6", "localhost:5"]}}, "[::1]:5 and localhost:5 are the same address"),
+    ({"cluster": {"chief": ["GPU1:5"], "worker": ["gpu1:5"]}}, "GPU1:5 and gpu1:5 are the same address"),
+    ({"cluster": {"chief": ["[fe80::1]:5"], "worker": ["[fe80:0::1]:5"]}}, "[fe80:0::1]:5 and [fe80::1]:5 are the same address"),
+    # paths: non-empty, no NUL, newline or other control character
+    ({"cluster": A, "hosts": {"gpu1": {"python": ""}}}, "c.json: hosts.gpu1.python: is empty; give a path (or leave the key out"),
+    ({"cluster": A, "hosts": {"gpu1": {"workdir": "/w\n"}}}, r"c.json: hosts.gpu1.workdir: '/w\n' contains a control character"),
+    ({"cluster": A, "ssh": {"identity_file": "k\x00"}}, r"c.json: ssh.identity_file: 'k\x00' contains a NUL character"),
+    ({"cluster": A, "hosts": {"gpu1": {"ssh": {"known_hosts": ""}}}}, "c.json: hosts.gpu1.ssh.known_hosts: is empty"),
+    # ssh settings
+    ({"cluster": A, "ssh": {"user": "-oProxyCommand=x"}}, "c.json: ssh.user: '-oProxyCommand=x' is not a user name; use letters"),
+    ({"cluster": A, "ssh": {"user": ""}}, "c.json: ssh.user: '' is not a user name"),
+    ({"cluster": A, "ssh": {"connect_timeout": 1e9}}, "c.json: ssh.connect_timeout: should be less than or equal to 3600, got 1000000000.0"),
+    # GPU settings
+    ({"cluster": A, "hosts": {"gpu1": {"gpus": 2000}}}, "c.json: hosts.gpu1.gpus: 2000 is not a GPU count or a list of GPU indices (write e.g. 2 or [0, 1]); at most 1024"),
+    ({"cluster": A, "hosts": {"gpu1": {"share_gpus": 1}}}, "c.json: hosts.gpu1.share_gpus: expected true or false, got a whole number"),
+    ({"cluster": A, "devices": {"chief:0": {"gpus": [0], "gpu_memory_limit_mb": 10**12}}}, "devices.chief:0.gpu_memory_limit_mb: should be less than or equal to"),
+])
+def test_every_field_to_one_standard(data: object, expected: str) -> None:
+    message = error_of(data)
+    assert expected in message
+    assert "\n" not in message and len(message) < 400
+
+
+@pytest.mark.parametrize("text, expected", [
+    (b'{"cluster": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "c.json: nests objects/lists more than 64 levels deep"),
+    (b'{"cluster": {"chief": ["h\xe9:1"]}}', "c.json: is not UTF-8 text (byte 0xe9 at offset 25); save it as UTF-8"),
+    (b'{"cluster": {"chief": ["a:1"]}, "cluster": {"chief": ["b:1"]}}', "c.json: the key 'cluster' appears twice in one object; keep one"),
+    (b'{"cluster": {"chief": ["a:1"]}, "ssh": {"connect_timeout": NaN}}', "c.json: not valid JSON: NaN is not a number"),
+    (b'{"cluster": {"chief": ["a:1"]}, "ssh": {"port": ' + b"9" * 5000 + b"}}", "c.json: not valid JSON for tfl: a number has thousands of digits"),
+])
+def test_file_level_errors_are_one_line(tmp_path: Path, text: bytes, expected: str) -> None:
+    path = tmp_path / "c.json"
+    path.write_bytes(text)
+    with pytest.raises(ClusterFileError) as info:
+        load_cluster(path)
+    assert str(info.value).startswith(f"{path}: {expected.removeprefix('c.json: ')}")
+
+
+def test_file_with_bom_and_nesting_within_strings_is_fine(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"cluster": {"chief": ["a:1"]}, "env": {"X": "[" * 500}}).encode())
+    assert load_cluster(path).env == {"X": "[" * 500}

@@ -17,6 +17,7 @@ from launcher import procs
 from launcher.backends.base import TaskLive, TaskProcess
 from launcher.checks import Check, HostTasks, diagnose, host_tasks, probe_request
 from launcher.errors import LaunchError
+from launcher.files import open_private
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.runstore import RunRecord
 from launcher.states import TaskState
@@ -67,7 +68,7 @@ class LocalBackend:
         env = {**os.environ, **launch.env, "TFL_ATTEMPT": str(attempt)}
         if launch.cwd and not os.path.isdir(launch.cwd):
             raise LaunchError(f"{launch.name}: working directory {launch.cwd} does not exist (fix hosts.{launch.host}.workdir)")
-        with open(launch.log_path, "ab") as log:
+        with open_private(launch.log_path) as log:
             if attempt:
                 log.write(f"--- tfl: attempt {attempt} of {launch.name} at {time.strftime('%H:%M:%S')} ---\n".encode())
                 log.flush()

@@ -28,10 +28,11 @@ from launcher.backends.ssh.connect import SSHError, connect, open_channel
 from launcher.backends.ssh.wire import agent_command, agent_input, agent_request, archives, converse, python_failure
 from launcher.checks import Check, HostTasks, diagnose, host_tasks, judge, probe_request
 from launcher.contract import ATTEMPT, PROGRESS_FILE
+from launcher.files import open_private, write_atomic
 from launcher.hosts import SSHTarget
 from launcher.parallel import first_error, parallel
 from launcher.plan import LaunchPlan, TaskLaunch
-from launcher.runstore import RunRecord, write_atomic
+from launcher.runstore import RunRecord
 
 if TYPE_CHECKING:
     from fabric import Connection
@@ -167,7 +168,7 @@ class RemoteTask:
         self.exit_code: int | None = None
         self.started, self.closed = threading.Event(), threading.Event()
         self._send_lock = threading.Lock()
-        self._log = open(launch.log_path, "ab")
+        self._log = open_private(launch.log_path)
         if attempt:
             self._write(f"--- tfl: attempt {attempt} of {launch.name} at {time.strftime('%H:%M:%S')} ---\n".encode())
         threading.Thread(target=self._read, name=f"ssh-{launch.name}", daemon=True).start()

@@ -1,0 +1,73 @@
+"""Private files: what tfl writes under a run dir is its owner's alone, whatever the umask.
+
+A run dir holds ``plan.json``, which has every task's environment (and so whatever secrets
+the cluster file's ``env`` carries), and the tasks' logs. Directories are made 0700 and
+files 0600 explicitly (``chmod`` after creation), because ``mkdir``/``open`` modes only
+ever lose bits to the umask: a umask of 000 must not widen them and one of 0200 must not
+leave tfl unable to write. Stdlib only: ``tfl status`` imports this.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def private_dir(path: str | os.PathLike[str], *, exist_ok: bool = False) -> None:
+    """Make ``path`` (and any missing parent) 0700. Raises FileExistsError when ``path``
+    exists and not ``exist_ok``: a run dir is never shared."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        private_dir(path.parent, exist_ok=True)
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        if not exist_ok or not path.is_dir():
+            raise
+        return
+    os.chmod(path, DIR_MODE)
+
+
+def open_private(path: str | os.PathLike[str]) -> BinaryIO:
+    """``path`` opened for appending (bytes), created 0600 if missing."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)
+        return os.fdopen(fd, "ab")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_atomic(path: str | os.PathLike[str], text: str, *, durable: bool = False) -> None:
+    """Replace ``path`` with ``text`` at once (temp file + ``os.replace``), 0600. ``durable``:
+    the data and the rename are on disk before this returns (fsync of the file, then of its
+    directory), so a crash or power loss leaves the old content or the new, never an empty file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, FILE_MODE)  # mkstemp asks for 0600, which a umask could still narrow
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if durable:
+        _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
