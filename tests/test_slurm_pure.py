@@ -35,16 +35,20 @@ from launcher.slurm.nodes import (
     SlurmNode,
     format_nodes,
     format_tasks_per_node,
+    host_port,
     nodes_in_order,
     parse_hostnames,
     parse_node_addrs,
     parse_nodes,
     parse_tasks_per_node,
     port_block,
+    rank_of_task,
+    slurm_cluster,
     slurm_tf_config,
     task_of_rank,
     training_addresses,
     training_layout,
+    training_slots,
 )
 from launcher.slurm.script import BatchJob, evaluator_srun, render_batch_script, sbatch_command, sbatch_header, training_srun
 from launcher.slurm.settings import SlurmSettings, is_slurm_description, parse_slurm_cluster
@@ -230,17 +234,19 @@ def test_layout_is_block_in_node_order() -> None:
 
 
 def test_task_of_rank() -> None:
-    assert [str(task_of_rank(r)) for r in range(3)] == ["chief:0", "worker:0", "worker:1"]
+    assert [task_of_rank(r) for r in range(3)] == [("chief", 0), ("worker", 0), ("worker", 1)]
+    assert [rank_of_task(*task_of_rank(r)) for r in range(5)] == list(range(5))
 
 
 def test_port_slots_count_tasks_per_address() -> None:
     a, b = SlurmNode("a", "10.0.0.1"), SlurmNode("b", "10.0.0.2")
     base = port_block(7)
-    assert [str(x) for x in training_addresses(7, [a, a, b, b])] == \
-        [f"10.0.0.1:{base}", f"10.0.0.1:{base + 1}", f"10.0.0.2:{base}", f"10.0.0.2:{base + 1}"]
+    assert training_slots([a, a, b, b]) == (0, 1, 0, 1)
+    assert training_addresses(7, [a, a, b, b]) == \
+        (f"10.0.0.1:{base}", f"10.0.0.1:{base + 1}", f"10.0.0.2:{base}", f"10.0.0.2:{base + 1}")
     # Two nodes behind one address (the test cluster: NodeAddr=127.0.0.1 for both).
     n1, n2 = SlurmNode("n1", "127.0.0.1"), SlurmNode("n2", "127.0.0.1")
-    assert [x.port for x in training_addresses(7, [n1, n2])] == [base, base + 1]
+    assert training_addresses(7, [n1, n2]) == (f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}")
     with pytest.raises(SlurmLayoutError, match="more than 31 training tasks on address 10.0.0.1"):
         training_addresses(7, [a] * 32)
 
@@ -248,38 +254,60 @@ def test_port_slots_count_tasks_per_address() -> None:
 def test_tf_config_chief_first_in_slurm_order_not_lexical() -> None:
     nodes = nodes_in_order(["node9", "node10"], {"node9": "10.0.0.9", "node10": "10.0.0.10"})
     base = port_block(42)
-    config = slurm_tf_config(42, nodes, (1, 1), TaskId("chief", 0))
-    assert config == {"cluster": {"chief": [f"10.0.0.9:{base}"], "worker": [f"10.0.0.10:{base}"]},
-                      "task": {"type": "chief", "index": 0}}
-    # The same shape as every other backend's TF_CONFIG.
-    topology = Topology(chief=[f"10.0.0.9:{base}"], worker=[f"10.0.0.10:{base}"])
-    assert slurm_tf_config(42, nodes, (1, 1), TaskId("worker", 0)) == tf_config(topology, TaskId("worker", 0))
+    assert slurm_tf_config(42, nodes, (1, 1), "chief", 0) == \
+        {"cluster": {"chief": [f"10.0.0.9:{base}"], "worker": [f"10.0.0.10:{base}"]}, "task": {"type": "chief", "index": 0}}
+
+
+LAYOUTS = [  # (NodeAddrs in Slurm's order, tasks per node)
+    (("10.0.0.1",), (1,)), (("10.0.0.1",), (3,)), (("10.0.0.1", "10.0.0.2"), (1, 1)),
+    (("10.0.0.9", "10.0.0.10", "10.0.0.11"), (2, 1, 3)), (("127.0.0.1", "127.0.0.1"), (2, 2)),
+    (("fd00::1", "fd00::2"), (1, 2)), (("gpu01.cluster", "gpu02.cluster"), (4, 4)),
+]
+
+
+@pytest.mark.parametrize(("addrs", "counts"), LAYOUTS)
+def test_tf_config_is_launcher_tfconfig_shape(addrs: tuple[str, ...], counts: tuple[int, ...]) -> None:
+    """Every task's TF_CONFIG equals what launcher.tfconfig.tf_config makes of the same cluster,
+    which launcher.spec.Topology accepts (one chief, no address twice)."""
+    nodes = tuple(SlurmNode(f"node{i}", a) for i, a in enumerate(addrs))
+    evaluator_node = nodes[-1]
+    topology = Topology.model_validate(slurm_cluster(1234, nodes, counts, evaluator_node))
+    tasks = [task_of_rank(r) for r in range(sum(counts))] + [("evaluator", 0)]
+    for task_type, index in tasks:
+        expected = tf_config(topology, TaskId(task_type, index))
+        assert slurm_tf_config(1234, nodes, counts, task_type, index, evaluator_node) == expected
 
 
 def test_tf_config_evaluator_sees_itself_training_does_not() -> None:
     nodes = (SlurmNode("n1", "127.0.0.1"), SlurmNode("n2", "127.0.0.1"))
     base = port_block(9)
-    evaluator = slurm_tf_config(9, nodes, (1, 1), TaskId("evaluator", 0), evaluator_node=nodes[0])
+    evaluator = slurm_tf_config(9, nodes, (1, 1), "evaluator", 0, evaluator_node=nodes[0])
     assert evaluator["cluster"] == {"chief": [f"127.0.0.1:{base}"], "worker": [f"127.0.0.1:{base + 1}"],
                                     "evaluator": [f"127.0.0.1:{base + 31}"]}
-    chief = slurm_tf_config(9, nodes, (1, 1), TaskId("chief", 0), evaluator_node=nodes[0])
+    chief = slurm_tf_config(9, nodes, (1, 1), "chief", 0, evaluator_node=nodes[0])
     assert "evaluator" not in chief["cluster"]
-    with pytest.raises(SlurmLayoutError, match="needs the node it runs on"):
-        slurm_tf_config(9, nodes, (1, 1), TaskId("evaluator", 0))
-    with pytest.raises(SlurmLayoutError, match="worker:5 is beyond the training step's 2 tasks"):
-        slurm_tf_config(9, nodes, (1, 1), TaskId("worker", 5))
+    single = slurm_tf_config(9, nodes[:1], (1,), "chief", 0)
+    assert single["cluster"] == {"chief": [f"127.0.0.1:{base}"]}  # no empty worker list
+
+
+@pytest.mark.parametrize(("task", "expected"), [
+    (("evaluator", 0), "its TF_CONFIG needs the node it runs on"),
+    (("worker", 5), "task worker:5 is beyond the training step's 2 tasks"),
+    (("chief", 1), "'chief:1' is not a task of a Slurm run"),
+    (("ps", 0), "'ps:0' is not a task of a Slurm run"),
+])
+def test_tf_config_refuses_tasks_the_job_does_not_have(task: tuple[str, int], expected: str) -> None:
+    nodes = (SlurmNode("n1", "127.0.0.1"), SlurmNode("n2", "127.0.0.1"))
+    with pytest.raises(SlurmLayoutError) as err:
+        slurm_tf_config(9, nodes, (1, 1), *task)
+    assert expected in str(err.value)
 
 
 def test_tf_config_ipv6_node_addr() -> None:
     nodes = (SlurmNode("a", "fd00::1"), SlurmNode("b", "fd00::2"))
-    config = slurm_tf_config(1, nodes, (1, 1), TaskId("chief", 0))
+    assert host_port("fd00::1", 5) == "[fd00::1]:5" and host_port("10.0.0.1", 5) == "10.0.0.1:5"
+    config = slurm_tf_config(1, nodes, (1, 1), "chief", 0)
     assert config["cluster"]["chief"] == [f"[fd00::1]:{port_block(1)}"]
-
-
-def test_mixed_local_and_remote_addresses_are_refused() -> None:
-    nodes = (SlurmNode("a", "127.0.0.1"), SlurmNode("b", "10.0.0.2"))
-    with pytest.raises(SlurmLayoutError, match="mixes local hosts"):
-        slurm_tf_config(1, nodes, (1, 1), TaskId("chief", 0))
 
 
 # --- the task driver's view of a step (pure: environ is passed in) ----------------------
@@ -292,7 +320,7 @@ def test_task_start_training_rank_on_its_node() -> None:
     start = task_start("training", "/jobs/mnist.py", ["--epochs", "2"],
                        {**STEP_ENV, "SLURM_PROCID": "1", "SLURMD_NODENAME": "n2", "TFL_ATTEMPT": "1"}, "/venv/bin/python")
     base = port_block(12)
-    assert start.task == TaskId("worker", 0) and start.node == "n2" and str(start.address) == f"127.0.0.1:{base + 1}"
+    assert (start.task, start.node, start.host, start.port) == ("worker:0", "n2", "127.0.0.1", base + 1)
     assert start.argv == ("/venv/bin/python", "-u", "/jobs/mnist.py", "--epochs", "2")
     assert json.loads(start.env["TF_CONFIG"]) == {"cluster": {"chief": [f"127.0.0.1:{base}"], "worker": [f"127.0.0.1:{base + 1}"]},
                                                   "task": {"type": "worker", "index": 0}}
@@ -303,7 +331,7 @@ def test_task_start_training_rank_on_its_node() -> None:
 
 def test_task_start_evaluator() -> None:
     start = task_start("evaluator", "/jobs/mnist.py", [], {**STEP_ENV, "SLURM_PROCID": "0", "SLURMD_NODENAME": "n2"}, "py")
-    assert start.task == TaskId("evaluator", 0) and start.address.port == port_block(12) + 31
+    assert (start.task, start.host, start.port) == ("evaluator:0", "127.0.0.1", port_block(12) + 31)
     assert json.loads(start.env["TF_CONFIG"])["task"] == {"type": "evaluator", "index": 0}
     assert start.env["TFL_ATTEMPT"] == "0" and start.log_path.endswith("/logs/evaluator-0.log")
 

@@ -1,4 +1,4 @@
-"""TF_CONFIG from a Slurm allocation. Pure functions, no I/O.
+"""TF_CONFIG from a Slurm allocation. Pure functions, no I/O, stdlib only (it runs in every task).
 
 Not TensorFlow's ``SlurmClusterResolver``, which sorts hosts lexically (``node10`` before
 ``node9``), addresses tasks by node name (names need not resolve) and uses one fixed port.
@@ -32,11 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from launcher.slurm.errors import SlurmLayoutError
-from launcher.spec import Address, Topology, describe_error
-from launcher.tfconfig import TaskId, tf_config
 
 PORT_FIRST = 10000
 PORT_END = 32768  # exclusive: Linux's default ephemeral port range starts here
@@ -49,6 +45,7 @@ MAX_TASKS_PER_ADDRESS = EVALUATOR_SLOT  # 31: slots 0..30 for training tasks
 NODES_ENV = "TFL_SLURM_NODES"  # the job's nodes in Slurm's order: "n1=10.0.0.1,n2=10.0.0.2"
 LAYOUT_ENV = "TFL_SLURM_TRAINING_LAYOUT"  # training tasks per node, in Slurm's form: "2(x3),1"
 
+TRAINING_TYPES = ("chief", "worker")  # launcher.spec's; not imported from there (see slurm_tf_config)
 _TASKS_PER_NODE = re.compile(r"(\d+)(?:\(x(\d+)\))?")
 
 
@@ -150,52 +147,70 @@ def training_layout(nodes: Sequence[SlurmNode], counts: Sequence[int]) -> tuple[
     return placed
 
 
-def task_of_rank(rank: int) -> TaskId:
+def task_of_rank(rank: int) -> tuple[str, int]:
     """Rank 0 is the chief, rank k the worker k-1."""
-    return TaskId("chief", 0) if rank == 0 else TaskId("worker", rank - 1)
+    return ("chief", 0) if rank == 0 else ("worker", rank - 1)
 
 
-def rank_of_task(task: TaskId) -> int:
-    return 0 if task.type == "chief" else task.index + 1
+def rank_of_task(task_type: str, index: int) -> int:
+    return 0 if task_type == "chief" else index + 1
 
 
-def training_addresses(job_id: int, placed: Sequence[SlurmNode]) -> tuple[Address, ...]:
-    """Each training rank's host:port: its node's NodeAddr, a port slot per address."""
+def host_port(host: str, port: int) -> str:
+    """``host:port``, IPv6 hosts in brackets (as launcher.spec.Address prints them)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def training_slots(placed: Sequence[SlurmNode]) -> tuple[int, ...]:
+    """Each training rank's port slot: how many earlier ranks share its address."""
     used: dict[str, int] = {}
-    addresses = []
+    slots = []
     for node in placed:
         slot = used.get(node.addr, 0)
         if slot >= MAX_TASKS_PER_ADDRESS:
             raise SlurmLayoutError(f"more than {MAX_TASKS_PER_ADDRESS} training tasks on address {node.addr} "
                                    f"(node {node.name}); use fewer tasks per node")
         used[node.addr] = slot + 1
-        addresses.append(Address(node.addr, slot_port(job_id, slot)))
-    return tuple(addresses)
+        slots.append(slot)
+    return tuple(slots)
 
 
-def evaluator_address(job_id: int, node: SlurmNode) -> Address:
-    return Address(node.addr, slot_port(job_id, EVALUATOR_SLOT))
+def training_addresses(job_id: int, placed: Sequence[SlurmNode]) -> tuple[str, ...]:
+    """Each training rank's host:port: its node's NodeAddr, a port slot per address."""
+    return tuple(host_port(n.addr, slot_port(job_id, slot)) for n, slot in zip(placed, training_slots(placed), strict=True))
 
 
-def slurm_topology(job_id: int, nodes: Sequence[SlurmNode], counts: Sequence[int],
-                   evaluator_node: SlurmNode | None = None) -> Topology:
-    """The cluster of the job's tasks: chief, workers, and the evaluator if its node is given."""
-    addresses = [str(a) for a in training_addresses(job_id, training_layout(nodes, counts))]
-    cluster = {"chief": addresses[:1], "worker": addresses[1:]}
+def evaluator_address(job_id: int, node: SlurmNode) -> str:
+    return host_port(node.addr, slot_port(job_id, EVALUATOR_SLOT))
+
+
+def slurm_cluster(job_id: int, nodes: Sequence[SlurmNode], counts: Sequence[int],
+                  evaluator_node: SlurmNode | None = None) -> dict[str, list[str]]:
+    """TF_CONFIG's ``cluster`` for the job: chief, workers, and the evaluator if its node is given.
+
+    Task types without tasks are left out, as launcher.tfconfig.tf_config leaves them out.
+    """
+    addresses = training_addresses(job_id, training_layout(nodes, counts))
+    cluster = {"chief": list(addresses[:1]), "worker": list(addresses[1:])}
     if evaluator_node is not None:
-        cluster["evaluator"] = [str(evaluator_address(job_id, evaluator_node))]
-    try:
-        return Topology.model_validate(cluster)
-    except ValidationError as exc:
-        raise SlurmLayoutError(f"the job's node addresses make no valid cluster: {describe_error(exc)}") from None
+        cluster["evaluator"] = [evaluator_address(job_id, evaluator_node)]
+    return {kind: tasks for kind, tasks in cluster.items() if tasks}
 
 
-def slurm_tf_config(job_id: int, nodes: Sequence[SlurmNode], counts: Sequence[int], task: TaskId,
+def slurm_tf_config(job_id: int, nodes: Sequence[SlurmNode], counts: Sequence[int], task_type: str, index: int,
                     evaluator_node: SlurmNode | None = None) -> dict[str, Any]:
-    """The TF_CONFIG of one task, the same shape as for every other backend."""
-    if task.type == "evaluator" and evaluator_node is None:
-        raise SlurmLayoutError("the evaluator's TF_CONFIG needs the node it runs on")
-    topology = slurm_topology(job_id, nodes, counts, evaluator_node if task.type == "evaluator" else None)
-    if task.is_training and rank_of_task(task) >= len(topology.chief) + len(topology.worker):
-        raise SlurmLayoutError(f"task {task} is beyond the training step's {sum(counts)} tasks")
-    return tf_config(topology, task)
+    """The TF_CONFIG of one task: the shape of launcher.tfconfig.tf_config (a test holds them equal).
+
+    Training tasks see only the training cluster; the evaluator sees it and itself. Not a
+    call to tf_config: that needs launcher.spec, whose pydantic import would cost every
+    task's start 0.4-0.9 s on the test machine; this module is stdlib only.
+    """
+    if task_type == "evaluator":
+        if evaluator_node is None or index != 0:
+            raise SlurmLayoutError("the evaluator is evaluator:0, and its TF_CONFIG needs the node it runs on")
+        return {"cluster": slurm_cluster(job_id, nodes, counts, evaluator_node), "task": {"type": task_type, "index": 0}}
+    if task_type not in TRAINING_TYPES or (task_type == "chief" and index != 0):
+        raise SlurmLayoutError(f"'{task_type}:{index}' is not a task of a Slurm run (chief:0, worker:N or evaluator:0)")
+    if rank_of_task(task_type, index) >= sum(counts):
+        raise SlurmLayoutError(f"task {task_type}:{index} is beyond the training step's {sum(counts)} tasks")
+    return {"cluster": slurm_cluster(job_id, nodes, counts), "task": {"type": task_type, "index": index}}

@@ -24,23 +24,23 @@ from pathlib import Path
 from launcher.errors import TflError
 from launcher.slurm.errors import SlurmError, SlurmLayoutError
 from launcher.slurm.nodes import (
+    EVALUATOR_SLOT,
     LAYOUT_ENV,
     NODES_ENV,
-    evaluator_address,
     format_nodes,
+    host_port,
     nodes_in_order,
     parse_hostnames,
     parse_node_addrs,
     parse_nodes,
     parse_tasks_per_node,
     rank_of_task,
+    slot_port,
     slurm_tf_config,
     task_of_rank,
-    training_addresses,
     training_layout,
+    training_slots,
 )
-from launcher.spec import Address
-from launcher.tfconfig import TaskId
 
 ROLES = ("training", "evaluator")
 
@@ -49,9 +49,10 @@ ROLES = ("training", "evaluator")
 class TaskStart:
     """What one task runs: the job's argv, its environment, its log and its address."""
 
-    task: TaskId
+    task: str  # chief:0, worker:N, evaluator:0
     node: str
-    address: Address
+    host: str  # the task's TF_CONFIG address: its node's NodeAddr ...
+    port: int  # ... and its port (see nodes.py)
     argv: tuple[str, ...]
     env: dict[str, str]
     log_path: str
@@ -83,22 +84,22 @@ def task_start(role: str, job: str, job_args: Sequence[str], environ: Mapping[st
     if here is None:
         raise SlurmLayoutError(f"this task runs on {node_name}, which is not among the job's nodes ({format_nodes(nodes)})")
     if role == "training":
-        task = task_of_rank(_number(environ, "SLURM_PROCID"))
+        task_type, index = task_of_rank(_number(environ, "SLURM_PROCID"))
         placed = training_layout(nodes, counts)
-        rank = rank_of_task(task)
+        rank = rank_of_task(task_type, index)
         if rank >= len(placed) or placed[rank] != here:
             expected = placed[rank].name if rank < len(placed) else "no node"
             raise SlurmLayoutError(f"training rank {rank} runs on {node_name} but belongs on {expected}; "
                                    "start the training step with --distribution=block over every node of the job")
-        address = training_addresses(job_id, placed)[rank]
+        port = slot_port(job_id, training_slots(placed)[rank])
     else:
-        task, address = TaskId("evaluator", 0), evaluator_address(job_id, here)
-    config = slurm_tf_config(job_id, nodes, counts, task, evaluator_node=here)
+        task_type, index, port = "evaluator", 0, slot_port(job_id, EVALUATOR_SLOT)
+    config = slurm_tf_config(job_id, nodes, counts, task_type, index, evaluator_node=here)
     run_dir = _need(environ, "TFL_RUN_DIR")
-    slug = f"{task.type}-{task.index}"
-    env = {**environ, "TF_CONFIG": json.dumps(config, separators=(",", ":")), "TFL_TASK": str(task),
+    task, slug = f"{task_type}:{index}", f"{task_type}-{index}"
+    env = {**environ, "TF_CONFIG": json.dumps(config, separators=(",", ":")), "TFL_TASK": task,
            "TFL_PROGRESS_FILE": f"{run_dir}/progress/{slug}.json", "TFL_ATTEMPT": environ.get("TFL_ATTEMPT", "0")}
-    return TaskStart(task, node_name, address, (python, "-u", job, *job_args), env, f"{run_dir}/logs/{slug}.log")
+    return TaskStart(task, node_name, here.addr, port, (python, "-u", job, *job_args), env, f"{run_dir}/logs/{slug}.log")
 
 
 def resolve_nodes(environ: Mapping[str, str]) -> str:
@@ -121,12 +122,12 @@ def _scontrol(args: list[str]) -> str:
 
 
 def _check_port_free(start: TaskStart) -> None:
-    with socket.socket(socket.AF_INET6 if ":" in start.address.host else socket.AF_INET) as sock:
+    with socket.socket(socket.AF_INET6 if ":" in start.host else socket.AF_INET) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((start.address.host, start.address.port))
+            sock.bind((start.host, start.port))
         except OSError as exc:
-            raise SlurmError(f"{start.task} on {start.node}: port {start.address} is taken ({exc.strerror}); another "
+            raise SlurmError(f"{start.task} on {start.node}: port {host_port(start.host, start.port)} is taken ({exc.strerror}); another "
                              "job on this node may use it (ports follow the job id, see launcher/slurm/nodes.py)") from None
 
 
