@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,7 @@ from launcher.slurm.nodes import (
 )
 from launcher.slurm.script import BatchJob, evaluator_srun, render_batch_script, sbatch_command, sbatch_header, training_srun
 from launcher.slurm.settings import SlurmSettings, is_slurm_description, parse_slurm_cluster
+from launcher.slurm.task import main as task_main
 from launcher.slurm.task import task_start
 from launcher.spec import Topology
 from launcher.tfconfig import TaskId, tf_config
@@ -354,6 +357,44 @@ def test_task_start_refuses_a_wrong_step(change: dict[str, str], expected: str) 
 def test_task_start_unknown_role() -> None:
     with pytest.raises(SlurmError, match="unknown role 'chief'"):
         task_start("chief", "/j.py", [], STEP_ENV, "py")
+
+
+def test_driver_outside_a_step_says_so_in_one_line() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "TFL_"))}
+    done = subprocess.run([sys.executable, "-m", "launcher.slurm.task", "training", "/j.py"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == "tfl: error: SLURM_JOB_ID is not set; `python -m launcher.slurm.task` runs inside a step of tfl's batch script\n"
+    done = subprocess.run([sys.executable, "-m", "launcher.slurm.task"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.startswith("tfl: error: usage: python -m launcher.slurm.task {nodes |")
+
+
+def _listen_on_a_chief_port() -> tuple[socket.socket, int]:
+    """A listening socket on the chief port of some job id (the first whose port is free here)."""
+    for job_id in range(1, PORT_BLOCKS):
+        sock = socket.socket()
+        try:
+            sock.bind(("127.0.0.1", port_block(job_id)))
+        except OSError:
+            sock.close()
+            continue
+        sock.listen()
+        return sock, job_id
+    raise AssertionError("no free port in 10000..32767")
+
+
+def test_driver_refuses_a_taken_port(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def no_exec(start: object) -> None:
+        raise AssertionError(f"the driver went on to exec the job: {start}")
+    monkeypatch.setattr("launcher.slurm.task._exec", no_exec)
+    busy, job_id = _listen_on_a_chief_port()
+    with busy:
+        for key, value in {**STEP_ENV, "SLURM_JOB_ID": str(job_id), "SLURM_PROCID": "0", "SLURMD_NODENAME": "n1"}.items():
+            monkeypatch.setenv(key, value)
+        assert task_main(["training", "/j.py"]) == 2  # before any exec
+    assert capsys.readouterr().err == (
+        f"tfl: error: chief:0 on n1: port 127.0.0.1:{port_block(job_id)} is taken (Address already in use); "
+        "another job on this node may use it (ports follow the job id, see launcher/slurm/nodes.py)\n")
 
 
 # --- the batch script and the srun lines ------------------------------------------------
