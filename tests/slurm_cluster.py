@@ -33,8 +33,9 @@ What works here, and what does not (Slurm 22.05.8 in this container, found by tr
   without it a step takes every CPU of the allocation on its nodes and the other waits.
 - Allocations are packed: ``sbatch -N 2 -n 5`` on two 4-CPU nodes gets 4 CPUs on n1 and 1
   on n2, with or without ``--spread-job`` or ``-m plane=2``; only ``--ntasks-per-node``
-  gives each node its share. Heterogeneous jobs (``#SBATCH hetjob``) stay PENDING
-  (Resources) here: only the backfill scheduler starts them, and it never did.
+  gives each node its share. A heterogeneous job (``#SBATCH hetjob``, 2 nodes + 1 task)
+  stayed PENDING (Resources) for the 40 s we waited: only the backfill scheduler
+  (bf_interval 30 s) starts those; not pursued.
 - Pending reasons: a job needing both nodes while another holds n1 whole
   (``sbatch -N1 -w n1 --exclusive``) is PENDING with Reason=Resources, every time, once
   the scheduler has looked at it (until then Reason=None). A job asking for more nodes

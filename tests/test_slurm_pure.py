@@ -38,6 +38,7 @@ from launcher.slurm.nodes import (
     format_nodes,
     format_tasks_per_node,
     host_port,
+    job_cluster,
     nodes_in_order,
     parse_hostnames,
     parse_node_addrs,
@@ -45,7 +46,6 @@ from launcher.slurm.nodes import (
     parse_tasks_per_node,
     port_block,
     rank_of_task,
-    slurm_cluster,
     slurm_tf_config,
     task_of_rank,
     training_addresses,
@@ -274,7 +274,7 @@ def test_tf_config_is_launcher_tfconfig_shape(addrs: tuple[str, ...], counts: tu
     which launcher.spec.Topology accepts (one chief, no address twice)."""
     nodes = tuple(SlurmNode(f"node{i}", a) for i, a in enumerate(addrs))
     evaluator_node = nodes[-1]
-    topology = Topology.model_validate(slurm_cluster(1234, nodes, counts, evaluator_node))
+    topology = Topology.model_validate(job_cluster(1234, nodes, counts, evaluator_node))
     tasks = [task_of_rank(r) for r in range(sum(counts))] + [("evaluator", 0)]
     for task_type, index in tasks:
         expected = tf_config(topology, TaskId(task_type, index))

@@ -184,7 +184,7 @@ def evaluator_address(job_id: int, node: SlurmNode) -> str:
     return host_port(node.addr, slot_port(job_id, EVALUATOR_SLOT))
 
 
-def slurm_cluster(job_id: int, nodes: Sequence[SlurmNode], counts: Sequence[int],
+def job_cluster(job_id: int, nodes: Sequence[SlurmNode], counts: Sequence[int],
                   evaluator_node: SlurmNode | None = None) -> dict[str, list[str]]:
     """TF_CONFIG's ``cluster`` for the job: chief, workers, and the evaluator if its node is given.
 
@@ -208,9 +208,9 @@ def slurm_tf_config(job_id: int, nodes: Sequence[SlurmNode], counts: Sequence[in
     if task_type == "evaluator":
         if evaluator_node is None or index != 0:
             raise SlurmLayoutError("the evaluator is evaluator:0, and its TF_CONFIG needs the node it runs on")
-        return {"cluster": slurm_cluster(job_id, nodes, counts, evaluator_node), "task": {"type": task_type, "index": 0}}
+        return {"cluster": job_cluster(job_id, nodes, counts, evaluator_node), "task": {"type": task_type, "index": 0}}
     if task_type not in TRAINING_TYPES or (task_type == "chief" and index != 0):
         raise SlurmLayoutError(f"'{task_type}:{index}' is not a task of a Slurm run (chief:0, worker:N or evaluator:0)")
     if rank_of_task(task_type, index) >= sum(counts):
         raise SlurmLayoutError(f"task {task_type}:{index} is beyond the training step's {sum(counts)} tasks")
-    return {"cluster": slurm_cluster(job_id, nodes, counts), "task": {"type": task_type, "index": index}}
+    return {"cluster": job_cluster(job_id, nodes, counts), "task": {"type": task_type, "index": index}}

@@ -16,11 +16,11 @@ execs the job:
 
 The allocation asks for ``--ntasks-per-node=T``, or ``T+1`` with an evaluator: Slurm packs
 ``--ntasks=N*T+1`` onto as few nodes' CPUs as it can (4+1 on two nodes, not 2+2 and 1 more,
-so the training step would not fit), and a heterogeneous job (``#SBATCH hetjob``) is
-started only by the backfill scheduler (it never started on the test cluster). So the
-evaluator's one task costs a spare task slot (with its CPUs and GPUs) on every node but
-the one it lands on. ``--exact`` lets the two steps
-run side by side; without it a step takes every CPU of the allocation on its nodes.
+so the training step would not fit), and a heterogeneous job (``#SBATCH hetjob``) stayed
+PENDING (Resources) on the test cluster for the 40 s we waited (only the backfill scheduler
+starts those). So the evaluator's one task costs a spare task slot (with its CPUs and GPUs)
+on every node but the one it lands on. ``--exact`` lets the two steps run side by side;
+without it a step takes every CPU of the allocation on its nodes.
 """
 
 from __future__ import annotations
