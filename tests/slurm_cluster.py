@@ -26,6 +26,12 @@ What works here, and what does not (Slurm 22.05.8 in this container, found by tr
   and srun (the second) bind to 127.0.0.1, what this host's name resolves to, instead of
   0.0.0.0. Without them every daemon port is open on all interfaces, which with auth/none
   means anyone who can reach the machine may run jobs as the test user.
+- GPUs: ``GresTypes=gpu``, ``Gres=gpu:2`` per node and a gres.conf whose ``File`` entries
+  are character devices made with mknod (copies of /dev/null; a plain file is refused:
+  "is not a valid character or block device"). Then ``srun --gpus-per-task=1`` with two
+  tasks per node gives them CUDA_VISIBLE_DEVICES=0 and =1 (and SLURM_STEP_GPUS alike):
+  --gpus-per-task binds one GPU per task; with TaskPlugin=task/none nothing renumbers
+  them. Without root (no mknod) the cluster has no GPUs and GPU tests skip.
 - slurmd logs "mpi/pmix: can not load PMIx library" errors at start: harmless, no MPI used.
 - ``sbatch --parsable`` prints the bare job id. ``salloc -N 2 --ntasks-per-node 1 CMD``
   works without a terminal and exits with CMD's status.
@@ -69,6 +75,7 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -83,6 +90,7 @@ DAEMONS = ("slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "salloc", "squeue", "scontrol", "scancel", "sinfo")
 NODES = ("n1", "n2")
 CPUS_PER_NODE = 4
+GPUS_PER_NODE = 2  # fake ones (see fake_gpus); 0 when they cannot be made
 PARTITION = "debug"
 
 
@@ -98,6 +106,7 @@ class SlurmCluster:
     nodes: tuple[str, ...] = NODES
     partition: str = PARTITION
     cpus_per_node: int = CPUS_PER_NODE
+    gpus_per_node: int = 0
 
     def run(self, *argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """A Slurm command against this cluster; ``check`` fails with its output."""
@@ -195,13 +204,35 @@ def _free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def slurm_conf(directory: Path, host: str, user: str, ctld_port: int, node_ports: dict[str, int]) -> str:
+def fake_gpus(directory: Path) -> str:
+    """gres.conf lines for GPUS_PER_NODE fake GPUs per node, or '' where devices cannot be made.
+
+    slurmd wants each GPU ``File`` to be a character device; copies of /dev/null (1, 3) made
+    with mknod (root only) do. Slurm then hands out and binds them as real GPUs would be.
+    """
+    dev = directory / "dev"
+    dev.mkdir(mode=0o700, exist_ok=True)
+    lines = []
+    for n, node in enumerate(NODES):
+        first = n * GPUS_PER_NODE
+        try:
+            for i in range(first, first + GPUS_PER_NODE):
+                os.mknod(dev / f"fakegpu{i}", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        except PermissionError:
+            return ""
+        lines.append(f"NodeName={node} Name=gpu File={dev}/fakegpu[{first}-{first + GPUS_PER_NODE - 1}]")
+    return "\n".join(lines) + "\n"
+
+
+def slurm_conf(directory: Path, host: str, user: str, ctld_port: int, node_ports: dict[str, int], gpus: bool) -> str:
     """The slurm.conf of the test cluster (see the module docstring for why each line)."""
     d = directory
-    nodes = [f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={p} CPUs={CPUS_PER_NODE} "
+    gres = f"Gres=gpu:{GPUS_PER_NODE} " if gpus else ""
+    nodes = [f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={p} CPUs={CPUS_PER_NODE} {gres}"
              "RealMemory=1000 State=UNKNOWN" for n, p in node_ports.items()]
     return "\n".join([
         "ClusterName=tfltest",
+        *(["GresTypes=gpu"] if gpus else []),
         f"SlurmctldHost={host}(127.0.0.1)",
         f"SlurmctldPort={ctld_port}",
         f"SlurmUser={user}",
@@ -242,9 +273,11 @@ def start_cluster(directory: Path) -> SlurmCluster:
     ctld_port, *ports = _free_ports(1 + len(NODES))
     conf = directory / "slurm.conf"
     node_ports = dict(zip(NODES, ports, strict=True))
-    conf.write_text(slurm_conf(directory, host, pwd.getpwuid(os.getuid()).pw_name, ctld_port, node_ports))
+    gres = fake_gpus(directory)
+    (directory / "gres.conf").write_text(gres)
+    conf.write_text(slurm_conf(directory, host, pwd.getpwuid(os.getuid()).pw_name, ctld_port, node_ports, bool(gres)))
     env = {**os.environ, "SLURM_CONF": str(conf)}
-    cluster = SlurmCluster(directory, conf, env, host, ctld_port, node_ports)
+    cluster = SlurmCluster(directory, conf, env, host, ctld_port, node_ports, gpus_per_node=GPUS_PER_NODE if gres else 0)
     try:
         cluster.procs["slurmctld"] = _daemon(cluster, "slurmctld", [str(SBIN / "slurmctld"), "-D"])
         for node in NODES:

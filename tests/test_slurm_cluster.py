@@ -125,7 +125,8 @@ FAKE_JOB = """\
 import json, os, signal, sys, time
 task, attempt, run_dir = os.environ["TFL_TASK"], os.environ["TFL_ATTEMPT"], os.environ["TFL_RUN_DIR"]
 print(json.dumps({"task": task, "node": os.environ["SLURMD_NODENAME"], "attempt": attempt, "args": sys.argv[1:],
-                  "tf_config": json.loads(os.environ["TF_CONFIG"]), "note": os.environ.get("NOTE")}), flush=True)
+                  "tf_config": json.loads(os.environ["TF_CONFIG"]), "note": os.environ.get("NOTE"),
+                  "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}), flush=True)
 
 
 def wait_for_log(slug, text):
@@ -148,12 +149,13 @@ if sys.argv[2] == "with-evaluator" and task == "chief:0":
 """
 
 
-def submit_tfl_script(cluster: SlurmCluster, tmp_path: Path, mode: str, evaluator: bool, restarts: int) -> tuple[str, Path]:
+def submit_tfl_script(cluster: SlurmCluster, tmp_path: Path, mode: str, evaluator: bool, restarts: int,
+                      **slurm: int) -> tuple[str, Path]:
     run_dir = tmp_path / "run"
     (run_dir / "logs").mkdir(parents=True)
     job = tmp_path / "fake_job.py"
     job.write_text(FAKE_JOB)
-    settings = SlurmSettings(nodes=2, tasks_per_node=1, evaluator=evaluator)
+    settings = SlurmSettings.model_validate({"nodes": 2, "tasks_per_node": 1, "evaluator": evaluator, **slurm})
     batch = BatchJob(settings=settings, job=str(job), job_args=(mode, "with-evaluator" if evaluator else "alone"),
                      run_id="fake-1", run_dir=str(run_dir), env={"NOTE": "a 'quoted' note"},
                      python=sys.executable, cwd=str(tmp_path), max_restarts=restarts)
@@ -175,13 +177,26 @@ def test_tfl_batch_script_gives_each_task_its_tf_config(slurm_cluster: SlurmClus
     training = {"chief": [f"127.0.0.1:{base}"], "worker": [f"127.0.0.1:{base + 1}"]}
     chief, worker, evaluator = (records(run_dir / "logs" / f"{t}.log") for t in ("chief-0", "worker-0", "evaluator-0"))
     assert chief == [{"task": "chief:0", "node": "n1", "attempt": "0", "args": ["ok", "with-evaluator"], "note": "a 'quoted' note",
-                      "tf_config": {"cluster": training, "task": {"type": "chief", "index": 0}}}]
+                      "tf_config": {"cluster": training, "task": {"type": "chief", "index": 0}}, "gpus": None}]
     assert (worker[0]["node"], worker[0]["tf_config"]) == ("n2", {"cluster": training, "task": {"type": "worker", "index": 0}})
     ev_config = evaluator[0]["tf_config"]
     assert isinstance(ev_config, dict) and ev_config["task"] == {"type": "evaluator", "index": 0}
     assert ev_config["cluster"]["evaluator"] == [f"127.0.0.1:{base + 31}"]
     # Training ended, so the script stopped the evaluator; it did not decide the result.
     assert "evaluator stopped" in (run_dir / "logs" / "evaluator-0.log").read_text()
+    assert_job_gone(slurm_cluster, job_id)
+
+
+def test_tfl_batch_script_gives_each_task_its_own_gpu(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    if slurm_cluster.gpus_per_node < 2:
+        pytest.skip("the test cluster has no fake GPUs here (mknod needs root)")
+    job_id, run_dir = submit_tfl_script(slurm_cluster, tmp_path, "ok", evaluator=True, restarts=0, gpus_per_task=1)
+    state = slurm_cluster.wait_state(job_id, "COMPLETED", "FAILED", "CANCELLED", timeout=120)
+    assert state == "COMPLETED", (run_dir / f"slurm-{job_id}.out").read_text()
+    seen = {t: records(run_dir / "logs" / f"{t}.log")[0] for t in ("chief-0", "worker-0", "evaluator-0")}
+    assert {r["gpus"] for r in seen.values()} <= {"0", "1"}
+    on_evaluator_node = next(r for t, r in seen.items() if t != "evaluator-0" and r["node"] == seen["evaluator-0"]["node"])
+    assert on_evaluator_node["gpus"] != seen["evaluator-0"]["gpus"]  # Slurm's binding: one GPU each
     assert_job_gone(slurm_cluster, job_id)
 
 
