@@ -1,0 +1,13 @@
+"""The Slurm backend's own faults (one line each: what was wrong and the fix)."""
+
+from __future__ import annotations
+
+from launcher.errors import TflError
+
+
+class SlurmError(TflError):
+    """A Slurm command failed or Slurm told us something we cannot work with."""
+
+
+class SlurmLayoutError(SlurmError):
+    """The allocation's nodes or tasks cannot be turned into a TF_CONFIG."""

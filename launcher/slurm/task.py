@@ -1,0 +1,166 @@
+"""The small driver each srun step of a tfl batch script runs (``python -m launcher.slurm.task``).
+
+- ``nodes``: run once in the batch step; prints the job's nodes in Slurm's order with their
+  NodeAddr (``scontrol show hostnames`` and ``scontrol show node -o``), for ``TFL_SLURM_NODES``.
+- ``training JOB [ARGS]`` / ``evaluator JOB [ARGS]``: run in every task of a step; builds
+  the task's TF_CONFIG from Slurm's variables (SLURM_JOB_ID, SLURM_PROCID, SLURMD_NODENAME)
+  and the batch script's, sends the task's output to its log in the run dir, and execs the
+  job with TF_CONFIG in its environment (never on a command line).
+
+Errors are one line on stderr (which srun passes to the batch output) and exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import TflError
+from launcher.slurm.errors import SlurmError, SlurmLayoutError
+from launcher.slurm.nodes import (
+    EVALUATOR_SLOT,
+    LAYOUT_ENV,
+    NODES_ENV,
+    format_nodes,
+    host_port,
+    nodes_in_order,
+    parse_hostnames,
+    parse_node_addrs,
+    parse_nodes,
+    parse_tasks_per_node,
+    rank_of_task,
+    slot_port,
+    slurm_tf_config,
+    task_of_rank,
+    training_layout,
+    training_slots,
+)
+
+ROLES = ("training", "evaluator")
+
+
+@dataclass(frozen=True)
+class TaskStart:
+    """What one task runs: the job's argv, its environment, its log and its address."""
+
+    task: str  # chief:0, worker:N, evaluator:0
+    node: str
+    host: str  # the task's TF_CONFIG address: its node's NodeAddr ...
+    port: int  # ... and its port (see nodes.py)
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    log_path: str
+
+
+def _need(environ: Mapping[str, str], name: str) -> str:
+    value = environ.get(name)
+    if not value:
+        raise SlurmLayoutError(f"{name} is not set; `python -m launcher.slurm.task` runs inside a step of tfl's batch script")
+    return value
+
+
+def _number(environ: Mapping[str, str], name: str) -> int:
+    value = _need(environ, name)
+    if not value.isdigit():
+        raise SlurmLayoutError(f"{name}={value!r} is not a number")
+    return int(value)
+
+
+def task_start(role: str, job: str, job_args: Sequence[str], environ: Mapping[str, str], python: str) -> TaskStart:
+    """The task this process is, from the step's environment. Pure: ``environ`` is passed in."""
+    if role not in ROLES:
+        raise SlurmError(f"unknown role '{role}'; use one of {', '.join(ROLES)}")
+    job_id = _number(environ, "SLURM_JOB_ID")
+    nodes = parse_nodes(_need(environ, NODES_ENV))
+    counts = parse_tasks_per_node(_need(environ, LAYOUT_ENV))
+    node_name = _need(environ, "SLURMD_NODENAME")
+    here = next((n for n in nodes if n.name == node_name), None)
+    if here is None:
+        raise SlurmLayoutError(f"this task runs on {node_name}, which is not among the job's nodes ({format_nodes(nodes)})")
+    if role == "training":
+        task_type, index = task_of_rank(_number(environ, "SLURM_PROCID"))
+        placed = training_layout(nodes, counts)
+        rank = rank_of_task(task_type, index)
+        if rank >= len(placed) or placed[rank] != here:
+            expected = placed[rank].name if rank < len(placed) else "no node"
+            raise SlurmLayoutError(f"training rank {rank} runs on {node_name} but belongs on {expected}; "
+                                   "start the training step with --distribution=block over every node of the job")
+        port = slot_port(job_id, training_slots(placed)[rank])
+    else:
+        task_type, index, port = "evaluator", 0, slot_port(job_id, EVALUATOR_SLOT)
+    config = slurm_tf_config(job_id, nodes, counts, task_type, index, evaluator_node=here)
+    run_dir = _need(environ, "TFL_RUN_DIR")
+    task, slug = f"{task_type}:{index}", f"{task_type}-{index}"
+    env = {**environ, "TF_CONFIG": json.dumps(config, separators=(",", ":")), "TFL_TASK": task,
+           "TFL_PROGRESS_FILE": f"{run_dir}/progress/{slug}.json", "TFL_ATTEMPT": environ.get("TFL_ATTEMPT", "0")}
+    return TaskStart(task, node_name, here.addr, port, (python, "-u", job, *job_args), env, f"{run_dir}/logs/{slug}.log")
+
+
+def resolve_nodes(environ: Mapping[str, str]) -> str:
+    """``TFL_SLURM_NODES`` for this job: asks scontrol (one controller call for all nodes)."""
+    nodelist = _need(environ, "SLURM_JOB_NODELIST")
+    hostnames = parse_hostnames(_scontrol(["show", "hostnames", nodelist]))
+    addrs = parse_node_addrs(_scontrol(["show", "node", "-o", nodelist]))
+    return format_nodes(nodes_in_order(hostnames, addrs))
+
+
+def _scontrol(args: list[str]) -> str:
+    try:
+        done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SlurmError(f"scontrol {' '.join(args)} could not run: {exc}") from None
+    if done.returncode != 0:
+        message = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        raise SlurmError(f"scontrol {' '.join(args)} exited {done.returncode}: {message[-1] if message else 'no output'}")
+    return done.stdout
+
+
+def _check_port_free(start: TaskStart) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in start.host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((start.host, start.port))
+        except OSError as exc:
+            raise SlurmError(f"{start.task} on {start.node}: port {host_port(start.host, start.port)} is taken ({exc.strerror}); another "
+                             "job on this node may use it (ports follow the job id, see launcher/slurm/nodes.py)") from None
+
+
+def _exec(start: TaskStart) -> None:
+    log = Path(start.log_path)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        os.execve(start.argv[0], list(start.argv), start.env)
+    except OSError as exc:
+        raise SlurmError(f"{start.task} on {start.node}: cannot run {start.argv[0]}: {exc.strerror}") from None
+
+
+def main(argv: Sequence[str]) -> int:
+    try:
+        if list(argv[:1]) == ["nodes"]:
+            print(resolve_nodes(os.environ))
+            return 0
+        if len(argv) < 2:
+            raise SlurmError("usage: python -m launcher.slurm.task {nodes | training JOB [ARGS] | evaluator JOB [ARGS]}")
+        start = task_start(argv[0], argv[1], argv[2:], os.environ, sys.executable)
+        _check_port_free(start)
+        _exec(start)
+    except TflError as exc:
+        print(f"tfl: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0  # not reached: _exec replaces this process
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
