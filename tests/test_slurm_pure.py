@@ -119,7 +119,7 @@ def test_time_forms(time: str) -> None:
     ({"nodes": 1, "gpus_per_task": 0}, "slurm.gpus_per_task: 0 is out of range; it must be at least 1 (e.g. 1 (or leave the key out))"),
     ({"nodes": 1, "cpus_per_task": "4"}, "slurm.cpus_per_task: '4' is not a whole number"),
     ({"nodes": 1, "time": "1h"}, "slurm.time: '1h' is not a Slurm time limit"),
-    ({"nodes": 1, "time": 60}, "slurm.time: Input should be a valid string"),
+    ({"nodes": 1, "time": 60}, "slurm.time: expected text in double quotes, got a whole number"),
     ({"nodes": 1, "partition": "gpu a"}, "slurm.partition: 'gpu a' is not a partition name"),
     ({"nodes": 1, "sbatch_args": ["--account", "ml"]}, "slurm.sbatch_args: item 1 'ml' is not an option; write each option with its value as one item"),
     ({"nodes": 1, "sbatch_args": ["--nodes=3"]}, "slurm.sbatch_args: item 0 '--nodes=3': tfl sets --nodes itself; use slurm.nodes instead"),
@@ -129,7 +129,7 @@ def test_time_forms(time: str) -> None:
     ({"nodes": 1, "sbatch_args": ["--export=NONE"]}, "use the top-level env (tfl passes the environment to every task) instead"),
     ({"nodes": 1, "sbatch_args": ["--output=x.log"]}, "tfl sets --output itself; use nothing (tfl writes the logs into the run dir) instead"),
     ({"nodes": 1, "sbatch_args": ["--comment=a\n#SBATCH --nodes=9"]}, "holds a line break; write the option on one line"),
-    ({"nodes": 1, "sbatch_args": "--account=ml"}, "slurm.sbatch_args: Input should be a valid list"),
+    ({"nodes": 1, "sbatch_args": "--account=ml"}, "slurm.sbatch_args: expected a list [...], got text"),
     ({"nodes": 1, "nodez": 2}, "slurm.nodez: unknown key; remove it or check its spelling"),
 ])
 def test_bad_slurm_block(slurm: dict[str, Any], expected: str) -> None:
@@ -142,11 +142,11 @@ def test_bad_slurm_block(slurm: dict[str, Any], expected: str) -> None:
 @pytest.mark.parametrize(("data", "expected"), [
     ({"slurm": {"nodes": 1}, "env": {"TF_CONFIG": "{}"}}, "env: sets TF_CONFIG, which tfl sets for each task; remove it"),
     ({"slurm": {"nodes": 1}, "env": {"TFL_RUN_ID": "x"}}, "env: sets TFL_RUN_ID, which tfl sets"),
-    ({"slurm": {"nodes": 1}, "env": {"A": 1}}, "env.A: Input should be a valid string"),
+    ({"slurm": {"nodes": 1}, "env": {"A": 1}}, "env.A: expected text in double quotes, got a whole number"),
     ({"slurm": {"nodes": 1}, "cluster": {"chief": ["localhost:1"]}}, "'cluster' cannot be used with 'slurm' (Slurm places the tasks); remove 'cluster'"),
     ({"slurm": {"nodes": 1}, "hosts": {}}, "'hosts' cannot be used with 'slurm'"),
     ({"slurm": {"nodes": 1}, "devices": {}}, "'devices' cannot be used with 'slurm'"),
-    ({"slurm": 2}, "slurm: Input should be a valid dictionary"),
+    ({"slurm": 2}, "slurm: expected an object {...}, got a whole number"),
     ([1], "the file must hold a JSON object with a 'slurm' key"),
 ])
 def test_bad_slurm_description(data: Any, expected: str) -> None:

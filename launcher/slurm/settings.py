@@ -19,8 +19,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from launcher.errors import ClusterFileError
+from launcher.fields import describe_error
 from launcher.slurm.nodes import MAX_TASKS_PER_ADDRESS
-from launcher.spec import describe_error
 
 _TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE|unlimited|infinite")
 _PARTITION = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
