@@ -175,34 +175,48 @@ def schema() -> None:
 @app.command(cls=_Command, context_settings={"allow_extra_args": True}, options_metavar="[OPTIONS] [RUN]")
 def status(
     ctx: typer.Context,
-    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
-    watch: bool = typer.Option(False, "--watch", "-w", help="with RUN: a live view, refreshed every second"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output (the same runs as the table)"),
+    watch: bool = typer.Option(False, "--watch", "-w", help="a live view, redrawn every second (Ctrl-C ends it)"),
+    every: bool = typer.Option(False, "--all", "-a", help="list every run, not only the active and the 20 latest"),
 ) -> None:
-    """Show every run, or one run's tasks (state, pid, cpu, memory, progress).
+    """Show the runs, or one run's tasks (state, pid, cpu, memory, progress).
 
-    RUN is a run id or a unique prefix of one; without it, every run is listed.
+    RUN is a run id or a unique prefix of one. Without it: the active runs and the 20
+    latest (whose record changed last), oldest first; --all lists every run.
     """
     from launcher.report import run_detail, runs_table
-    from launcher.status import run_view
+    from launcher.status import run_list, run_view
 
     if len(ctx.args) > 1:
         raise _fail(f"status takes one RUN, got {len(ctx.args)}: {' '.join(ctx.args)} (see `tfl status --help`)")
     run = ctx.args[0] if ctx.args else None
     store = _store()
-    if watch and run is not None:
-        from launcher.report import watch_run
-
-        try:
-            watch_run(lambda: run_view(store.resolve(run), measure=True), sys.stdout)
-        except KeyboardInterrupt:
-            pass
+    if watch:
+        _watch_status(store, run, every)
         return
     if run is None:
-        views = [run_view(r) for r in store.list()]
-        typer.echo(json.dumps([v.to_dict() for v in views], indent=1) if as_json else runs_table(views))
+        views, hidden = run_list(store, every=every)
+        typer.echo(json.dumps([v.to_dict() for v in views], indent=1) if as_json else runs_table(views, hidden))
         return
     view = run_view(_core(lambda: store.resolve(run)), measure=True)
     typer.echo(json.dumps(view.to_dict(), indent=1) if as_json else run_detail(view))
+
+
+def _watch_status(store: Any, run: str | None, every: bool) -> None:
+    """``tfl status --watch``: one run until it ends, or the list until Ctrl-C."""
+    from launcher.report import runs_table, watch, watch_run
+    from launcher.status import run_list, run_view
+
+    clear = sys.stdout.isatty()
+    try:
+        if run is not None:
+            watch_run(lambda: run_view(store.resolve(run), measure=True), sys.stdout, clear=clear)
+        else:
+            watch(lambda: (runs_table(*run_list(store, every=every)), False), sys.stdout, clear=clear)
+    except KeyboardInterrupt:
+        pass
+    except TflError as exc:
+        raise _fail(str(exc), exc.exit_code) from None
 
 
 @app.command("_supervise", cls=_Command, hidden=True)

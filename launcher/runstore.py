@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import secrets
 import tempfile
 import time
 import types
@@ -17,12 +16,15 @@ import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Sequence, TypeVar
 
 from launcher.errors import RunNotFoundError
+from launcher.runindex import active_ids, mark_active, mark_ended, recent_ids
 from launcher.states import RunState, TaskState
 
 STATE_FILE = "state.json"
+# The latest run is the newest created among the active runs and this many whose record changed last.
+LATEST_AMONG = 20
 
 # Records are plain dataclasses read by a small strict loader, not pydantic models: `tfl status`
 # reads every run's record, and building pydantic's validators costs more than the command's
@@ -175,6 +177,8 @@ class RunStore:
         self.runs_dir = self.home / "runs"
 
     def new_run_id(self, job: str) -> str:
+        import secrets  # here: its OpenSSL import is a tenth of `tfl status`, which never makes an id
+
         return f"{job}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
     def run_dir(self, run_id: str) -> Path:
@@ -184,10 +188,13 @@ class RunStore:
         run_dir = Path(record.run_dir)
         for sub in ("logs", "progress"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
+        mark_active(self.home, record.run_id)
         self.save(record)
 
     def save(self, record: RunRecord) -> None:
         write_atomic(Path(record.run_dir) / STATE_FILE, record.to_json())
+        if record.state.is_terminal:  # the marker `tfl status` finds active runs by (runindex)
+            mark_ended(self.home, record.run_id)
 
     def load(self, run_id: str) -> RunRecord:
         path = self.run_dir(run_id) / STATE_FILE
@@ -208,10 +215,22 @@ class RunStore:
                 continue  # a run being created or deleted right now
         return sorted(records, key=lambda r: r.created)
 
+    def recent(self, count: int) -> tuple[Sequence[RunRecord], int]:
+        """The active runs and the ``count`` runs whose record changed last, oldest first, and
+        how many other run dirs there are. Reads only those records (``runindex``)."""
+        names, total = recent_ids(self.runs_dir, count)
+        records = []
+        for name in dict.fromkeys([*active_ids(self.home), *names]):
+            try:
+                records.append(RunRecord.from_json((self.run_dir(name) / STATE_FILE).read_text()))
+            except (OSError, ValueError):
+                continue  # a run being created or deleted right now
+        return sorted(records, key=lambda r: r.created), max(0, total - len(records))
+
     def resolve(self, ref: str | None) -> RunRecord:
         """A run by id, unique id prefix, or the latest run when ``ref`` is None."""
         if ref is None:
-            runs = self.list()
+            runs, _ = self.recent(LATEST_AMONG)
             if not runs:
                 raise RunNotFoundError(f"no runs yet in {self.runs_dir} (start one with `tfl launch`)")
             return runs[-1]
