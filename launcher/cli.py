@@ -26,9 +26,17 @@ def _help_flag_false(option: Any) -> Any:
     return option
 
 
+_COMPLETION_FLAGS = ("install_completion", "show_completion")
+
+
 class _Group(TyperGroup):
     def get_help_option(self, ctx: Any) -> Any:
         return _help_flag_false(super().get_help_option(ctx))
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        # typer's --install-completion / --show-completion default to None too: the same fix.
+        return [_help_flag_false(p) if p.name in _COMPLETION_FLAGS and p.default is None else p
+                for p in super().get_params(ctx)]
 
 
 class _Command(TyperCommand):
@@ -36,8 +44,26 @@ class _Command(TyperCommand):
         return _help_flag_false(super().get_help_option(ctx))
 
 
+def _run_ids(incomplete: str) -> list[str]:
+    """Shell completion of RUN: the run dirs' names (a directory listing, no record read)."""
+    from launcher.runindex import run_ids
+    from launcher.runstore import default_home
+
+    return run_ids(default_home() / "runs", incomplete)
+
+
+class _RunsCommand(_Command):
+    """A command whose RUN comes from its extra arguments (``status``): completes run ids too."""
+
+    def shell_complete(self, ctx: Any, incomplete: str) -> list[Any]:
+        from typer._click.shell_completion import CompletionItem  # typer's own click
+
+        found = [] if incomplete.startswith("-") or ctx.args else [CompletionItem(r) for r in _run_ids(incomplete)]
+        return found + list(super().shell_complete(ctx, incomplete))
+
+
 app = typer.Typer(
-    name="tfl", no_args_is_help=True, add_completion=False, rich_markup_mode=None, cls=_Group,
+    name="tfl", no_args_is_help=True, add_completion=True, rich_markup_mode=None, cls=_Group,
     help="Launch, supervise and inspect TensorFlow multi-worker training runs.",
     pretty_exceptions_enable=False,
 )
@@ -172,7 +198,7 @@ def schema() -> None:
 # RUN is read from the context's extra arguments, not declared as a typer.Argument: typer 0.29
 # coerces every non-flag parameter through a pydantic TypeAdapter, whose import alone costs
 # `tfl status` a third of its time (docs/benchmarks.md §1). Flags skip that coercion.
-@app.command(cls=_Command, context_settings={"allow_extra_args": True}, options_metavar="[OPTIONS] [RUN]")
+@app.command(cls=_RunsCommand, context_settings={"allow_extra_args": True}, options_metavar="[OPTIONS] [RUN]")
 def status(
     ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="machine-readable output (the same runs as the table)"),
@@ -230,7 +256,8 @@ def supervise(plan_file: Path, config_json: str) -> None:
 
 @app.command(cls=_Command)
 def stop(
-    run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)"),
+    run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)",
+                                     autocompletion=_run_ids),
     grace_period: float = typer.Option(5.0, "--grace-period", min=0, help="seconds between SIGTERM and SIGKILL"),
 ) -> None:
     """Stop a run: every task, even when its launcher was killed. Stopping twice is fine."""
@@ -243,7 +270,8 @@ def stop(
 
 @app.command(cls=_Command)
 def logs(
-    run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)"),
+    run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)",
+                                     autocompletion=_run_ids),
     task: str | None = typer.Option(None, "--task", "-t", help="only this task, e.g. chief:0"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the run ends"),
 ) -> None:
@@ -259,4 +287,4 @@ def logs(
 
 
 def main() -> None:
-    app()
+    app(prog_name="tfl")  # also as `python -m launcher`: completion asks for _TFL_COMPLETE
