@@ -109,6 +109,8 @@ def launch(
     no_sync: bool = typer.Option(False, "--no-sync", help="SSH hosts: copy nothing; the job is already there at the same path"),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys",
                                               help="SSH hosts: trust and remember unknown host keys (never changed ones)"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="also show TensorFlow's known start-up noise "
+                                 "(hidden by default; the task logs keep it)"),
 ) -> None:
     """Launch JOB on a cluster (--cluster FILE) or on local processes (--local N)."""
     from launcher import launch as core
@@ -141,7 +143,7 @@ def launch(
         return
     prepared = _core(lambda: core.prepare(plan))
     typer.echo(f"tfl: run {plan.run_id}: {', '.join(t.name for t in plan.tasks)}; logs in {plan.run_dir}/logs", err=True)
-    record = _core(lambda: core.execute(prepared, store, config, sys.stdout, colour=sys.stdout.isatty()))
+    record = _core(lambda: core.execute(prepared, store, config, sys.stdout, colour=sys.stdout.isatty(), verbose=verbose))
     typer.echo(summary(record), err=True)
     raise typer.Exit(record.exit_code or 0)
 
@@ -274,14 +276,19 @@ def logs(
                                      autocompletion=_run_ids),
     task: str | None = typer.Option(None, "--task", "-t", help="only this task, e.g. chief:0"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the run ends"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="also show TensorFlow's known start-up noise"),
 ) -> None:
-    """Print a run's task logs, each line prefixed with its task."""
+    """Print a run's task logs, each line prefixed with its task.
+
+    TensorFlow's known start-up noise (oneDNN, CUDA stubs, cuInit without a driver, gRPC and
+    coordination-service lines) is hidden and counted per task; --verbose shows every line.
+    """
     from launcher.control import show_logs
 
     store = _store()
     record = _core(lambda: store.resolve(run))
     try:
-        _core(lambda: show_logs(store, record, sys.stdout, task=task, follow=follow, colour=sys.stdout.isatty()))
+        _core(lambda: show_logs(store, record, sys.stdout, task=task, follow=follow, colour=sys.stdout.isatty(), verbose=verbose))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
