@@ -7,6 +7,7 @@ imported here: the commands that need fabric import it through the backends, laz
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -83,6 +84,11 @@ def _core(call: Callable[[], T]) -> T:
         raise _fail(str(exc), exc.exit_code) from None
 
 
+def _colour() -> bool:
+    """Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org)."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
 def _store() -> Any:
     from launcher.runstore import RunStore
 
@@ -143,7 +149,7 @@ def launch(
         return
     prepared = _core(lambda: core.prepare(plan))
     typer.echo(f"tfl: run {plan.run_id}: {', '.join(t.name for t in plan.tasks)}; logs in {plan.run_dir}/logs", err=True)
-    record = _core(lambda: core.execute(prepared, store, config, sys.stdout, colour=sys.stdout.isatty(), verbose=verbose))
+    record = _core(lambda: core.execute(prepared, store, config, sys.stdout, colour=_colour(), verbose=verbose))
     typer.echo(summary(record), err=True)
     raise typer.Exit(record.exit_code or 0)
 
@@ -288,7 +294,7 @@ def logs(
     store = _store()
     record = _core(lambda: store.resolve(run))
     try:
-        _core(lambda: show_logs(store, record, sys.stdout, task=task, follow=follow, colour=sys.stdout.isatty(), verbose=verbose))
+        _core(lambda: show_logs(store, record, sys.stdout, task=task, follow=follow, colour=_colour(), verbose=verbose))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
