@@ -299,5 +299,30 @@ def logs(
         raise typer.Exit(130) from None
 
 
+@app.command(cls=_Command)
+def rm(runs: list[str] = typer.Argument(..., help="run ids or unique prefixes", autocompletion=_run_ids)) -> None:
+    """Remove finished runs: their record, logs and default model dir here, and what they left
+    on SSH hosts (an unreachable host is reported). A running run is kept (exit 1)."""
+    from launcher.prune import rm_runs
+
+    outcome = _core(lambda: rm_runs(_store(), runs))
+    typer.echo(outcome.render())
+    raise typer.Exit(1 if outcome.refused else 0)
+
+
+@app.command(cls=_Command)
+def prune(
+    older_than: str | None = typer.Option(None, "--older-than", help="runs that ended longer ago than this, e.g. 7d, 12h "
+                                          "(default 7d when --keep is not given)"),
+    keep: int | None = typer.Option(None, "--keep", help="keep the N latest runs whatever their age"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="say what would be removed; remove nothing"),
+) -> None:
+    """Remove finished runs older than --older-than and beyond the --keep latest (as `tfl rm`).
+    Running runs are never touched."""
+    from launcher.prune import prune_runs
+
+    typer.echo(_core(lambda: prune_runs(_store(), older_than=older_than, keep=keep, dry_run=dry_run)).render())
+
+
 def main() -> None:
     app(prog_name="tfl")  # also as `python -m launcher`: completion asks for _TFL_COMPLETE
