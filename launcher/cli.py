@@ -324,5 +324,19 @@ def prune(
     typer.echo(_core(lambda: prune_runs(_store(), older_than=older_than, keep=keep, dry_run=dry_run)).render())
 
 
+@app.command(cls=_Command)
+def tensorboard(
+    run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)", autocompletion=_run_ids),
+    port: int | None = typer.Option(None, "--port", "-p", help="port on 127.0.0.1 (default: the first free from 6006)"),
+) -> None:
+    """TensorBoard on a run's model dir (also while it runs); prints the URL, Ctrl-C stops it.
+    A model dir on another host: prints how to reach it through SSH instead."""
+    from launcher.tboard import serve
+
+    store = _store()
+    record = _core(lambda: store.resolve(run))
+    raise typer.Exit(_core(lambda: serve(record, port, sys.stdout)))
+
+
 def main() -> None:
     app(prog_name="tfl")  # also as `python -m launcher`: completion asks for _TFL_COMPLETE
