@@ -120,6 +120,8 @@ def _notes(cfg: Config) -> list[str]:
             "one `stat` per run dir (its mtime is when its record was last written), so its cost does not grow with "
             "the store (`launcher/runindex.py`).",
             "`tfl` is the installed console script of the project's virtual environment.",
+            "Shell completion is on (typer's `--install-completion` / `--show-completion`, run ids completed from the run "
+            "dirs' names): those two options' unset values are made False too, so `tfl status` still builds no TypeAdapter.",
             "`import pydantic` alone is lazy: pydantic v2 loads its schema machinery on the first model or "
             "TypeAdapter built, which costs about a third of the baseline again (the reference row). `tfl status` "
             "builds none: run records are plain dataclasses read by a small strict loader "
