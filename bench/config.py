@@ -34,6 +34,7 @@ class Config:
     backup_every: int  # restart measure: backup interval (steps) …
     crash_step: int  # … and the step at which a worker is killed
     store_runs: int = 50  # runs in the store for `tfl status`
+    store_runs_many: int = 3000  # … and a store after weeks of sweeps
 
     @classmethod
     def full(cls) -> Config:
@@ -44,7 +45,7 @@ class Config:
 
     @classmethod
     def quick_mode(cls) -> Config:
-        return cls(quick=True, reps=2, train_reps=2, cli_reps=3, teardown_reps=3, tf_alone_reps=0,
+        return cls(quick=True, reps=2, train_reps=2, cli_reps=3, teardown_reps=3, tf_alone_reps=0, store_runs_many=300,
                    local_ns=(1, 4), ssh_ns=(1, 2), train_job=FAKE_TRAIN,
                    epochs=2, steps_per_epoch=10, global_batch=64, train_workers=(1, 2),
                    backup_every=5, crash_step=12)

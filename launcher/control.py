@@ -61,8 +61,10 @@ def _ended(store: RunStore, run_id: str) -> bool:
 
 
 def show_logs(store: RunStore, record: RunRecord, out: TextIO, *, task: str | None = None, follow: bool = False,
-              colour: bool = False, interval: float = 0.2, sleep: Callable[[float], None] = time.sleep) -> None:
-    """Print the run's logs with task prefixes; ``follow`` keeps going until the run ends."""
+              colour: bool = False, verbose: bool = False, interval: float = 0.2,
+              sleep: Callable[[float], None] = time.sleep) -> None:
+    """Print the run's logs with task prefixes; ``follow`` keeps going until the run ends.
+    TensorFlow's known start-up noise is hidden (and counted) unless ``verbose``."""
     tasks = record.tasks
     if task is not None:
         try:
@@ -72,9 +74,9 @@ def show_logs(store: RunStore, record: RunRecord, out: TextIO, *, task: str | No
         tasks = [t for t in tasks if t.task == wanted]
         if not tasks:
             raise UsageError(f"--task {task}: run {record.run_id} has no such task ({', '.join(t.task for t in record.tasks)})")
-    follower = LogFollower([(t.task, t.log_path) for t in tasks], out, colour=colour)
+    follower = LogFollower([(t.task, t.log_path) for t in tasks], out, colour=colour, hide_noise=not verbose)
     follower.poll_once()
     while follow and not _ended(store, record.run_id):
         sleep(interval)
         follower.poll_once()
-    follower.poll_once(final=True)
+    follower.stop()

@@ -78,15 +78,17 @@ def preflight(plan: LaunchPlan) -> None:
 
 
 def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: TextIO | None, *,
-            colour: bool = False, reserved: bool = False) -> RunRecord:
-    """Start the plan and supervise it to the end, streaming every task's output to ``out``."""
+            colour: bool = False, reserved: bool = False, verbose: bool = False) -> RunRecord:
+    """Start the plan and supervise it to the end, streaming every task's output to ``out``
+    (without TensorFlow's known start-up noise unless ``verbose``)."""
     plan = prepared.plan
     record = initial_record(plan, created=time.time(), max_restarts=config.max_restarts, backend=prepared.backend.name)
     me = psutil.Process()
     record.launcher_pid, record.launcher_create_time = me.pid, me.create_time()
     store.create(record, reserved=reserved)
     supervisor = Supervisor(plan, record, store, config, backend=prepared.backend, wake=prepared.wake)
-    follower = LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour).start() if out else None
+    follower = (LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour, hide_noise=not verbose).start()
+                if out else None)
     try:
         with _stop_on_signals(supervisor):
             return supervisor.run()

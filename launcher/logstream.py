@@ -2,7 +2,8 @@
 
 Tasks write straight to their log files (nothing lost if the launcher dies, no SIGPIPE
 for the tasks); the live console view of ``tfl launch`` and ``tfl logs --follow`` both
-tail those files with this one follower.
+tail those files with this one follower. By default it hides TensorFlow's known start-up
+noise (``launcher.noise``) and says, once per task at the end, how many lines it hid.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import threading
 from collections import deque
 from pathlib import Path
 from typing import TextIO
+
+from launcher.noise import NoiseFilter
 
 _COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
 
@@ -28,10 +31,11 @@ def tail_lines(path: str | Path, count: int = 20) -> list[str]:
 
 
 class _Source:
-    def __init__(self, name: str, path: Path, prefix: str, from_end: bool) -> None:
+    def __init__(self, name: str, path: Path, prefix: str, from_end: bool, hide_noise: bool) -> None:
         self.name, self.path, self.prefix = name, path, prefix
         self.offset = path.stat().st_size if from_end and path.exists() else 0
         self.partial = b""
+        self.noise = NoiseFilter() if hide_noise else None
 
     def read_lines(self, final: bool) -> list[str]:
         try:
@@ -53,13 +57,13 @@ class LogFollower:
     """Prints new lines of several log files, each line prefixed with its task name."""
 
     def __init__(self, sources: list[tuple[str, str]], out: TextIO, *, colour: bool = False,
-                 interval: float = 0.1, from_end: bool = False) -> None:
+                 interval: float = 0.1, from_end: bool = False, hide_noise: bool = False) -> None:
         width = max((len(name) for name, _ in sources), default=0)
         self._sources = []
         for i, (name, path) in enumerate(sources):
             tag = f"[{name}]".ljust(width + 2)
             prefix = f"\033[{_COLOURS[i % len(_COLOURS)]}m{tag}\033[0m " if colour else f"{tag} "
-            self._sources.append(_Source(name, Path(path), prefix, from_end))
+            self._sources.append(_Source(name, Path(path), prefix, from_end, hide_noise))
         self._out, self._interval = out, interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -68,8 +72,9 @@ class LogFollower:
         printed = 0
         for src in self._sources:
             for line in src.read_lines(final):
-                self._out.write(f"{src.prefix}{line}\n")
-                printed += 1
+                if src.noise is None or not src.noise.is_noise(line):
+                    self._out.write(f"{src.prefix}{line}\n")
+                    printed += 1
         if printed:
             self._out.flush()
         return printed
@@ -84,9 +89,16 @@ class LogFollower:
             self.poll_once()
 
     def stop(self) -> None:
-        """Stop following and print what is left, partial last lines included."""
+        """Stop following and print what is left, partial last lines included, then how many
+        noise lines each task had. Idempotent."""
         self._stop.set()
         if self._thread:
             self._thread.join()
             self._thread = None
         self.poll_once(final=True)
+        for src in self._sources:
+            if src.noise is not None and src.noise.count:
+                self._out.write(f"{src.prefix}tfl: {src.noise.count} line(s) of TensorFlow start-up noise hidden "
+                                "(the task's log keeps them; --verbose shows them)\n")
+                src.noise.hidden.clear()
+        self._out.flush()

@@ -26,8 +26,9 @@ def duration(seconds: float | None) -> str | None:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
-def runs_table(views: Sequence[RunView], unreadable: Sequence[UnreadableRun] = ()) -> str:
-    """Every run, oldest first; an unreadable record is a row too, its reason below the table."""
+def runs_table(views: Sequence[RunView], unreadable: Sequence[UnreadableRun] = (), hidden: int = 0) -> str:
+    """The runs, oldest first; an unreadable record is a row too, its reason below the table;
+    ``hidden`` older runs left out are counted on a last line."""
     if not views and not unreadable:
         return "no runs yet (start one with `tfl launch JOB --local 2`)"
     rows: list[tuple[float, tuple[str | None, ...]]] = [
@@ -35,7 +36,8 @@ def runs_table(views: Sequence[RunView], unreadable: Sequence[UnreadableRun] = (
         for v in views]
     rows += [(u.created, (u.run_id, None, "unreadable", None, _when(u.created), None)) for u in unreadable]
     text = table(("run", "job", "state", "alive", "started", "duration"), [r for _, r in sorted(rows, key=lambda r: r[0])])
-    return "\n".join([text, *(f"{u.run_id}: unreadable: {u.reason}" for u in unreadable)])
+    more = [f"… and {hidden} older run(s): `tfl status --all` lists every run"] if hidden else []
+    return "\n".join([text, *(f"{u.run_id}: unreadable: {u.reason}" for u in unreadable), *more])
 
 
 def _when(timestamp: float) -> str:
@@ -79,15 +81,25 @@ def _task_row(t: TaskView, bar_width: int = 0) -> tuple[Any, ...]:
             progress_text(t.progress, bar_width))
 
 
-def watch_run(view_of: Callable[[], RunView], out: TextIO, interval: float = 1.0) -> None:
-    """Redraw the run's table with a progress bar per task until the run has ended."""
+def watch(draw: Callable[[], tuple[str, bool]], out: TextIO, interval: float = 1.0, *, clear: bool = True) -> None:
+    """Redraw ``draw()``'s text every ``interval`` s until it says it is done (or Ctrl-C).
+    ``clear``: wipe the screen first (a terminal); else each frame follows the last."""
     while True:
-        view = view_of()
-        out.write("\033[H\033[2J" + run_detail(view, bar_width=20) + "\n")
+        text, done = draw()
+        out.write(("\033[H\033[2J" if clear else "") + text + "\n" + ("" if clear else "\n"))
         out.flush()
-        if view.state not in ("starting", "running", "restarting", "stopping"):
+        if done:
             return
         time.sleep(interval)
+
+
+def watch_run(view_of: Callable[[], RunView], out: TextIO, interval: float = 1.0, *, clear: bool = True) -> None:
+    """Redraw the run's table with a progress bar per task until the run has ended."""
+    def draw() -> tuple[str, bool]:
+        view = view_of()
+        return run_detail(view, bar_width=20), view.state not in ("starting", "running", "restarting", "stopping")
+
+    watch(draw, out, interval, clear=clear)
 
 
 def summary(record: RunRecord) -> str:

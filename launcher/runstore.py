@@ -15,21 +15,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import secrets
 import time
 import types
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Iterable, TypeVar
 
 from launcher.errors import RunExistsError, RunNotFoundError, StateWriteError, UnreadableRunError
 from launcher.files import private_dir, write_atomic
+from launcher.runindex import active_ids, mark_active, mark_ended, recent_ids
 from launcher.states import RunState, TaskState
 
 STATE_FILE = "state.json"
 RECORD_VERSION = 1  # bump when a record changes so that an older tfl cannot read it right
+# The latest run is the newest created among the active runs and this many whose record changed last.
+LATEST_AMONG = 20
 
 # Records are plain dataclasses read by a small strict loader, not pydantic models: `tfl status`
 # reads every run's record, and building pydantic's validators costs more than the command's
@@ -190,6 +192,7 @@ def default_home() -> Path:
 
 
 _Scan = tuple[list[RunRecord], list[UnreadableRun]]  # here: `list` in RunStore is its method
+_Recent = tuple[list[RunRecord], list[UnreadableRun], int]
 
 
 class RunStore:
@@ -200,6 +203,8 @@ class RunStore:
     def new_run_id(self, job: str) -> str:
         """48 random bits per second, and never the id of a run dir that exists (``create``
         refuses the one that might appear in between: it never shares a dir)."""
+        import secrets  # here: its OpenSSL import is a tenth of `tfl status`, which never makes an id
+
         while True:
             run_id = f"{job}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(6)}"
             if not os.path.lexists(self.run_dir(run_id)):
@@ -220,14 +225,16 @@ class RunStore:
                                   f"(check that {self.home} is writable, or set TFL_HOME)") from None
 
     def create(self, record: RunRecord, *, reserved: bool = False) -> None:
-        """Record a new run: its dir (unless ``reserve`` made it), logs/, progress/, state.json."""
+        """Record a new run: its dir (unless ``reserve`` made it), logs/, progress/, state.json,
+        and its marker among the active runs (``runindex``)."""
         if not reserved:
             self.reserve(record.run_dir)
         try:
             for sub in ("logs", "progress"):
                 private_dir(Path(record.run_dir) / sub, exist_ok=True)
+            mark_active(self.home, record.run_id)
         except OSError as exc:
-            raise StateWriteError(f"cannot create {record.run_dir}/{sub}: {exc.strerror}") from None
+            raise StateWriteError(f"cannot create the run {record.run_id} in {self.home}: {exc.strerror}") from None
         self.save(record)
 
     def save(self, record: RunRecord) -> None:
@@ -238,6 +245,8 @@ class RunStore:
         except OSError as exc:
             raise StateWriteError(f"cannot save the state of run {record.run_id} to {path}: {exc.strerror or exc}; "
                                   "its last saved record stays (free space on that disk or fix its permissions)") from None
+        if record.state.is_terminal:  # the marker `tfl status` finds active runs by (runindex)
+            mark_ended(self.home, record.run_id)
 
     def load(self, run_id: str) -> RunRecord:
         path = self.run_dir(run_id) / STATE_FILE
@@ -255,24 +264,34 @@ class RunStore:
         """Every readable run, oldest first."""
         return self.scan()[0]
 
-    def scan(self) -> _Scan:
-        """Every run: the readable records and the unreadable ones, each oldest first."""
+    def scan(self, names: Iterable[str] | None = None) -> _Scan:
+        """The runs named (default: every run): the readable records and the unreadable ones,
+        each oldest first."""
+        paths = self.runs_dir.glob(f"*/{STATE_FILE}") if names is None else (self.run_dir(n) / STATE_FILE for n in names)
         records, unreadable = [], []
-        for path in self.runs_dir.glob(f"*/{STATE_FILE}"):
+        for path in paths:
             try:
                 text = path.read_text()
                 records.append(RunRecord.from_json(text))
             except FileNotFoundError:
-                continue  # a run deleted right now
+                continue  # a run being created or deleted right now
             except (OSError, ValueError) as exc:
                 reason = f"{path.name} was {exc}" if isinstance(exc, NewerRecordError) else f"{path.name} cannot be read: {exc}"
                 unreadable.append(UnreadableRun(path.parent.name, str(path), reason, _created_of(path)))
         return sorted(records, key=lambda r: r.created), sorted(unreadable, key=lambda u: u.created)
 
+    def recent(self, count: int) -> _Recent:
+        """The active runs and the ``count`` runs whose record changed last (readable or not),
+        oldest first, and how many other run dirs there are. Reads only those records (``runindex``)."""
+        names, total = recent_ids(self.runs_dir, count)
+        wanted = list(dict.fromkeys([*active_ids(self.home), *names]))
+        records, unreadable = self.scan(wanted)
+        return records, unreadable, max(0, total - len(records) - len(unreadable))
+
     def resolve(self, ref: str | None) -> RunRecord:
         """A run by id, unique id prefix, or the latest run when ``ref`` is None."""
         if ref is None:
-            runs, unreadable = self.scan()
+            runs, unreadable, _ = self.recent(LATEST_AMONG)
             if unreadable and (not runs or unreadable[-1].created >= runs[-1].created):
                 latest = unreadable[-1]
                 raise UnreadableRunError(f"the latest run, {latest.run_id}, is unreadable: {latest.reason}; "

@@ -14,7 +14,7 @@ from typing import Any
 from launcher import backends
 from launcher.backends.base import TaskLive
 from launcher.procs import find_process
-from launcher.runstore import RunRecord, TaskRecord
+from launcher.runstore import RunRecord, RunStore, TaskRecord, UnreadableRun
 from launcher.states import RunState
 
 
@@ -51,6 +51,17 @@ class RunView:
         return asdict(self)
 
 
+RECENT = 20  # `tfl status` lists the active runs and this many of the latest
+
+
+def run_list(store: RunStore, *, every: bool = False) -> tuple[list[RunView], list[UnreadableRun], int]:
+    """The runs ``tfl status`` lists, oldest first, the unreadable ones among them, and how
+    many it left out: the active runs and the ``RECENT`` latest (reading only their records),
+    or ``every`` run."""
+    records, unreadable, hidden = (*store.scan(), 0) if every else store.recent(RECENT)
+    return [run_view(r) for r in records], unreadable, hidden
+
+
 def effective_state(record: RunRecord) -> RunState:
     if record.state.is_terminal:
         return record.state
@@ -61,8 +72,9 @@ def effective_state(record: RunRecord) -> RunState:
 
 def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
     """The run as its backend sees it now. ``measure``: one run's view, which asks every host
-    and samples cpu % (costly); the list of runs answers from what is at hand."""
-    live = backends.get(record.backend).inspect(record, ask=measure)
+    and samples cpu % (costly); the list of runs answers from what is at hand, and for a
+    finished run that is its record (no backend to import: `tfl status` stays quick)."""
+    live = backends.get(record.backend).inspect(record, ask=measure) if measure or not record.state.is_terminal else {}
     tasks = [_task_view(t, live.get(t.task, TaskLive(alive=False))) for t in record.tasks]
     now = time.time()
     return RunView(

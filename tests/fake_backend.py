@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Callable
 
-from launcher.backends.base import TaskLive, TaskProcess
+from launcher.backends.base import Cleanup, TaskLive, TaskProcess
 from launcher.checks import Check, HostTasks, host_tasks
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.runstore import RunRecord
@@ -68,3 +68,7 @@ class FakeBackend:
         running = [t for t in record.tasks if t.state == TaskState.RUNNING]
         CALLS.append(f"stop_recorded {len(running)}")
         return len(running)
+
+    def clean_recorded(self, record: RunRecord) -> Cleanup:
+        CALLS.append("clean_recorded")
+        return Cleanup()

@@ -46,8 +46,9 @@ def test_launch_status_logs_stop_through_the_protocol(fake: Path, tfl_home: Path
     view = json.loads(runner.invoke(app(), ["status", record.run_id, "--json"]).stdout)
     assert fake_backend.CALLS[-1] == "inspect ask=True"
     assert [(t["task"], t["rss_mb"], t["cpu_percent"]) for t in view["tasks"]] == [("chief:0", 64.0, 12.5), ("worker:0", 64.0, 12.5)]
+    calls = len(fake_backend.CALLS)
     runner.invoke(app(), ["status"])
-    assert fake_backend.CALLS[-1] == "inspect ask=False"
+    assert len(fake_backend.CALLS) == calls  # a finished run is listed from its record alone
 
     logs = runner.invoke(app(), ["logs", record.run_id, "--task", "worker:0"])
     assert logs.exit_code == 0 and logs.stdout.splitlines() == ["[worker:0] hello from worker:0", "[worker:0] bye from worker:0"]
@@ -57,12 +58,16 @@ def test_launch_status_logs_stop_through_the_protocol(fake: Path, tfl_home: Path
     for task in record.tasks:
         task.state = TaskState.RUNNING
     store.save(record)
+    runner.invoke(app(), ["status"])
+    assert fake_backend.CALLS[-1] == "inspect ask=False"
     stopped = runner.invoke(app(), ["stop", record.run_id])
     assert stopped.exit_code == 0 and "stopped 2 process(es) left by a launcher that was gone" in stopped.stdout
     assert fake_backend.CALLS[-1] == "stop_recorded 2"
     assert store.load(record.run_id).state == RunState.STOPPED
     again = runner.invoke(app(), ["stop", record.run_id])
     assert again.exit_code == 0 and "already stopped; nothing to stop" in again.stdout
+    removed = runner.invoke(app(), ["rm", record.run_id])
+    assert removed.exit_code == 0 and fake_backend.CALLS[-1] == "clean_recorded" and not store.run_dir(record.run_id).exists()
 
 
 def test_a_failed_task_is_a_result_and_stops_the_rest(fake: Path, tfl_home: Path) -> None:

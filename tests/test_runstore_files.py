@@ -179,7 +179,7 @@ def test_run_ids_are_unique_and_a_run_dir_is_never_shared(tmp_path: Path, monkey
     with pytest.raises(RunExistsError, match="run dir .*/job-taken exists already"):
         store.create(a_record(store, "job-taken"))
     tokens = iter(["taken0", "fresh0"])
-    monkeypatch.setattr("launcher.runstore.secrets.token_hex", lambda n: next(tokens))
+    monkeypatch.setattr("secrets.token_hex", lambda n: next(tokens))
     monkeypatch.setattr("launcher.runstore.time.strftime", lambda fmt: "T")
     store.create(a_record(store, "job-T-taken0"))
     assert store.new_run_id("job") == "job-T-fresh0"  # the id of an existing dir is never handed out

@@ -11,13 +11,13 @@ import importlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Callable
 
-from launcher.backends.base import Backend, TaskLive, TaskProcess
+from launcher.backends.base import Backend, Cleanup, TaskLive, TaskProcess
 from launcher.errors import UsageError
 
 if TYPE_CHECKING:
     from launcher.plan import LaunchPlan
 
-__all__ = ["BACKENDS", "Backend", "TaskLive", "TaskProcess", "get", "name_for", "name_for_plan"]
+__all__ = ["BACKENDS", "Backend", "Cleanup", "TaskLive", "TaskProcess", "get", "name_for", "name_for_plan"]
 
 # name -> "module:Class"
 BACKENDS: dict[str, str] = {

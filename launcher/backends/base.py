@@ -46,6 +46,16 @@ class TaskLive:
     uptime_s: float | None = None
 
 
+@dataclass
+class Cleanup:
+    """What ``clean_recorded`` did on the run's hosts (not on this machine: the run store
+    removes the run's own directory here)."""
+
+    removed: list[str] = field(default_factory=list)  # "host:/path" of each directory removed
+    left: list[str] = field(default_factory=list)  # what could not be removed, each with why
+    bytes_freed: int = 0
+
+
 class Backend(Protocol):
     name: str  # as recorded in the run's record; ``launcher.backends.get(name)`` makes one
     # True when ``start`` is mostly waiting (a round trip to a host): the supervisor then
@@ -97,4 +107,11 @@ class Backend(Protocol):
     def stop_recorded(self, record: RunRecord, grace: float) -> int:
         """Stop what is left of a run whose launcher is gone: SIGTERM, ``grace``, SIGKILL to
         every task still alive (``launcher.teardown``). Idempotent; returns how many it signalled."""
+        ...
+
+    def clean_recorded(self, record: RunRecord) -> Cleanup:
+        """Remove what the run left on its hosts besides its directory here (code shipped to
+        SSH hosts, their run dirs), for ``tfl rm`` / ``tfl prune`` of a finished run. Only
+        directories tfl made for this run; a host that cannot be reached is reported in
+        ``left``, never raised. Idempotent."""
         ...

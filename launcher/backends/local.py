@@ -14,7 +14,7 @@ from typing import Any, Callable
 import psutil
 
 from launcher import procs
-from launcher.backends.base import TaskLive, TaskProcess
+from launcher.backends.base import Cleanup, TaskLive, TaskProcess
 from launcher.checks import Check, HostTasks, diagnose, host_tasks, probe_request
 from launcher.errors import LaunchError
 from launcher.files import open_private
@@ -143,6 +143,9 @@ class LocalBackend:
         found = procs.marked_processes(record.run_id, known)
         teardown(found, signal=procs.signal_group, alive=procs.is_running, grace=grace, kill_wait=5.0)
         return len(found)
+
+    def clean_recorded(self, record: RunRecord) -> Cleanup:
+        return Cleanup()  # a local run's files all lie in its run dir, which the run store removes
 
 
 def _port_owner(port: int) -> str:

@@ -25,6 +25,8 @@ Modes of a request:
 ``unpack``
     Extract gzipped tarballs (base64 in the request) into their directories: the code
     ``tfl launch`` ships.
+``remove``
+    Remove a finished run's directories (``tfl rm``): only ones named after the run, no link.
 
 Output of ``run`` is framed on stdout (1 type byte, 4-byte length, payload) so that job
 output and control messages stay in order: ``O`` output, ``C`` JSON control, ``P`` ping.
@@ -326,6 +328,27 @@ def unpack(request: dict[str, Any]) -> dict[str, Any]:
     return {"extracted": extracted}
 
 
+def remove(request: dict[str, Any]) -> dict[str, Any]:  # path -> {"removed": bytes} | {"absent": true} | {"error": why}
+    import shutil
+    result, run_id = {}, request["run_id"]
+    for path in request["paths"]:
+        if not path.startswith("/") or os.path.normpath(path) != path or path.count("/") < 2 or os.path.basename(path) != run_id:
+            result[path] = {"error": "refused: not a directory of run %s" % run_id}
+        elif os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+            result[path] = {"error": "refused: a link or a file, not a directory"}
+        else:
+            try:
+                size = sum(os.lstat(os.path.join(top, name)).st_blocks * 512
+                           for top, dirs, files in os.walk(path) for name in dirs + files)
+                shutil.rmtree(path)
+                result[path] = {"removed": size}
+            except FileNotFoundError:
+                result[path] = {"absent": True}
+            except OSError as exc:
+                result[path] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+    return result
+
+
 def _port_state(port: int, ipv6: bool = False) -> str | None:
     """None when free; else what holds it. Binds every interface of the task's address family,
     as TensorFlow's server does."""
@@ -355,7 +378,7 @@ def _gpus() -> list[str] | None:
 
 
 def main() -> None:
-    handlers = {"info": info, "signal": signal_tasks, "probe": probe, "unpack": unpack}
+    handlers = {"info": info, "signal": signal_tasks, "probe": probe, "unpack": unpack, "remove": remove}
     while True:
         line = sys.stdin.readline()
         if not line:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from launcher.backends.base import TaskLive, TaskProcess
+from launcher.backends.base import Cleanup, TaskLive, TaskProcess
 from launcher.backends.ssh.connect import SSHError, connect, open_channel
 from launcher.backends.ssh.wire import agent_command, agent_input, agent_request, archives, converse, python_failure
 from launcher.checks import Check, HostTasks, diagnose, host_tasks, judge, probe_request
@@ -340,3 +340,8 @@ class SSHBackend:
         from launcher.backends.ssh import recorded
 
         return recorded.stop(record, grace)
+
+    def clean_recorded(self, record: RunRecord) -> Cleanup:
+        from launcher.backends.ssh import recorded
+
+        return recorded.clean(record)

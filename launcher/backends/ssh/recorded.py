@@ -1,4 +1,4 @@
-"""``tfl status`` and ``tfl stop`` for a recorded SSH run: ask its hosts, all at once.
+"""``tfl status``, ``tfl stop`` and ``tfl rm`` for a recorded SSH run: ask its hosts, all at once.
 
 The launcher watches its remote tasks through their agents; these functions are for
 other processes (``tfl status RUN``, ``tfl stop`` when the launcher is gone). Each host
@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import PurePosixPath
 from typing import Any
 
-from launcher.backends.base import TaskLive
+from launcher.backends.base import Cleanup, TaskLive
 from launcher.backends.ssh.connect import connect
 from launcher.backends.ssh.wire import agent_request
-from launcher.contract import PROGRESS_FILE
+from launcher.contract import PROGRESS_FILE, RUN_DIR
 from launcher.hosts import SSHTarget
 from launcher.parallel import parallel
 from launcher.plan import LaunchPlan
@@ -115,3 +116,60 @@ def stop(record: RunRecord, grace: float) -> int:
                  alive=lambda r: any(info.get("alive") for info in remote_task_info(r).values()),
                  wait=lambda s: time.sleep(max(s, 0.2)))
     return len(alive)
+
+
+def run_dirs_there(record: RunRecord) -> dict[str, tuple[SSHTarget, str, list[str]]]:
+    """host -> (how to reach it, its python, the directories tfl made there for this run).
+
+    Those are the tasks' working dir and run dir (``TFL_RUN_DIR``) as the plan recorded them,
+    each cut to its closest part named after the run: a working dir the cluster file gave
+    (``hosts.<h>.workdir``) is not the run's, but the run dir inside it is.
+    """
+    hosts: dict[str, tuple[SSHTarget, str, list[str]]] = {}
+    for launch in LaunchPlan.from_dict(record.plan).tasks:
+        if launch.ssh is None:
+            continue
+        entry = hosts.setdefault(launch.host, (replace(launch.ssh, accept_new_host_keys=False), launch.python, []))
+        for path in (launch.cwd, launch.env.get(RUN_DIR)):
+            own = _own_dir(path, record.run_id)
+            if own and own not in entry[2]:
+                entry[2].append(own)
+    for _, _, paths in hosts.values():  # a dir inside another one goes with it
+        paths[:] = [p for p in paths if not any(p.startswith(q + "/") for q in paths)]
+    return {host: entry for host, entry in hosts.items() if entry[2]}
+
+
+def _own_dir(path: str | None, run_id: str) -> str | None:
+    if not path or not path.startswith("/") or ".." in PurePosixPath(path).parts:
+        return None
+    own = next((p for p in (PurePosixPath(path), *PurePosixPath(path).parents) if p.name == run_id), None)
+    return str(own) if own is not None else None
+
+
+def clean(record: RunRecord) -> Cleanup:
+    """Remove the run's directories on every SSH host at once (the agent's ``remove``, which
+    refuses anything not named after the run). An unreachable host is reported, not raised."""
+    hosts = run_dirs_there(record)
+
+    def remove(host: str) -> dict[str, Any]:
+        target, python, paths = hosts[host]
+        conn = connect(target)
+        try:
+            answer: dict[str, Any] = agent_request(conn, python, {"mode": "remove", "run_id": record.run_id,
+                                                                  "paths": paths})
+            return answer
+        finally:
+            conn.close()
+
+    done = Cleanup()
+    for host, result in zip(hosts, parallel(remove, list(hosts)), strict=True):
+        if isinstance(result, Exception):
+            done.left.append(f"{host}: {result}; left {', '.join(hosts[host][2])} there")
+            continue
+        for path, outcome in result.items():
+            if "error" in outcome:
+                done.left.append(f"{host}:{path}: {outcome['error']}")
+            elif "removed" in outcome:
+                done.removed.append(f"{host}:{path}")
+                done.bytes_freed += int(outcome["removed"])
+    return done

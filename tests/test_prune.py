@@ -1,0 +1,150 @@
+"""`tfl rm` and `tfl prune`: finished runs go, with their files; a running run never does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from launcher.backends.ssh import agent
+from launcher.backends.ssh.recorded import run_dirs_there
+from launcher.cli import app
+from launcher.prune import parse_age, to_prune
+from launcher.runindex import active_ids
+from launcher.runstore import RunRecord, RunStore, TaskRecord
+from launcher.states import RunState, TaskState
+
+runner = CliRunner()
+NOW = time.time()
+DAY = 86400.0
+
+
+def add_run(store: RunStore, run_id: str, age_days: float, state: RunState = RunState.SUCCEEDED, *,
+            launcher_alive: bool = False, task_pid: int | None = None, plan: dict[str, object] | None = None) -> RunRecord:
+    me = psutil.Process()
+    run_dir = store.run_dir(run_id)
+    task = TaskRecord(task="chief:0", host="localhost", backend="local", log_path=str(run_dir / "logs" / "chief-0.log"),
+                      progress_path=str(run_dir / "progress" / "chief-0.json"),
+                      state=TaskState.RUNNING if task_pid else TaskState.SUCCEEDED, pid=task_pid,
+                      create_time=psutil.Process(task_pid).create_time() if task_pid else None)
+    created = NOW - age_days * DAY
+    record = RunRecord(run_id=run_id, job="j.py", job_args=[], run_dir=str(run_dir), created=created, state=state,
+                       ended=created + 60 if state.is_terminal else None,
+                       launcher_pid=me.pid if launcher_alive else 999_999_999,
+                       launcher_create_time=me.create_time() if launcher_alive else 1.0, tasks=[task], plan=plan or {})
+    store.create(record)
+    (run_dir / "logs" / "chief-0.log").write_bytes(b"x" * 100_000)
+    return record
+
+
+def test_parse_age() -> None:
+    assert parse_age("7d") == 7 * DAY and parse_age("12h") == 43200 and parse_age("1.5m") == 90 and parse_age("2w") == 14 * DAY
+    for bad in ("7", "d", "7x", "-1d", ""):
+        with pytest.raises(Exception, match="--older-than"):
+            parse_age(bad)
+
+
+def test_what_prune_picks(tfl_home: Path) -> None:
+    store = RunStore(tfl_home)
+    records = [add_run(store, f"old-{i}", 10 + i) for i in range(3)] + [add_run(store, "new", 1)]
+    records.append(add_run(store, "running", 30, RunState.RUNNING, launcher_alive=True))
+    records.append(add_run(store, "lost", 20, RunState.RUNNING))  # launcher and tasks gone: removable
+    names = lambda runs: [r.run_id for r in runs]  # noqa: E731
+    assert names(to_prune(records, older_than=7 * DAY, keep=None, now=NOW)) == ["lost", "old-2", "old-1", "old-0"]
+    assert names(to_prune(records, older_than=None, keep=2, now=NOW)) == ["lost", "old-2", "old-1"]
+    assert names(to_prune(records, older_than=11.5 * DAY, keep=0, now=NOW)) == ["lost", "old-2"]
+    assert names(to_prune(records, older_than=None, keep=10, now=NOW)) == []
+
+
+def test_rm_removes_finished_runs_and_keeps_running_ones(tfl_home: Path) -> None:
+    store = RunStore(tfl_home)
+    add_run(store, "done-a", 1)
+    add_run(store, "lost-b", 2, RunState.RUNNING)
+    add_run(store, "running-c", 3, RunState.RUNNING, launcher_alive=True)
+    missing = runner.invoke(app, ["rm", "done-a", "nope"])
+    assert missing.exit_code == 2 and "run 'nope' not found" in missing.stderr
+    assert store.run_dir("done-a").exists()  # nothing removed when one name is wrong
+    result = runner.invoke(app, ["rm", "done", "lost-b", "running-c"])
+    assert result.exit_code == 1, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("removed done-a (1") and lines[0].endswith("KB)") and lines[1].startswith("removed lost-b (")
+    assert lines[2].startswith("kept running-c: still running (its launcher, pid ") and "`tfl stop running-c` first" in lines[2]
+    assert lines[3].startswith("tfl: removed 2 run(s), ") and lines[3].endswith("KB freed here")
+    assert sorted(os.listdir(store.runs_dir)) == ["running-c"] and active_ids(tfl_home) == ["running-c"]
+    again = runner.invoke(app, ["rm", "done-a"])
+    assert again.exit_code == 2 and "not found" in again.stderr
+
+
+def test_rm_keeps_a_lost_run_whose_task_still_runs(tfl_home: Path) -> None:
+    store = RunStore(tfl_home)
+    task = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        add_run(store, "lost", 1, RunState.RUNNING, task_pid=task.pid)
+        kept = runner.invoke(app, ["rm", "lost"])
+        assert kept.exit_code == 1 and "its launcher is gone but tasks of it still run" in kept.stdout
+        assert store.run_dir("lost").exists()
+    finally:
+        task.kill()
+        task.wait()
+    assert runner.invoke(app, ["rm", "lost"]).exit_code == 0 and not store.run_dir("lost").exists()
+
+
+def test_prune(tfl_home: Path) -> None:
+    store = RunStore(tfl_home)
+    for i in range(4):
+        add_run(store, f"run-{i}", [30, 10, 3, 0][i])
+    add_run(store, "running", 40, RunState.RUNNING, launcher_alive=True)
+    dry = runner.invoke(app, ["prune", "--dry-run"])  # default: older than 7 days
+    assert dry.exit_code == 0 and [line.split()[:3] for line in dry.stdout.splitlines()[:2]] == [
+        ["would", "remove", "run-0"], ["would", "remove", "run-1"]]
+    assert "dry run: nothing removed" in dry.stdout and len(os.listdir(store.runs_dir)) == 5
+    pruned = runner.invoke(app, ["prune"])
+    assert pruned.exit_code == 0 and pruned.stdout.splitlines()[-1].endswith("freed here; 3 run(s) kept")
+    assert sorted(os.listdir(store.runs_dir)) == ["run-2", "run-3", "running"]
+    assert runner.invoke(app, ["prune", "--keep", "1"]).exit_code == 0
+    assert sorted(os.listdir(store.runs_dir)) == ["run-3", "running"]
+    bad = runner.invoke(app, ["prune", "--older-than", "soon"])
+    assert bad.exit_code == 2 and "--older-than soon: give a number and a unit" in bad.stderr
+
+
+def test_agent_removes_only_directories_named_after_the_run(tmp_path: Path) -> None:
+    run = tmp_path / "tfl" / "r-1"
+    (run / "tfl-runs" / "r-1" / "model").mkdir(parents=True)
+    (run / "job.py").write_bytes(b"x" * 10_000)
+    other = tmp_path / "precious"
+    other.mkdir()
+    link = tmp_path / "links" / "r-1"
+    link.parent.mkdir()
+    link.symlink_to(other)
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "r-1").write_text("a file")
+    paths = [str(run), str(other), "relative/r-1", f"{tmp_path}/x/../tfl/r-1", str(link), str(tmp_path / "files" / "r-1"),
+             "/r-1", str(tmp_path / "gone" / "r-1")]
+    result = agent.remove({"run_id": "r-1", "paths": paths})
+    assert result[str(run)]["removed"] >= 10_000 and not run.exists()
+    for refused in paths[1:7]:
+        assert result[refused]["error"].startswith("refused"), (refused, result[refused])
+    assert result[str(tmp_path / "gone" / "r-1")] == {"absent": True}
+    assert other.exists() and link.is_symlink() and (tmp_path / "files" / "r-1").exists()
+
+
+def test_the_dirs_removed_on_hosts_are_the_runs_own() -> None:
+    def task(name: str, cwd: str, run_dir: str, host: str = "gpu1") -> dict[str, object]:
+        return {"task": name, "host": host, "port": 1, "argv": ["python", "job.py"], "env": {"TFL_RUN_DIR": run_dir},
+                "cwd": cwd, "log_path": "l", "progress_path": "p", "ssh": {"host": host}, "sync": []}
+
+    plan = {"run_id": "r-1", "run_dir": "/here/runs/r-1", "job": "job.py", "job_args": [], "tasks": [
+        task("chief:0", "/tmp/tfl/r-1", "/tmp/tfl/r-1/tfl-runs/r-1"),  # shipped: the default workdir is the run's
+        task("worker:0", "/srv/train", "/srv/train/tfl-runs/r-1", host="gpu2"),  # a workdir of the user's stays
+        task("worker:1", "/srv/../etc", "relative/r-1", host="gpu3"),  # nothing of the run's: nothing asked
+    ]}
+    record = RunRecord(run_id="r-1", job="job.py", job_args=[], run_dir="/here/runs/r-1", created=1.0, plan=plan,
+                       backend="ssh")
+    dirs = {host: paths for host, (_, _, paths) in run_dirs_there(record).items()}
+    assert dirs == {"gpu1": ["/tmp/tfl/r-1"], "gpu2": ["/srv/train/tfl-runs/r-1"]}

@@ -1,0 +1,57 @@
+"""`tfl rm` of an SSH run against a real sshd: the run's dirs on its hosts go; an unreachable
+host is reported and the run is still removed here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.spec import free_port
+from tests.sshd import NOWHERE, Sshd, cluster_file
+
+pytestmark = pytest.mark.ssh
+
+JOB = """\
+import os
+with open(os.path.join(os.environ["TFL_RUN_DIR"], "result.txt"), "w") as f:
+    f.write("x" * 50000)
+print("wrote", os.environ["TFL_TASK"], flush=True)
+"""
+
+
+def tfl(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "launcher", *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_rm_removes_the_runs_dirs_on_its_hosts(sshd: Sshd, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    workdirs = {"127.0.0.2": tmp_path / "w2", "127.0.0.3": tmp_path / "w3"}
+    for w in workdirs.values():
+        w.mkdir()
+    tasks = {"chief": [f"127.0.0.2:{free_port()}"], "worker": [f"127.0.0.3:{free_port()}"]}
+    cluster = cluster_file(tmp_path / "cluster.json", sshd, tasks, workdirs)
+    launched = tfl(["launch", str(job), "--cluster", str(cluster)], child_env)
+    assert launched.returncode == 0, launched.stderr
+    (run,) = [p.name for p in (tfl_home / "runs").iterdir()]
+    there = {host: w / "tfl-runs" / run for host, w in workdirs.items()}
+    assert all((d / "result.txt").exists() for d in there.values())
+    # The worker's host goes away before the run is removed.
+    state = tfl_home / "runs" / run / "state.json"
+    record = json.loads(state.read_text())
+    record["plan"]["tasks"][1]["ssh"]["host"] = NOWHERE
+    state.write_text(json.dumps(record))
+
+    removed = tfl(["rm", run], child_env)
+    assert removed.returncode == 0, removed.stderr
+    lines = removed.stdout.splitlines()
+    assert lines[0].startswith(f"removed {run} (") and f"and 127.0.0.2:{there['127.0.0.2']} (" in lines[0]
+    assert lines[1].startswith("  left: 127.0.0.3: ") and lines[1].endswith(f"left {there['127.0.0.3']} there")
+    assert lines[2].startswith("tfl: removed 1 run(s), ") and "KB on SSH hosts" in lines[2]
+    assert not there["127.0.0.2"].exists() and (there["127.0.0.3"] / "result.txt").exists()
+    assert workdirs["127.0.0.2"].exists() and (workdirs["127.0.0.2"] / "job.py").exists()  # the user's workdir stays
+    assert not (tfl_home / "runs" / run).exists()

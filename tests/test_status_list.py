@@ -1,0 +1,95 @@
+"""`tfl status` without RUN: the active runs and the 20 latest, reading only their records."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from launcher.cli import app
+from launcher.runindex import active_ids
+from launcher.runstore import RunRecord, RunStore, TaskRecord
+from launcher.states import RunState
+
+runner = CliRunner()
+
+
+def add_run(store: RunStore, run_id: str, created: float, state: RunState, *, launcher_alive: bool = False) -> None:
+    me = psutil.Process()
+    record = RunRecord(run_id=run_id, job="j.py", job_args=[], run_dir=str(store.run_dir(run_id)), created=created,
+                       state=state, launcher_pid=me.pid if launcher_alive else 999_999_999,
+                       launcher_create_time=me.create_time() if launcher_alive else 1.0,
+                       tasks=[TaskRecord(task="chief:0", host="localhost", backend="local", log_path="l", progress_path="p")])
+    store.create(record)
+    os.utime(store.run_dir(run_id), (created, created))  # its record last changed when it was created
+
+
+@pytest.fixture
+def store(tfl_home: Path) -> RunStore:
+    """25 finished runs (one a minute), then a run still running and a lost one, both the oldest."""
+    store = RunStore(tfl_home)
+    base = 1_700_000_000.0
+    add_run(store, "running-one", base - 600, RunState.RUNNING, launcher_alive=True)
+    add_run(store, "lost-one", base - 500, RunState.RUNNING)
+    for i in range(25):
+        add_run(store, f"done-{i:02d}", base + 60 * i, RunState.SUCCEEDED)
+    return store
+
+
+def listed(args: list[str]) -> list[str]:
+    result = runner.invoke(app, ["status", *args])
+    assert result.exit_code == 0, result.output
+    return [line.split()[0] for line in result.stdout.splitlines()[1:] if not line.startswith("…")]
+
+
+def test_markers_follow_the_record(store: RunStore) -> None:
+    assert active_ids(store.home) == ["lost-one", "running-one"]  # finished runs dropped theirs on their last save
+    record = store.load("running-one")
+    record.state = RunState.STOPPED
+    store.save(record)
+    assert active_ids(store.home) == ["lost-one"]
+
+
+def test_default_lists_active_and_latest(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    reads = []
+    original = RunRecord.from_json.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(RunRecord, "from_json", classmethod(lambda cls, text: reads.append(1) or original(cls, text)))
+    result = runner.invoke(app, ["status"])
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.stdout.splitlines()[1:-1]]
+    assert [r[0] for r in rows] == ["running-one", "lost-one", *(f"done-{i:02d}" for i in range(5, 25))]
+    assert rows[0][2] == "running" and rows[1][2] == "lost"
+    assert result.stdout.splitlines()[-1] == "… and 5 older run(s): `tfl status --all` lists every run"
+    assert len(reads) == 22  # the 5 older records were never read
+
+
+def test_all_and_json_follow_the_same_rule(store: RunStore) -> None:
+    assert len(listed(["--all"])) == 27
+    default = json.loads(runner.invoke(app, ["status", "--json"]).stdout)
+    assert [v["run_id"] for v in default][:3] == ["running-one", "lost-one", "done-05"] and len(default) == 22
+    assert len(json.loads(runner.invoke(app, ["status", "--json", "--all"]).stdout)) == 27
+
+
+def test_latest_run_is_the_newest_created(store: RunStore) -> None:
+    assert store.resolve(None).run_id == "done-24"
+    add_run(store, "newer-but-running", 1_800_000_000.0, RunState.RUNNING, launcher_alive=True)
+    os.utime(store.run_dir("newer-but-running"), (1.0, 1.0))  # even when its dir looks old: it is active
+    assert store.resolve(None).run_id == "newer-but-running"
+
+
+def test_watch_redraws_the_list(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    frames = []
+
+    def sleep(seconds: float) -> None:
+        frames.append(seconds)
+        if len(frames) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("launcher.report.time.sleep", sleep)
+    result = runner.invoke(app, ["status", "--watch"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("RUN  ") == 2 and "\033[2J" not in result.stdout  # two frames; not a terminal: no clearing

@@ -1,0 +1,135 @@
+"""`tfl tensorboard`: a real TensorBoard on a free loopback port answers, serves the run's
+curves, and is gone when the command ends (Ctrl-C, or the command killed)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from launcher.cli import app
+from launcher.runstore import RunRecord, RunStore, TaskRecord
+from launcher.states import RunState
+from launcher.tboard import NO_TF_MAIN, model_dir_of
+from tests.conftest import ROOT
+from tests.procs import pid_alive
+
+runner = CliRunner()
+# One scalar in an event file, written by TensorBoard's own writer without TensorFlow.
+WRITE_EVENTS = NO_TF_MAIN.split("from tensorboard.main")[0] + """
+import time
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
+writer = EventFileWriter(sys.argv[1])
+writer.add_event(Event(wall_time=time.time(), step=1, summary=Summary(value=[Summary.Value(tag="epoch_loss", simple_value=0.5)])))
+writer.close()
+"""
+
+
+def task(name: str, env: dict[str, str], ssh: dict[str, Any] | None = None, cwd: str = "/work") -> dict[str, Any]:
+    return {"task": name, "host": ssh["host"] if ssh else "localhost", "port": 1, "argv": ["/opt/py", "job.py"], "env": env,
+            "cwd": cwd, "log_path": "l", "progress_path": "p", "ssh": ssh, "sync": []}
+
+
+def add_run(store: RunStore, run_id: str, tasks: list[dict[str, Any]], job_args: list[str] | None = None) -> RunRecord:
+    run_dir = store.run_dir(run_id)
+    record = RunRecord(run_id=run_id, job="job.py", job_args=job_args or [], run_dir=str(run_dir), created=time.time(),
+                       state=RunState.SUCCEEDED, ended=time.time(),
+                       tasks=[TaskRecord(task="chief:0", host="localhost", backend="local", log_path="l", progress_path="p")],
+                       plan={"run_id": run_id, "run_dir": str(run_dir), "job": "job.py", "job_args": [], "tasks": tasks})
+    store.create(record)
+    return record
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def get(url: str) -> tuple[int, bytes]:
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return answer.status, answer.read()
+
+
+def test_model_dir_rules(tfl_home: Path) -> None:
+    store = RunStore(tfl_home)
+    here = add_run(store, "here", [task("chief:0", {"TFL_RUN_DIR": "/runs/here"}), task("worker:0", {"TFL_RUN_DIR": "/x"})])
+    assert model_dir_of(here).path == "/runs/here/model" and model_dir_of(here).host is None
+    shared = add_run(store, "shared", [task("worker:0", {"TFL_RUN_DIR": "/r", "TFL_MODEL_DIR": "/nfs/models/shared"})])
+    assert model_dir_of(shared).path == "/nfs/models/shared"
+    given = add_run(store, "given", [task("chief:0", {"TFL_RUN_DIR": "/r"}, cwd="/work")], job_args=["--model-dir", "out/m"])
+    assert model_dir_of(given).path == "/work/out/m"
+    remote = model_dir_of(add_run(store, "remote", [task("chief:0", {"TFL_RUN_DIR": "/srv/w/tfl-runs/remote"},
+                                                         ssh={"host": "gpu1", "port": 2222, "user": "train"})]))
+    assert (remote.path, remote.host, remote.python) == ("/srv/w/tfl-runs/remote/model", "gpu1", "/opt/py")
+
+
+def test_a_model_dir_on_another_host_says_how_to_reach_it(tfl_home: Path) -> None:
+    add_run(RunStore(tfl_home), "remote", [task("chief:0", {"TFL_RUN_DIR": "/srv/w/tfl-runs/remote"},
+                                                ssh={"host": "gpu1", "port": 2222, "user": "train", "identity_file": "/k"})])
+    result = runner.invoke(app, ["tensorboard", "remote", "--port", "6010"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[1] == ("  ssh -p 2222 -i /k -L 6010:127.0.0.1:6010 train@gpu1 '/opt/py -m tensorboard.main "
+                                             "--logdir /srv/w/tfl-runs/remote/model --port 6010 --host 127.0.0.1'")
+
+
+def test_a_busy_port_is_one_line(tfl_home: Path) -> None:
+    add_run(RunStore(tfl_home), "here", [task("chief:0", {"TFL_RUN_DIR": str(tfl_home / "runs" / "here")})])
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = runner.invoke(app, ["tensorboard", "--port", str(port)])
+    assert result.exit_code == 2 and result.stderr == f"tfl: error: --port {port}: 127.0.0.1:{port} is in use; give another port or leave --port out\n"
+
+
+@pytest.mark.parametrize("end", ["ctrl-c", "kill -9"])
+def test_real_tensorboard_serves_the_run_and_goes_with_the_command(tfl_home: Path, child_env: dict[str, str], end: str) -> None:
+    run_dir = tfl_home / "runs" / "r-1"
+    add_run(RunStore(tfl_home), "r-1", [task("chief:0", {"TFL_RUN_DIR": str(run_dir)})])
+    subprocess.run([sys.executable, "-c", WRITE_EVENTS, str(run_dir / "model" / "tensorboard" / "train")], check=True, timeout=120)
+    port = free_port()
+    tfl = subprocess.Popen([sys.executable, "-m", "launcher", "tensorboard", "--port", str(port)], env=child_env, cwd=ROOT,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = tfl.stdout.readline()  # type: ignore[union-attr]
+        if first != f"TensorBoard for run r-1: http://127.0.0.1:{port}/\n":
+            tfl.kill()
+            pytest.fail(f"{first}{tfl.stderr.read()}")  # type: ignore[union-attr]
+        (board,) = psutil.Process(tfl.pid).children()
+        assert get(f"http://127.0.0.1:{port}/")[0] == 200
+        tags = _wait_for_tags(port)
+        assert tags == {"tensorboard/train": ["epoch_loss"]}
+        tfl.send_signal(signal.SIGINT if end == "ctrl-c" else signal.SIGKILL)
+        code = tfl.wait(timeout=30)
+        assert code == (0 if end == "ctrl-c" else -signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while pid_alive(board.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not pid_alive(board.pid), "TensorBoard outlived tfl tensorboard"
+        with socket.socket() as sock:
+            assert sock.connect_ex(("127.0.0.1", port)) != 0
+    finally:
+        tfl.kill()
+        tfl.wait()
+
+
+def _wait_for_tags(port: int, timeout: float = 60.0) -> dict[str, list[str]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        tags = json.loads(get(f"http://127.0.0.1:{port}/data/plugin/scalars/tags")[1])
+        if tags or time.monotonic() > deadline:
+            return {run: sorted(t) for run, t in tags.items()}
+        time.sleep(0.2)
