@@ -26,6 +26,9 @@ def parse_args() -> argparse.Namespace:
     parser = jobkit.job_arguments(__doc__.splitlines()[0], batch_size=64,
                                   data_help="an .npz (x_train, y_train, x_test, y_test) or a directory of the four idx files")
     parser.add_argument("--dataset", choices=("mnist", "fashion_mnist"), default="mnist")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                        help="float64: for comparing runs whose sums run in another order (N workers against 1 "
+                             "process); in float32 those round differently, and training magnifies it")
     return parser.parse_args()
 
 
@@ -51,12 +54,13 @@ def to_dataset(images: np.ndarray, labels: np.ndarray) -> tf.data.Dataset:
 
 
 def scale(images: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    return tf.cast(images, tf.float32) / 255.0, tf.cast(labels, tf.int64)
+    return tf.cast(images, keras.backend.floatx()) / 255.0, tf.cast(labels, tf.int64)
 
 
 def main() -> None:
     args = parse_args()
     keras.utils.set_random_seed(args.seed)
+    keras.backend.set_floatx(args.dtype)
     context = jobkit.task_context()
     strategy = jobkit.make_strategy(context, virtual_devices=args.virtual_devices)
     model_dir = args.model_dir or jobkit.default_model_dir(context, "mnist")

@@ -11,7 +11,7 @@ import pytest
 
 from launcher.jobkit.context import JobKitError, TaskContext
 from launcher.jobkit.execution import choose_steps_per_execution, largest_divisor_at_most, scaled_learning_rate, warmup_rate
-from launcher.jobkit.finish import BARRIER, LEFT_KEY, leave_together
+from launcher.jobkit.finish import BARRIER, LEFT_KEY, REPLY_GRACE_S, leave_together
 from tests.conftest import ROOT
 
 # --- steps per call -----------------------------------------------------------------------
@@ -111,7 +111,7 @@ def test_the_chief_leaves_after_hearing_from_every_worker() -> None:
         leave_together(TaskContext("chief", 0, CLUSTER), FakeCoordination(events, "c"), barrier_timeout_s=1,
                        leave=lambda: leaver(events, "c"), sleep=lambda s: events.append(f"c sleeps {s}"))
     assert events == [f"c barrier {BARRIER}", f"c got {LEFT_KEY}worker:0", f"c got {LEFT_KEY}worker:1",
-                      "c sleeps 0.05", "c left"]
+                      f"c sleeps {REPLY_GRACE_S}", "c left"]
 
 
 def test_a_failed_barrier_returns_for_the_slow_way(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,7 +7,8 @@ leaves at once with `os._exit(0)`. The order matters too: the chief's barrier ca
 before the service has sent the workers their replies, and if the chief leaves then, a
 worker is stuck on the slow path. So each worker, once past the barrier, tells the chief
 through the service's key-value store, then leaves; the chief leaves after hearing from
-every worker, the last of all.
+every worker, the last of all. (Each side logs the moment it leaves; a worker's
+message to the chief is its last act, so the chief's moment is always the later.)
 
 `leave_together` is the protocol, free of TensorFlow so that it is tested with fakes.
 """
@@ -73,20 +74,20 @@ def leave_together(context: TaskContext, coordination: Coordination, *, barrier_
         return
     mine = f"{context.task_type}:{context.task_index}"
     if not context.is_chief:
-        _send(lambda: coordination.set_config_key_value(LEFT_KEY + mine, "1"), errors)
-        print(f"jobkit: every training task done (waited {time.monotonic() - started:.2f} s); exiting without "
-              "TensorFlow's teardown", flush=True)
+        print(f"jobkit: every training task done (waited {time.monotonic() - started:.2f} s); {mine} leaves at "
+              f"{time.time():.6f}, before the chief, without TensorFlow's teardown", flush=True)
+        _flush()
+        _send(lambda: coordination.set_config_key_value(LEFT_KEY + mine, "1"))
         leave()
-    others = [task for task in training_tasks(context) if task != mine]
-    for task in others:
+    for task in (task for task in training_tasks(context) if task != mine):
         try:
             coordination.get_config_key_value(LEFT_KEY + task, int(LEFT_SEND_S * 1000))
         except errors as exc:
             print(f"jobkit: {task} did not say it was leaving ({type(exc).__name__}); the chief leaves anyway", flush=True)
             break
+    print(f"jobkit: every training task done (waited {time.monotonic() - started:.2f} s); the chief leaves last at "
+          f"{time.time():.6f}, without TensorFlow's teardown", flush=True)
     sleep(REPLY_GRACE_S)
-    print(f"jobkit: every training task done (waited {time.monotonic() - started:.2f} s); the chief leaves last, "
-          "without TensorFlow's teardown", flush=True)
     leave()
 
 
@@ -95,12 +96,12 @@ def training_tasks(context: TaskContext) -> list[str]:
     return [f"{kind}:{i}" for kind in TRAINING_TYPES for i in range(len(context.cluster.get(kind, ())))]
 
 
-def _send(call: Callable[[], Any], errors: tuple[type[BaseException], ...]) -> None:
+def _send(call: Callable[[], Any]) -> None:
     """Run `call`, waiting at most LEFT_SEND_S: if the chief is gone, nobody is listening."""
     def run() -> None:
         try:
             call()
-        except errors:
+        except Exception:  # noqa: BLE001 - the chief is gone: nothing to tell
             pass
 
     thread = threading.Thread(target=run, name="tfl-finish", daemon=True)
@@ -108,8 +109,12 @@ def _send(call: Callable[[], Any], errors: tuple[type[BaseException], ...]) -> N
     thread.join(LEFT_SEND_S)
 
 
-def _leave() -> NoReturn:
+def _flush() -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+def _leave() -> NoReturn:
+    _flush()
     os._exit(0)
