@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 
 EPOCHS, STEPS, GLOBAL_BATCH = 2, 150, 128
 TOLERANCE = 1e-4
-X
+MIN_ACCURACY = 0.80  # after 300 steps (0.64 epoch of 128); measured 0.846 (the bench: >= 0.88 after 10 epochs)
 EPOCH_LINE = re.compile(r"^epoch (\d+)/\d+ loss=(\S+) accuracy=(\S+)$", re.M)
 EVAL_LINE = re.compile(r"^eval checkpoint=ckpt-(\d+) epoch=\d+ loss=\S+ accuracy=(\S+)$", re.M)
 LEFT = re.compile(r" leaves(?: last)? at ([0-9.]+),")
