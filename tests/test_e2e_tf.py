@@ -54,6 +54,9 @@ def test_local_cluster_with_evaluator(child_env: dict[str, str], tfl_home: Path)
     # and nothing the chief wrote was cut short by that: every epoch's summaries are in.
     for log in ("chief-0.log", "worker-0.log"):
         assert "jobkit: every training task done" in (logs / log).read_text()
+    from launcher import jobkit
+
+    jobkit.select_tf_keras()  # tensorboard may load tensorflow into this process, which later tests share
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
     (events,) = (model / "tensorboard" / "train").glob("events.out.tfevents*")
