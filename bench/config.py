@@ -33,8 +33,8 @@ class Config:
     train_workers: tuple[int, ...]  # throughput at these sizes; launch overhead at those > 1
     backup_every: int  # restart measure: backup interval (steps) …
     crash_step: int  # … and the step at which a worker is killed
-    train_rounds: int = 5  # 8. training throughput: rounds of kit / hand-written / before at 1 and 2 workers
-    throughput_epochs: int = 4  # … epochs per run (the first is left out of the rate)
+    train_rounds: int = 4  # 8. training throughput: rounds of kit, hand-written, before at 1 and 2 workers
+    throughput_epochs: int = 3  # … epochs per run (the first is left out of the rate)
     accuracy_epochs: int = 10  # … Fashion-MNIST accuracy and fidelity runs
     scaling_epochs: int = 3  # … batch-scaling runs
     store_runs: int = 50  # runs in the store for `tfl status`

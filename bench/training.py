@@ -2,30 +2,42 @@
 
 Every process group is started directly (no tfl), the way the launcher's plan starts it,
 so the figures are the jobs' own. Three kinds of runs:
-- rounds: in each, jobs/mnist.py (the kit), bench/jobs/handwritten_mnist.py and the kit
-  at one step per call ("before": what the kit did before issue 14) run back to back at
-  1 process and at 2 MultiWorkerMirroredStrategy workers, the order turning each round;
+- rounds: in each, jobs/mnist.py (the kit), bench/jobs/handwritten_mnist.py, the kit at one
+  step per call, and the kit as it was before issue 14 (commit f29eab2, from `git archive`,
+  skipped where the clone lacks it) run back to back at 1 process and at 2
+  MultiWorkerMirroredStrategy workers, the order turning each round;
 - fidelity and accuracy: 10 epochs at 1 process and 2 workers with an evaluator, in
   float32 (accuracy) and float64 (per-epoch loss, no rounding noise);
 - batch scaling: 1, 2 and 4 replicas (MirroredStrategy over logical CPUs), per-replica
-  batch fixed, the learning rate as it is against linear scaling with a 1-epoch warm-up.
+  batch fixed, the learning rate as it is against linear scaling with a 1-epoch warm-up;
+- a profile of a 2-worker step (bench/jobs/mwms_profile.py): all-reduces and their cost.
 Quick mode runs the rounds with the TF-free stand-in (its numbers say nothing).
 """
 
 from __future__ import annotations
 
+import io
+import json
+import subprocess
+import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from bench.common import FAKE_TRAIN, MNIST, ROOT, Workspace
 from bench.config import Config
 from bench.trainruns import GroupResult, run_group
+from launcher.jobkit.datasets import read_idx_dir
 
 HANDWRITTEN = ROOT / "bench" / "jobs" / "handwritten_mnist.py"
+PROFILE = ROOT / "bench" / "jobs" / "mwms_profile.py"
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 GLOBAL_BATCH = 128
 TRAIN_EXAMPLES = 60000
-KINDS = ("kit", "hand", "before")  # before: the kit at one step per call
+KINDS = ("kit", "hand", "before", "old")  # before: today's kit at one step per call; old: the kit before issue 14
+OLD_KIT = "f29eab2"  # the last commit before issue 14's work on the kit
 
 
 @dataclass
@@ -39,6 +51,7 @@ class TrainingRuns:
     accuracy: dict[str, dict[int, list[tuple[int, float, float]]]] = field(default_factory=dict)  # dtype -> n -> epochs
     test_accuracy: dict[str, dict[int, float]] = field(default_factory=dict)
     scaling: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)  # lr scaling -> replicas -> values
+    profile: dict[str, Any] = field(default_factory=dict)  # bench/jobs/mwms_profile.py's chief line
     skipped: str = ""  # why the TensorFlow parts were not measured
 
     def add(self, kind: str, n: int, result: GroupResult, examples_per_epoch: int) -> None:
@@ -52,20 +65,40 @@ def training_runs(cfg: Config, ws: Workspace) -> TrainingRuns:
     if not cfg.quick and not (FASHION / "train-images-idx3-ubyte.gz").exists():
         runs.skipped = f"{FASHION} is missing (apt-get install dataset-fashion-mnist)"
         return runs
+    old = None if cfg.quick else _old_kit(ws)
+    kinds = KINDS if old is not None or cfg.quick else KINDS[:-1]
     for rnd in range(cfg.train_rounds):
         for n in (1, 2):
-            order = KINDS if rnd % 2 == 0 else tuple(reversed(KINDS))
-            for kind in order:
-                _one_round_run(cfg, ws, runs, kind, n, rnd)
+            for kind in (kinds if rnd % 2 == 0 else tuple(reversed(kinds))):
+                _one_round_run(cfg, ws, runs, kind, n, rnd, old)
     if cfg.quick:
         runs.skipped = "quick mode: no TensorFlow"
         return runs
     _accuracy_runs(cfg, ws, runs)
     _scaling_runs(cfg, ws, runs)
+    profile = run_group(ws, "mwms-profile", PROFILE, 2, [])
+    runs.profile = json.loads(next(line for _, line in profile.chief.lines if line.startswith("{")))
     return runs
 
 
-def _one_round_run(cfg: Config, ws: Workspace, runs: TrainingRuns, kind: str, n: int, rnd: int) -> None:
+def _old_kit(ws: Workspace) -> Path | None:
+    """The kit and jobs as of OLD_KIT, with Fashion-MNIST as the .npz its loader takes; None without git or the commit."""
+    try:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", OLD_KIT, "launcher", "jobs"], capture_output=True,
+                                 check=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    dest = ws.root / f"kit-{OLD_KIT}"
+    dest.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(dest, filter="data")
+    (x_train, y_train), (x_test, y_test) = read_idx_dir(FASHION)
+    np.savez(dest / "fashion_mnist.npz", x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
+    return dest
+
+
+def _one_round_run(cfg: Config, ws: Workspace, runs: TrainingRuns, kind: str, n: int, rnd: int,
+                   old: Path | None) -> None:
     batch = str(GLOBAL_BATCH // n)
     epochs = str(cfg.throughput_epochs)
     if cfg.quick:  # the stand-in: same protocol (epoch lines), no TensorFlow
@@ -79,6 +112,9 @@ def _one_round_run(cfg: Config, ws: Workspace, runs: TrainingRuns, kind: str, n:
         args = ["--data", str(FASHION), "--model-dir", str(ws.root / f"hand-{n}-r{rnd}"), "--epochs", epochs,
                 "--batch-size", batch]
         result = run_group(ws, f"{kind}-{n}-r{rnd}", HANDWRITTEN, n, args)
+    elif kind == "old" and old is not None:
+        args = ["--data", str(old / "fashion_mnist.npz"), "--epochs", epochs, "--batch-size", batch]
+        result = run_group(ws, f"{kind}-{n}-r{rnd}", old / "jobs" / "mnist.py", n, args, env={"PYTHONPATH": str(old)})
     else:
         args = ["--dataset", "fashion_mnist", "--data", str(FASHION), "--epochs", epochs, "--batch-size", batch,
                 *(["--steps-per-execution", "1"] if kind == "before" else [])]

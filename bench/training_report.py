@@ -38,11 +38,18 @@ def _throughput_rows(cfg: Config, runs: TrainingRuns) -> tuple[list[list[str]], 
         row, got[f"rss{n}"] = _ratio_row(runs, f"peak RSS, kit / hand-written, {label}", runs.rss_mb, ("kit", n), ("hand", n),
                                          "MB", f"≤ {RSS_TARGET}×", f"{rounds}; ru_maxrss of each task from wait4")
         rows.append(row)
-    for kind, label in (("before", "before: the kit at 1 step per call"), ("kit", "after: the kit as it is"),
-                        ("hand", "hand-written (16 steps per call)")):
-        row, got[f"scale_{kind}"] = _ratio_row(runs, f"2 workers / 1 process, {label}", runs.rate, (kind, 2), (kind, 1),
-                                               "ex/s", "report", f"{rounds}; same global batch ({GLOBAL_BATCH})")
-        rows.append(row)
+    if "old" in runs.rate:
+        for n, label in ((1, "1 process"), (2, "2 workers")):
+            rows.append(_ratio_row(runs, f"examples/s, kit / the kit before issue 14, {label}", runs.rate, ("kit", n),
+                                   ("old", n), "ex/s", "report", f"{rounds}; as above")[0])
+        rows.append(_ratio_row(runs, "peak RSS, kit / the kit before issue 14, 1 process", runs.rss_mb, ("kit", 1),
+                               ("old", 1), "MB", "report", f"{rounds}; as above")[0])
+    for kind, label in (("old", "before issue 14 (the kit at f29eab2)"), ("before", "today's kit at 1 step per call"),
+                        ("kit", "after: the kit as it is"), ("hand", "hand-written (16 steps per call)")):
+        if kind in runs.rate:
+            row, got[f"scale_{kind}"] = _ratio_row(runs, f"2 workers / 1 process, {label}", runs.rate, (kind, 2), (kind, 1),
+                                                   "ex/s", "report", f"{rounds}; same global batch ({GLOBAL_BATCH})")
+            rows.append(row)
     row, _ = _ratio_row(runs, "whole-process wall time, kit / hand-written, 1 process", runs.wall_s, ("kit", 1), ("hand", 1),
                         "s", "report", f"{rounds}; spawn to exit (TensorFlow start-up and data loading included)")
     rows.append(row)
@@ -84,6 +91,37 @@ def _scaling_table(runs: TrainingRuns) -> list[dict[str, object]]:
                          "linear scaling, 1-epoch warm-up"], "rows": rows}]
 
 
+def _profile_table(runs: TrainingRuns) -> list[dict[str, object]]:
+    p = runs.profile
+    if not p:
+        return []
+    grad_ms, scalar_ms = p["gradient_all_reduce_s"] * 1000, p["scalar_all_reduce_s"] * 1000
+    one = 1000 * GLOBAL_BATCH / Stats.of(runs.rate["kit"][1]).median
+    stock, kit = p["stock_all_reduces"], p["kit_all_reduces"]
+    spe = _chosen(runs) or 16
+    rows = [
+        ["1 process: a whole step (batch 128), the kit", f"{one:.2f} ms", "the kit's 1-process rounds (examples/s)"],
+        [f"one all-reduce of the gradients ({p['gradient_floats']:,} floats, one pack)", f"{grad_ms:.2f} ms",
+         "a chain of 100 in one call, median of 5 calls, 2 workers"],
+        ["one all-reduce of a metric variable (1 float)", f"{scalar_ms:.2f} ms", "the same"],
+        ["all-reduces per step, keras' own train function (1 step per call, reduction 'auto')",
+         f"{stock['per_call'] + stock['per_step']}: gradients, 4 metric variables, 2 logged values",
+         "CollectiveReduce ops in the traced training graph"],
+        ["… the kit before issue 14 (1 step per call, reduction 'first')", "5: gradients, 4 metric variables",
+         "the same graph less the 2 logged values ('first' takes them from one replica)"],
+        ["… the kit now: inside the per-step loop / once per call", f"{kit['per_step']} / {kit['per_call']}",
+         "CollectiveReduce ops in the kit's training graph (16 steps per call)"],
+        ["communication per step: before / now", f"{grad_ms + 4 * scalar_ms:.2f} ms / "
+         f"{grad_ms + 4 * scalar_ms / spe:.2f} ms (at {spe} steps per call)", "from the rows above"],
+    ]
+    return [{"title": "Where the time of a 2-worker step goes", "headers": ["what", "measured", "how"], "rows": rows}]
+
+
+def _chosen(runs: TrainingRuns) -> int | None:
+    values = [int(line.split("; ", 1)[-1].split(" steps per call")[0]) for line in runs.chosen_spe]
+    return sorted(values)[len(values) // 2] if values else None
+
+
 def training_section(cfg: Config, runs: TrainingRuns) -> Section:
     if not runs.rate:  # no data set: nothing ran
         return Section(8, "Training throughput", "see issue 14", HEADERS,
@@ -104,11 +142,12 @@ def training_section(cfg: Config, runs: TrainingRuns) -> Section:
         HEADERS, rows, "n/a" if cfg.quick else verdict(met),
         notes=_notes(cfg, runs),
         raw={"rate": runs.rate, "rss_mb": runs.rss_mb, "wall_s": runs.wall_s, "chosen_spe": runs.chosen_spe,
-             "accuracy": runs.accuracy, "test_accuracy": runs.test_accuracy, "scaling": runs.scaling},
+             "accuracy": runs.accuracy, "test_accuracy": runs.test_accuracy, "scaling": runs.scaling,
+             "profile": runs.profile},
         headline=(f"kit/hand {got['speed1']:.3f}× (1 process), {got['speed2']:.3f}× (2 workers); RSS {got['rss1']:.3f}×; "
-                  f"2 workers/1 process {got['scale_before']:.2f} → {got['scale_kit']:.2f}"
+                  f"2 workers/1 process {got.get('scale_old', got['scale_before']):.2f} → {got['scale_kit']:.2f}"
                   + (f"; accuracy {got['accuracy']:.3f}" if "accuracy" in got else "")),
-        extra_tables=_scaling_table(runs))
+        extra_tables=_scaling_table(runs) + _profile_table(runs))
 
 
 def _notes(cfg: Config, runs: TrainingRuns) -> list[str]:

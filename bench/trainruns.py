@@ -86,10 +86,11 @@ def run_group(ws: Workspace, label: str, job: Path, tasks: int, args: Sequence[s
     started = time.monotonic()
     for name in names:
         kind, index = name.split(":")
-        task_env = ws.env(home, TF_USE_LEGACY_KERAS="1", PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
-                          TFL_RUN_ID=label, TFL_TASK=name, TFL_ATTEMPT="0", TFL_RUN_DIR=str(run_dir),
-                          TFL_PROGRESS_FILE=str(run_dir / f"{kind}-{index}.progress.json"),
-                          TF_CONFIG=tf_config(ports, kind, int(index), evaluator), **(env or {}))
+        plan = {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+                "TFL_RUN_ID": label, "TFL_TASK": name, "TFL_ATTEMPT": "0", "TFL_RUN_DIR": str(run_dir),
+                "TFL_PROGRESS_FILE": str(run_dir / f"{kind}-{index}.progress.json"),
+                "TF_CONFIG": tf_config(ports, kind, int(index), evaluator)}
+        task_env = ws.env(home, **{**plan, **(env or {})})
         run_dir.mkdir(parents=True, exist_ok=True)
         popen = subprocess.Popen([PYTHON, "-u", str(job), *args], env=task_env, cwd=ROOT, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
