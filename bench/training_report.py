@@ -108,9 +108,10 @@ def _profile_table(runs: TrainingRuns) -> list[dict[str, object]]:
          f"{stock['per_call'] + stock['per_step']}: gradients, 4 metric variables, 2 logged values",
          "CollectiveReduce ops in the traced training graph"],
         ["… the kit before issue 14 (1 step per call, reduction 'first')", "5: gradients, 4 metric variables",
-         "the same graph less the 2 logged values ('first' takes them from one replica)"],
+         "not traced: keras' graph less the 2 logged values, which 'first' takes from one replica"],
         ["… the kit now: inside the per-step loop / once per call", f"{kit['per_step']} / {kit['per_call']}",
-         "CollectiveReduce ops in the kit's training graph (16 steps per call)"],
+         "CollectiveReduce ops in the kit's training graph (the loop: gradients; the call's last step: gradients "
+         "and 4 metric variables)"],
         ["communication per step: before / now", f"{grad_ms + 4 * scalar_ms:.2f} ms / "
          f"{grad_ms + 4 * scalar_ms / spe:.2f} ms (at {spe} steps per call)", "from the rows above"],
     ]
