@@ -99,6 +99,7 @@ class Section:
     verdict: str = "n/a"  # "met", "missed", "n/a" (no target) or "not measured"
     notes: list[str] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)  # the samples behind every figure
+    extra_tables: list[dict[str, Any]] = field(default_factory=list)  # {"title", "headers", "rows"} after the main one
     headline: str = ""  # the key figure(s), for the summary
     measured_at: str = ""
     took_s: float = 0.0

@@ -33,6 +33,10 @@ class Config:
     train_workers: tuple[int, ...]  # throughput at these sizes; launch overhead at those > 1
     backup_every: int  # restart measure: backup interval (steps) …
     crash_step: int  # … and the step at which a worker is killed
+    train_rounds: int = 4  # 8. training throughput: rounds of kit, hand-written, before at 1 and 2 workers
+    throughput_epochs: int = 3  # … epochs per run (the first is left out of the rate)
+    accuracy_epochs: int = 10  # … Fashion-MNIST accuracy and fidelity runs
+    scaling_epochs: int = 3  # … batch-scaling runs
     store_runs: int = 50  # runs in the store for `tfl status`
     store_runs_many: int = 3000  # … and a store after weeks of sweeps
 
@@ -48,7 +52,7 @@ class Config:
         return cls(quick=True, reps=2, train_reps=2, cli_reps=3, teardown_reps=3, tf_alone_reps=0, store_runs_many=300,
                    local_ns=(1, 4), ssh_ns=(1, 2), train_job=FAKE_TRAIN,
                    epochs=2, steps_per_epoch=10, global_batch=64, train_workers=(1, 2),
-                   backup_every=5, crash_step=12)
+                   backup_every=5, crash_step=12, train_rounds=2, throughput_epochs=3)
 
     @property
     def uses_mnist(self) -> bool:

@@ -62,6 +62,8 @@ def render(sections: list[Section], meta: dict[str, Any]) -> str:
                 f"Target: {s.target}. Verdict: **{s.verdict}**. Measured {s.measured_at} in {s.took_s / 60:.1f} min, "
                 f"load {s.load[0]:.1f} → {s.load[1]:.1f}.", "",
                 table(s.headers, s.rows), ""]
+        for extra in s.extra_tables:
+            out += [f"**{extra['title']}**", "", table(extra["headers"], extra["rows"]), ""]
         out += [f"- {note}" for note in s.notes if note] + [""]
     raw = {"meta": meta, "sections": [asdict(s) for s in by_number]}
     out += ["## Raw samples", "", "Every sample behind the figures above, as JSON (seconds unless named otherwise).", "",

@@ -31,7 +31,8 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def build_model(num_words: int, maxlen: int, learning_rate: float) -> keras.Model:
+def build_model(num_words: int, maxlen: int,
+                learning_rate: float | keras.optimizers.schedules.LearningRateSchedule) -> keras.Model:
     model = keras.Sequential([
         keras.Input(shape=(maxlen,), dtype="int32"),
         keras.layers.Embedding(num_words, 7),
@@ -68,7 +69,8 @@ def main() -> None:
     if context.is_evaluator:
         model = build_model(args.num_words, args.maxlen, args.learning_rate)
         test = to_dataset(x_test, y_test, args.maxlen).batch(256)
-        jobkit.run_evaluator(model, test, context=context, model_dir=model_dir, epochs=args.epochs)
+        jobkit.run_evaluator(model, test, context=context, model_dir=model_dir, epochs=args.epochs,
+                             idle_timeout_s=args.eval_idle_timeout or None)
         return
 
     global_batch = jobkit.global_batch_size(args.batch_size, strategy)
@@ -78,12 +80,14 @@ def main() -> None:
              .shuffle(len(x_train), seed=args.seed)
              .repeat()
              .batch(global_batch, drop_remainder=True))
+    learning_rate = jobkit.learning_rate(args.learning_rate, strategy, scaling=args.lr_scaling,
+                                         warmup_epochs=args.warmup_epochs, steps_per_epoch=steps_per_epoch)
     with strategy.scope():
-        model = build_model(args.num_words, args.maxlen, args.learning_rate)
+        model = build_model(args.num_words, args.maxlen, learning_rate)
     jobkit.fit(
         model, jobkit.shard_by_data(train), context=context, model_dir=model_dir,
         epochs=args.epochs, steps_per_epoch=steps_per_epoch, global_batch_size=global_batch,
-        backup_every_steps=args.backup_every_steps,
+        backup_every_steps=args.backup_every_steps, steps_per_execution=args.steps_per_execution,
     )
     jobkit.finish(strategy)  # all training tasks leave together, without TensorFlow's slow teardown
 

@@ -109,11 +109,19 @@ class ModelDirLayout:
 
     @property
     def eval(self) -> Path:
-        return self.root / "eval"
+        # Next to training's summaries (tensorboard/train), so one `tensorboard --logdir`
+        # shows both.
+        return self.tensorboard / "eval"
 
     @property
     def done_file(self) -> Path:
         return self.root / "training_done.json"
+
+    @property
+    def training_progress(self) -> Path:
+        """The chief's progress record, rewritten every few seconds while it trains:
+        what the evaluator follows to tell a long epoch from a dead chief."""
+        return self.root / "training_progress.json"
 
 
 MODEL_SUBDIR: Final = "model"  # the default model dir: <TFL_RUN_DIR>/model

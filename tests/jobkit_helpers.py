@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 MNIST_JOB = REPO / "jobs" / "mnist.py"
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
 EPOCH_LINE_PREFIX = "epoch "
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "grpc_proxy")
 
@@ -40,6 +42,15 @@ class JobProcess:
         if not self.progress_log.exists():
             return []
         return [json.loads(ln) for ln in self.progress_log.read_text().splitlines() if ln]
+
+
+def require_fashion_mnist() -> Path:
+    """Debian's Fashion-MNIST; the test is skipped without it, except in CI (CI=true), where it fails."""
+    if not (FASHION_MNIST / "train-images-idx3-ubyte.gz").exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{FASHION_MNIST} is missing; CI must install dataset-fashion-mnist (see .ci/run)")
+        pytest.skip("dataset-fashion-mnist is not installed (apt-get install dataset-fashion-mnist)")
+    return FASHION_MNIST
 
 
 def free_ports(count: int) -> list[int]:

@@ -47,12 +47,16 @@ def test_local_cluster_with_evaluator(child_env: dict[str, str], tfl_home: Path)
     model = run / "model"
     assert sorted(p.name for p in (model / "checkpoints").glob("*.index"))
     assert list((model / "tensorboard").rglob("events.out.tfevents*"))
-    assert list((model / "eval").rglob("events.out.tfevents*"))
+    # The evaluator's summaries sit next to training's: one `tensorboard --logdir` shows both.
+    assert list((model / "tensorboard" / "eval").rglob("events.out.tfevents*"))
     assert "eval checkpoint=" in (logs / "evaluator-0.log").read_text()
     # Both training tasks left together through jobkit.finish (os._exit after a barrier),
     # and nothing the chief wrote was cut short by that: every epoch's summaries are in.
     for log in ("chief-0.log", "worker-0.log"):
         assert "jobkit: every training task done" in (logs / log).read_text()
+    from launcher import jobkit
+
+    jobkit.select_tf_keras()  # tensorboard may load tensorflow into this process, which later tests share
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
     (events,) = (model / "tensorboard" / "train").glob("events.out.tfevents*")

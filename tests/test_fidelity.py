@@ -64,6 +64,9 @@ def step_values(records: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str
 
 def final_weights(model_dir: Path) -> dict[str, np.ndarray]:
     """Every numeric variable of the last checkpoint: the model's weights and the optimizer's state."""
+    from launcher import jobkit
+
+    jobkit.select_tf_keras()  # this process may load a job module later (tests/test_jobs_reuters.py)
     import tensorflow as tf  # here, not at the top: collecting fast tests must not load TF
 
     reader = tf.train.load_checkpoint(str(model_dir / "checkpoints" / f"ckpt-{EPOCHS}"))

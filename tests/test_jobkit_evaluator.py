@@ -61,9 +61,11 @@ class ChiefSimulator:
             kernel = self._model.layers[0].kernel
             kernel.assign_add(kernel * 0.5 + 0.1)  # each checkpoint holds different weights
             self._manager.save(checkpoint_number=int(action.removeprefix("ckpt-")))
-        elif action.startswith("done:"):
-            final = action.removeprefix("done:")
-            write_json_atomically(self._layout.done_file, {"final_checkpoint": final})
+        elif action.startswith("done:"):  # done:ckpt-2 or done:ckpt-2:run-id
+            final, _, run_id = action.removeprefix("done:").partition(":")
+            write_json_atomically(self._layout.done_file, {"final_checkpoint": final, "run_id": run_id or None})
+        elif action == "beat":  # the chief's progress record, rewritten while it trains
+            write_json_atomically(self._layout.training_progress, {"global_step": self.sleeps, "time": self.sleeps})
 
 
 def test_evaluator_waits_for_checkpoints_and_the_done_marker(
@@ -81,7 +83,7 @@ def test_evaluator_waits_for_checkpoints_and_the_done_marker(
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("eval ")]
     assert [ln.split(" loss=")[0] for ln in lines] == [
         "eval checkpoint=ckpt-1 epoch=1", "eval checkpoint=ckpt-2 epoch=2"]
-    events = list((tmp_path / "eval").glob("events.out.tfevents.*"))
+    events = list((tmp_path / "tensorboard" / "eval").glob("events.out.tfevents.*"))
     assert events and b"epoch_accuracy" in events[0].read_bytes()
     losses = {float(ln.split("loss=")[1].split()[0]) for ln in lines}
     assert len(losses) == 2  # two different checkpoints were really restored
@@ -97,6 +99,50 @@ def test_evaluator_gives_up_after_the_idle_timeout(tiny: TinyJob, tmp_path: Path
     with pytest.raises(EvaluatorTimeout, match="no new checkpoint .* for 600 s"):
         run_evaluator(tiny.build(), tiny.data, context=TaskContext("evaluator", 0),
                       model_dir=tmp_path, clock=lambda: float(next(clock)), sleep=lambda _s: None)
+
+
+def test_evaluator_follows_the_chief_through_a_long_epoch(tiny: TinyJob, tmp_path: Path) -> None:
+    """No checkpoint for 10 looks of 100 s each (longer than the limit), but the chief's
+    progress record keeps changing: training is alive, so the evaluator waits. The old
+    evaluator died 600 s after the last checkpoint, whatever the chief was doing."""
+    from launcher.jobkit.evaluator import EvaluatorTimeout, run_evaluator
+
+    chief = ChiefSimulator(tiny, tmp_path, ["ckpt-1", *["beat"] * 10, "ckpt-2", "done:ckpt-2"])
+    clock = iter(range(0, 100_000, 100))
+    count = run_evaluator(tiny.build(), tiny.data, context=TaskContext("evaluator", 0), model_dir=tmp_path,
+                          idle_timeout_s=250, clock=lambda: float(next(clock)), sleep=chief.sleep)
+    assert count == 2
+    # Once the record stops changing, the limit applies again.
+    stalled = ChiefSimulator(tiny, tmp_path / "stalled", ["ckpt-1", "beat"])
+    with pytest.raises(EvaluatorTimeout, match="no change in training_progress.json .* for 250 s"):
+        run_evaluator(tiny.build(), tiny.data, context=TaskContext("evaluator", 0), model_dir=tmp_path / "stalled",
+                      idle_timeout_s=250, clock=lambda: float(next(clock)), sleep=stalled.sleep)
+
+
+def test_evaluator_without_a_limit_waits(tiny: TinyJob, tmp_path: Path) -> None:
+    from launcher.jobkit.evaluator import run_evaluator
+
+    chief = ChiefSimulator(tiny, tmp_path, ["idle"] * 30 + ["ckpt-1", "done:ckpt-1"])
+    clock = iter(range(0, 100_000, 1000))
+    assert run_evaluator(tiny.build(), tiny.data, context=TaskContext("evaluator", 0), model_dir=tmp_path,
+                         idle_timeout_s=None, clock=lambda: float(next(clock)), sleep=chief.sleep) == 1
+
+
+def test_evaluator_ignores_the_done_marker_of_another_run(
+    tiny: TinyJob, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A reused model dir holds the previous run's marker; the old evaluator took it and
+    exited at once, before this run's chief had even removed it."""
+    from launcher.jobkit.evaluator import run_evaluator
+
+    ChiefSimulator(tiny, tmp_path, []).sleep(0)  # nothing yet
+    write_json_atomically(ModelDirLayout(tmp_path).done_file, {"final_checkpoint": None, "run_id": "old-run"})
+    chief = ChiefSimulator(tiny, tmp_path, ["idle", "ckpt-1", "ckpt-2", "done:ckpt-2:new-run"])
+    context = TaskContext("evaluator", 0, run_id="new-run")
+    assert run_evaluator(tiny.build(), tiny.data, context=context, model_dir=tmp_path, sleep=chief.sleep) == 2
+    out = capsys.readouterr().out
+    assert out.count("evaluator ignores training_done.json of run old-run (this is run new-run)") == 1
+    assert "eval checkpoint=ckpt-2" in out
 
 
 def test_evaluator_fails_if_the_final_checkpoint_is_missing(tiny: TinyJob, tmp_path: Path) -> None:
@@ -127,7 +173,7 @@ def test_mnist_download_gives_up_on_a_silent_network(tmp_path: Path, monkeypatch
         monkeypatch.setenv(var, f"http://127.0.0.1:{silent.getsockname()[1]}")
     try:
         started = time.monotonic()
-        assert datasets._try_download(timeout_s=2.0) is None
+        assert datasets._try_download(2.0, "mnist", lambda: datasets._load_from_keras("mnist")) is None
         assert time.monotonic() - started < 10
     finally:
         silent.close()

@@ -60,9 +60,10 @@ def test_worker_writes_to_scratch_that_is_removed(
 
 def test_layout_names() -> None:
     layout = ModelDirLayout(Path("/m"))
-    assert [layout.checkpoints, layout.tensorboard, layout.backup, layout.eval, layout.done_file] == [
-        Path("/m/checkpoints"), Path("/m/tensorboard"), Path("/m/backup"), Path("/m/eval"),
-        Path("/m/training_done.json")]
+    assert [layout.checkpoints, layout.tensorboard, layout.backup, layout.eval, layout.done_file,
+            layout.training_progress] == [
+        Path("/m/checkpoints"), Path("/m/tensorboard"), Path("/m/backup"), Path("/m/tensorboard/eval"),
+        Path("/m/training_done.json"), Path("/m/training_progress.json")]
 
 
 def test_atomic_json_and_done_marker(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@
     strategy = jobkit.make_strategy(context)
     ...
     jobkit.fit(model, dataset, context=context, model_dir=..., epochs=..., global_batch_size=...)
-    jobkit.finish(strategy)                # last: all training tasks leave together, at once
+    jobkit.finish(strategy)                # last: all training tasks leave together, the chief last
 
 TensorFlow-using parts load on first use, so `launcher.jobkit.context` etc. stay cheap.
 """
@@ -29,9 +29,10 @@ _LAZY = {
     "local_devices": "launcher.jobkit.strategy",
     "global_batch_size": "launcher.jobkit.strategy",
     "shard_by_data": "launcher.jobkit.strategy",
-    "finish": "launcher.jobkit.strategy",
+    "finish": "launcher.jobkit.finish",
     "fit": "launcher.jobkit.training",
     "use_true_per_step_logs": "launcher.jobkit.training",
+    "learning_rate": "launcher.jobkit.schedules",
     "run_evaluator": "launcher.jobkit.evaluator",
     "EvaluatorTimeout": "launcher.jobkit.evaluator",
     "load_mnist": "launcher.jobkit.datasets",

@@ -1,8 +1,14 @@
-"""Keras callbacks the kit adds to every fit: progress/epoch lines and epoch checkpoints."""
+"""Keras callbacks the kit adds to every fit: step timing, progress/epoch lines, epoch checkpoints.
+
+All of them take keras' logs as tensors (`_supports_tf_logs`): a callback without it makes
+keras turn every call's logs into numpy, which waits for the device on every call. The
+progress callback reads a value only when it writes a record (every half second).
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -14,57 +20,105 @@ from launcher.jobkit.progress import Phase, ProgressWriter, format_epoch_line, p
 CHECKPOINT_PREFIX = "ckpt"
 
 
-class ProgressCallback(keras.callbacks.Callback):  # type: ignore[misc]  # tf_keras is untyped
-    """Writes progress after batches (throttled by the writer) and prints one line per epoch.
+class StepClock(keras.callbacks.Callback):  # type: ignore[misc]  # tf_keras is untyped
+    """Times the train function's calls and nothing else; first in the callback list.
 
-    Per-batch logs are only true under a distribution strategy when the model reduces
-    them with "first" (see `training.use_true_per_step_logs`); epoch-end logs are
-    always reduced properly by keras.
+    Its `on_train_batch_begin` runs just before keras calls the train function and its
+    `on_train_batch_end` just after, so the other callbacks (backups, progress) and the
+    epoch-end writes (checkpoint, TensorBoard, backup) are left out. With several steps
+    per call, `batch` at the end is the call's last step: a call ran end - begin + 1 steps.
     """
 
-    def __init__(self, context: TaskContext, writer: ProgressWriter, global_batch_size: int) -> None:
+    def __init__(self) -> None:
         super().__init__()
+        self._supports_tf_logs = True
+        self.epoch_seconds = 0.0
+        self.epoch_steps = 0
+        self.total_seconds = 0.0  # since this fit began (this attempt)
+        self.total_steps = 0
+        self.calls = 0
+        self.last_call = (0.0, 0)  # (seconds, steps) of the latest call
+        self._began_at = 0.0
+        self._began_step = 0
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.epoch_seconds, self.epoch_steps = 0.0, 0
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._began_step = int(batch)
+        self._began_at = time.perf_counter()
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        seconds = time.perf_counter() - self._began_at
+        steps = int(batch) - self._began_step + 1
+        self.epoch_seconds += seconds
+        self.epoch_steps += steps
+        self.total_seconds += seconds
+        self.total_steps += steps
+        self.calls += 1
+        self.last_call = (seconds, steps)
+
+    def examples_per_sec(self, global_batch_size: int) -> float:
+        """This epoch's rate so far, over the train function's time only."""
+        return self.epoch_steps * global_batch_size / self.epoch_seconds if self.epoch_seconds > 0 else 0.0
+
+
+class ProgressCallback(keras.callbacks.Callback):  # type: ignore[misc]  # tf_keras is untyped
+    """Writes progress after the train function's calls (throttled by the writers) and
+    prints one line per epoch.
+
+    With several steps per call, keras runs callbacks once per call, so a record is the
+    state after that call's last step: `step` counts the steps done in the epoch, and the
+    loss and metrics are the epoch's running values up to that step. Per-call logs are
+    only true under a distribution strategy when they are taken from one replica (see
+    `training.use_true_per_step_logs`); epoch-end logs are always reduced properly by keras.
+    `examples_per_sec` is timed by the `StepClock`: checkpoint and backup time is not in it.
+    """
+
+    def __init__(self, context: TaskContext, writers: Sequence[ProgressWriter], global_batch_size: int,
+                 clock: StepClock) -> None:
+        super().__init__()
+        self._supports_tf_logs = True
         self._context = context
-        self._writer = writer
+        self._writers = tuple(writers)
         self._global_batch_size = global_batch_size
+        self._clock = clock
         self._epoch = 0
-        self._epoch_started = 0.0
-        self._steps_this_run = 0
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
-        self._epoch_started = time.monotonic()
-        self._steps_this_run = 0
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        # Counted separately from `batch`: after a mid-epoch restore, batch starts above 0.
-        self._steps_this_run += 1
-        if self._writer.due():
-            self._writer.write(self._record("train", batch + 1, logs or {}))
+        if any(writer.due() for writer in self._writers):
+            self._write(self._record("train", int(batch) + 1, logs or {}))
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         logs = logs or {}
         print(format_epoch_line(epoch + 1, self._epochs, logs), flush=True)
-        steps = self.params.get("steps") or self._steps_this_run
-        self._writer.write(self._record("train", steps, logs), force=True)
+        self._write(self._record("train", self._steps_done, logs), force=True)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        steps = self.params.get("steps") or self._steps_this_run
-        self._writer.write(self._record("done", steps, logs or {}), force=True)
+        self._write(self._record("done", self._steps_done, logs or {}), force=True)
 
     @property
     def _epochs(self) -> int:
         return int(self.params.get("epochs") or 0)
 
+    @property
+    def _steps_done(self) -> int:
+        return int(self.params.get("steps") or self._clock.epoch_steps)
+
+    def _write(self, record: dict[str, Any], force: bool = False) -> None:
+        for writer in self._writers:
+            writer.write(record, force=force)
+
     def _record(self, phase: Phase, step: int, logs: dict[str, Any]) -> dict[str, Any]:
-        elapsed = time.monotonic() - self._epoch_started
-        rate = self._steps_this_run * self._global_batch_size / elapsed if elapsed > 0 else 0.0
         return progress_record(
             task=self._context.label, attempt=self._context.attempt, phase=phase,
             epoch=self._epoch + 1, epochs=self._epochs, step=step,
             steps_per_epoch=self.params.get("steps"),
             global_step=int(self.model.optimizer.iterations.numpy()),
-            logs=logs, examples_per_sec=rate,
+            logs=logs, examples_per_sec=self._clock.examples_per_sec(self._global_batch_size),
         )
 
 
@@ -74,11 +128,13 @@ class EpochCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]  # tf_ker
     A tf.train.CheckpointManager keeps the `checkpoint` state file up to date, which
     is what the evaluator (and `tf.train.checkpoints_iterator`) follow. Every task
     saves, because under MultiWorkerMirroredStrategy saving may need collectives;
-    only the chief's directory is real.
+    only the chief's directory is real. `max_to_keep=None` keeps them all (the kit
+    does that when an evaluator must see every one).
     """
 
-    def __init__(self, directory: str, max_to_keep: int = 5) -> None:
+    def __init__(self, directory: str, max_to_keep: int | None = 5) -> None:
         super().__init__()
+        self._supports_tf_logs = True
         self._directory = directory
         self._max_to_keep = max_to_keep
         self._manager: tf.train.CheckpointManager | None = None

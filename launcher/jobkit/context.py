@@ -51,6 +51,10 @@ class TaskContext:
         return self.task_type == "worker" and self.task_index == 0 and not self.cluster.get("chief")
 
     @property
+    def has_evaluator(self) -> bool:
+        return bool(self.cluster.get(contract.EVALUATOR))
+
+    @property
     def num_training_tasks(self) -> int:
         if not self.cluster:
             return 1

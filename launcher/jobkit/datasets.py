@@ -1,53 +1,130 @@
-"""MNIST as keras ships it, with an offline fallback so jobs and tests run anywhere.
+"""MNIST and Fashion-MNIST as keras ships them, found offline where possible.
 
-Order: an explicit `.npz` file, keras' cache (~/.keras/datasets/mnist.npz), a bounded
-download attempt, then scikit-learn's bundled 8x8 digits blown up to 28x28 (same
-shapes and dtype as MNIST, so the job's model and pipeline do not change).
-Every task of a run must end up with the same source; the notice line shows which.
+Order (the notice line says which one was used; every task of a run must end up with
+the same source):
+
+1. keras' cache: ``~/.keras/datasets/mnist.npz``, ``~/.keras/datasets/fashion-mnist/``;
+2. ``--data``: an ``.npz`` with ``x_train, y_train, x_test, y_test`` or a directory of
+   the four idx files (``.gz`` or not);
+3. Debian's ``dataset-fashion-mnist`` package, ``/usr/share/datasets/fashion-mnist/``
+   (Fashion-MNIST only: Debian packages no MNIST);
+4. a bounded download through keras;
+5. scikit-learn's 8x8 digits blown up to 28x28 (same shapes and dtype, so the job's
+   model and pipeline do not change; its numbers say nothing about either data set).
+
+Images come back as uint8 (n, 28, 28), labels uint8: cast in the input pipeline, not
+before, so a tf.data pipeline holds a quarter of the bytes.
 """
 
 from __future__ import annotations
 
+import gzip
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Final, TypeVar
 
 import numpy as np
+
+from launcher.jobkit.context import JobKitError
 
 Split = tuple[np.ndarray, np.ndarray]
 T = TypeVar("T")
 DIGITS_TRAIN_SIZE = 1500  # of 1797; the rest is the test split
+DATASETS: Final = ("mnist", "fashion_mnist")
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+IDX_FILES: Final = {  # (images, labels) per split, as keras and Debian name them
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+_IDX_IMAGES_MAGIC, _IDX_LABELS_MAGIC = 2051, 2049
 
 
-def load_mnist(path: Path | None = None, download_timeout_s: float = 20.0) -> tuple[Split, Split]:
-    """((x_train, y_train), (x_test, y_test)); images uint8 (n, 28, 28), labels uint8."""
-    if path is not None:
-        return _read_npz(path)
-    cached = Path.home() / ".keras" / "datasets" / "mnist.npz"
-    if cached.exists():
-        return _read_npz(cached)
-    downloaded = _try_download(download_timeout_s)
+def load_mnist(path: Path | None = None, download_timeout_s: float = 20.0, *,
+               dataset: str = "mnist", debian_dir: Path = DEBIAN_FASHION_MNIST) -> tuple[Split, Split]:
+    """((x_train, y_train), (x_test, y_test)) of `dataset` ("mnist" or "fashion_mnist")."""
+    if dataset not in DATASETS:
+        raise JobKitError(f"dataset {dataset!r} is not known; expected one of {', '.join(DATASETS)}")
+    for source, where, load in _local_sources(dataset, path, debian_dir):
+        if where.exists():
+            print(f"jobkit: {dataset} from {source} ({where})", flush=True)
+            return load(where)
+    downloaded = _try_download(download_timeout_s, dataset, lambda: _load_from_keras(dataset))
     if downloaded is not None:
+        print(f"jobkit: {dataset} from a download through keras", flush=True)
         return downloaded
-    print("jobkit: MNIST not available (no --data file, no keras cache, download failed); "
+    print(f"jobkit: {dataset} not available (no keras cache, no --data, no Debian package, download failed); "
           "falling back to scikit-learn's 8x8 digits upscaled to 28x28", flush=True)
     return load_digits_as_mnist()
 
 
-def _read_npz(path: Path) -> tuple[Split, Split]:
+def _local_sources(dataset: str, path: Path | None,
+                   debian_dir: Path) -> list[tuple[str, Path, Callable[[Path], tuple[Split, Split]]]]:
+    cache = keras_cache_dir()
+    sources: list[tuple[str, Path, Callable[[Path], tuple[Split, Split]]]] = [
+        ("the keras cache", cache / "mnist.npz", read_npz) if dataset == "mnist"
+        else ("the keras cache", cache / "fashion-mnist", read_idx_dir)]
+    if path is not None:
+        if not path.exists():
+            raise JobKitError(f"--data {path} does not exist; give an .npz file or a directory of idx files")
+        sources.append(("--data", path, read_idx_dir if path.is_dir() else read_npz))
+    if dataset == "fashion_mnist":
+        sources.append(("Debian's dataset-fashion-mnist", debian_dir, read_idx_dir))
+    return sources
+
+
+def keras_cache_dir() -> Path:
+    """Where keras keeps downloaded data sets (``$KERAS_HOME/datasets``, default ``~/.keras``)."""
+    return Path(os.environ.get("KERAS_HOME") or Path.home() / ".keras") / "datasets"
+
+
+def read_npz(path: Path) -> tuple[Split, Split]:
     with np.load(path, allow_pickle=False) as data:
         return (data["x_train"], data["y_train"]), (data["x_test"], data["y_test"])
 
 
-def _load_mnist_from_keras() -> tuple[Split, Split]:
+def read_idx_dir(directory: Path) -> tuple[Split, Split]:
+    """The four idx files of (Fashion-)MNIST in `directory`, gzipped or not."""
+    splits = []
+    for split in ("train", "test"):
+        images, labels = (_read_idx(_idx_file(directory, name)) for name in IDX_FILES[split])
+        if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+            raise JobKitError(f"{directory}: {split} images {images.shape} and labels {labels.shape} do not match")
+        splits.append((images, labels))
+    return splits[0], splits[1]
+
+
+def _idx_file(directory: Path, name: str) -> Path:
+    for candidate in (directory / f"{name}.gz", directory / name):
+        if candidate.exists():
+            return candidate
+    raise JobKitError(f"{directory} has no {name}.gz (nor {name}); expected the four idx files of (Fashion-)MNIST")
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    """An idx file of unsigned bytes: magic, one big-endian size per dimension, then the data."""
+    opener: Callable[[Path], Any] = gzip.open if path.suffix == ".gz" else (lambda p: open(p, "rb"))
+    with opener(path) as handle:
+        data: bytes = handle.read()
+    magic = int.from_bytes(data[:4], "big")
+    if magic not in (_IDX_IMAGES_MAGIC, _IDX_LABELS_MAGIC):
+        raise JobKitError(f"{path} is not an idx file of unsigned bytes (magic {magic:#x})")
+    dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(magic & 0xFF)]
+    offset = 4 + 4 * len(dims)
+    if len(data) - offset != int(np.prod(dims)):
+        raise JobKitError(f"{path} holds {len(data) - offset} bytes of data; its header says {dims}: the file is cut short")
+    return np.frombuffer(data, np.uint8, offset=offset).reshape(dims)
+
+
+def _load_from_keras(dataset: str) -> tuple[Split, Split]:
     import tf_keras as keras
 
-    return keras.datasets.mnist.load_data()  # type: ignore[no-any-return]
+    module = keras.datasets.fashion_mnist if dataset == "fashion_mnist" else keras.datasets.mnist
+    return module.load_data()  # type: ignore[no-any-return]
 
 
-def _try_download(timeout_s: float, name: str = "MNIST",
-                  load: Callable[[], T] = _load_mnist_from_keras) -> T | None:  # type: ignore[assignment]  # T = MNIST by default
+def _try_download(timeout_s: float, name: str, load: Callable[[], T]) -> T | None:
     # In a thread because a black-holed network or a slow DNS can hang urllib far
     # beyond any socket timeout; the daemon thread is simply abandoned then.
     result: list[T] = []

@@ -11,15 +11,17 @@ from typing import Any
 import tensorflow as tf
 import tf_keras as keras
 
+from launcher.contract import ModelDirLayout
 from launcher.jobkit.context import JobKitError, TaskContext
-from launcher.jobkit.layout import ModelDirLayout, read_done_marker
+from launcher.jobkit.layout import read_done_marker, read_json_object
 from launcher.jobkit.progress import ProgressWriter, format_eval_line, progress_record
 
 _EPOCH_IN_NAME = re.compile(r"-(\d+)$")
+DEFAULT_IDLE_TIMEOUT_S = 600.0
 
 
 class EvaluatorTimeout(JobKitError):
-    """No new checkpoint and no done marker for too long: training is likely gone."""
+    """No new checkpoint, no sign of training and no done marker for too long: training is likely gone."""
 
 
 def list_checkpoints(directory: Path) -> list[str]:
@@ -41,27 +43,30 @@ def run_evaluator(
     model_dir: Path,
     epochs: int = 0,
     poll_s: float = 2.0,
-    idle_timeout_s: float = 600.0,
+    idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Evaluate each new checkpoint; return how many were evaluated.
 
-    Returns once `training_done.json` exists and its final checkpoint was evaluated;
-    raises EvaluatorTimeout after `idle_timeout_s` without either happening.
-    `model` must be compiled (its metrics are what gets reported).
+    Returns once this run's `training_done.json` exists and its final checkpoint was
+    evaluated. While it waits it follows the chief's progress record in the model dir
+    (rewritten every few seconds while the chief trains), so a long epoch is not taken
+    for a dead chief; it raises EvaluatorTimeout only after `idle_timeout_s` with no
+    new checkpoint and no sign of training (None: never). `model` must be compiled
+    (its metrics are what gets reported).
     """
     layout = ModelDirLayout(model_dir)
     writer = ProgressWriter(context.progress_file, log_path=context.progress_log)
     summaries = tf.summary.create_file_writer(str(layout.eval))
     evaluated: set[str] = set()
     last_record = _eval_record(context, None, epochs, {})
-    last_news = clock()
-    print(f"jobkit: evaluator following {layout.checkpoints}", flush=True)
+    watch = _TrainingWatch(layout, context, clock)
+    print(f"jobkit: evaluator following {layout.checkpoints}; summaries in {layout.eval}", flush=True)
     while True:
         # Read the marker before listing: the chief publishes its last checkpoint
         # before the marker, so a marker seen now implies the listing includes it.
-        done = read_done_marker(layout)
+        done = watch.done_marker()
         pending = [p for p in list_checkpoints(layout.checkpoints) if Path(p).name not in evaluated]
         for path in pending:
             results = _evaluate(model, dataset, path, summaries)
@@ -69,17 +74,49 @@ def run_evaluator(
                 evaluated.add(Path(path).name)
                 last_record = _eval_record(context, checkpoint_epoch(path), epochs, results)
                 writer.write(last_record, force=True)
-            last_news = clock()
+            watch.news()
         if done is not None:
             _check_final(done, evaluated, layout)
             writer.write({**last_record, "phase": "done", "time": time.time()}, force=True)
             return len(evaluated)
-        if clock() - last_news > idle_timeout_s:
-            raise EvaluatorTimeout(
-                f"evaluator: no new checkpoint in {layout.checkpoints} and no "
-                f"{layout.done_file.name} for {idle_timeout_s:.0f} s; is the chief running?")
+        watch.check(idle_timeout_s)
         if not pending:
             sleep(poll_s)
+
+
+class _TrainingWatch:
+    """What the evaluator knows of training: this run's done marker, and when it last saw
+    a sign of life (a new checkpoint, or a change in the chief's progress record)."""
+
+    def __init__(self, layout: ModelDirLayout, context: TaskContext, clock: Callable[[], float]) -> None:
+        self._layout, self._context, self._clock = layout, context, clock
+        self._last_news = clock()
+        self._last_heartbeat: object = read_json_object(layout.training_progress)
+        self._ignored: set[object] = set()
+
+    def news(self) -> None:
+        self._last_news = self._clock()
+
+    def done_marker(self) -> dict[str, Any] | None:
+        marker = read_done_marker(self._layout)
+        if marker is None or self._context.run_id is None or marker.get("run_id") == self._context.run_id:
+            return marker
+        if marker.get("run_id") not in self._ignored:  # another run's, left in a reused model dir
+            self._ignored.add(marker.get("run_id"))
+            print(f"jobkit: evaluator ignores {self._layout.done_file.name} of run {marker.get('run_id')} "
+                  f"(this is run {self._context.run_id})", flush=True)
+        return None
+
+    def check(self, idle_timeout_s: float | None) -> None:
+        heartbeat = read_json_object(self._layout.training_progress)
+        if heartbeat is not None and heartbeat != self._last_heartbeat:
+            self._last_heartbeat = heartbeat
+            self.news()
+        if idle_timeout_s is not None and self._clock() - self._last_news > idle_timeout_s:
+            raise EvaluatorTimeout(
+                f"evaluator: no new checkpoint in {self._layout.checkpoints}, no change in "
+                f"{self._layout.training_progress.name} and no {self._layout.done_file.name} for "
+                f"{idle_timeout_s:.0f} s; is the chief running? (the limit is the job's --eval-idle-timeout)")
 
 
 def _check_final(done: dict[str, Any], evaluated: set[str], layout: ModelDirLayout) -> None:

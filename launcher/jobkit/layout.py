@@ -64,10 +64,28 @@ def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
 
 
 def read_done_marker(layout: ModelDirLayout) -> dict[str, Any] | None:
-    """The chief's end-of-training marker, or None while training runs."""
+    """The chief's end-of-training marker (of whichever run wrote it), or None."""
+    return read_json_object(layout.done_file)
+
+
+def finished_run(layout: ModelDirLayout, context: TaskContext) -> dict[str, Any] | None:
+    """The done marker if an attempt of *this* run wrote it, else None.
+
+    A model dir can be reused by a later run, which must neither stop its evaluator nor
+    skip its training because of the earlier run's marker. By hand (no run id) nothing
+    tells two runs apart, so a marker never counts as this run's.
+    """
+    marker = read_done_marker(layout)
+    if marker is None or context.run_id is None or marker.get("run_id") != context.run_id:
+        return None
+    return marker
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """A JSON object from `path`; None if it is missing, half-written or not an object."""
     try:
-        data = json.loads(layout.done_file.read_text())
-    except FileNotFoundError:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
         return None
     return data if isinstance(data, dict) else None
 

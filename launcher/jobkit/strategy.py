@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import logging
-import os
 import signal
-import sys
 import threading
-import time
 
 import tensorflow as tf
 
@@ -109,32 +105,3 @@ def _sigterm_stops_the_task() -> None:
     """
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def finish(strategy: tf.distribute.Strategy, barrier_timeout_s: float = 60.0) -> None:
-    """End a training task whose work is done: call it last in the job's main.
-
-    Under MultiWorkerMirroredStrategy, TensorFlow's own teardown at interpreter exit takes
-    about 1.5 s per task, and when the chief (which hosts the coordination service) is gone
-    first, a worker can spend 3-5 s more on failing heartbeats before it exits. So every
-    training task waits for the others at a barrier, flushes its output, and leaves at once
-    with exit code 0. Everything the kit writes is closed by then (checkpoints, TensorBoard,
-    progress, the done marker). With any other strategy it returns and the job ends as usual;
-    if the barrier fails (a peer died), it returns too, and the launcher sees that peer fail.
-    """
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return
-    from tensorflow.python.eager import context as tf_context  # the coordination service's barrier
-
-    started = time.monotonic()
-    try:
-        tf_context.context().wait_at_barrier("tfl-jobkit-finish", int(barrier_timeout_s * 1000))
-    except (tf.errors.OpError, AttributeError) as exc:
-        print(f"jobkit: not every training task reached the end ({type(exc).__name__}); exiting the slow way", flush=True)
-        return
-    print(f"jobkit: every training task done (waited {time.monotonic() - started:.2f} s); exiting without "
-          "TensorFlow's teardown", flush=True)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

@@ -10,10 +10,16 @@ from typing import Any
 import tensorflow as tf
 import tf_keras as keras
 
-from launcher.jobkit.callbacks import EpochCheckpoint, ProgressCallback
+from launcher.contract import ModelDirLayout
+from launcher.jobkit.backup import StepBackup
+from launcher.jobkit.callbacks import EpochCheckpoint, ProgressCallback, StepClock
 from launcher.jobkit.context import JobKitError, TaskContext
-from launcher.jobkit.layout import ModelDirLayout, chief_only_writes, write_json_atomically
-from launcher.jobkit.progress import ProgressWriter
+from launcher.jobkit.execution import check_steps_per_execution
+from launcher.jobkit.layout import chief_only_writes, finished_run, read_done_marker, write_json_atomically
+from launcher.jobkit.progress import ProgressWriter, progress_record
+from launcher.jobkit.stepping import AutoStepsPerExecution, chief_decides, install_train_function, uses_stock_step
+
+HEARTBEAT_INTERVAL_S = 5.0  # the chief's record in the model dir, which the evaluator follows
 
 
 def use_true_per_step_logs(model: keras.Model) -> None:
@@ -30,9 +36,10 @@ def use_true_per_step_logs(model: keras.Model) -> None:
     """
     if model.distribute_reduction_method != "auto":
         return
-    if type(model).train_step is not keras.Model.train_step:
-        print("jobkit: custom train_step; per-step progress values may be "
-              "num_replicas_in_sync times too large under a distribution strategy", flush=True)
+    if not uses_stock_step(model):
+        if model.distribute_strategy.num_replicas_in_sync > 1:
+            print("jobkit: custom train_step; per-step progress values may be "
+                  "num_replicas_in_sync times too large under a distribution strategy", flush=True)
         return
     model.distribute_reduction_method = "first"
 
@@ -47,39 +54,67 @@ def fit(
     global_batch_size: int,
     steps_per_epoch: int | None = None,
     backup_every_steps: int | None = None,
+    steps_per_execution: int | None = None,
     callbacks: Sequence[keras.callbacks.Callback] = (),
 ) -> keras.callbacks.History:
     """Train with checkpoints/, tensorboard/ and backup/ under `model_dir`.
 
     `backup_every_steps=None` backs up at epoch ends; an int backs up every N steps
     so a restarted group loses at most N steps (keras resumes mid-epoch).
-    The chief writes `training_done.json` last, which releases the evaluator.
+    `steps_per_execution=None` lets the kit choose from the measured step time (unless
+    the model was compiled with a value above 1); progress is recorded once per call.
+    The chief writes `training_done.json` when training ends, which releases the
+    evaluator, and which a restarted attempt of the same run takes as "already trained".
     """
     if backup_every_steps is not None and backup_every_steps < 1:
         raise JobKitError(f"backup_every_steps is {backup_every_steps}; expected a positive "
                           "number of steps, or None to back up at the end of each epoch")
+    check_steps_per_execution(steps_per_execution)
+    real = ModelDirLayout(model_dir)
+    done = finished_run(real, context)
+    if done is not None:
+        return _already_trained(model, real, done, context)
     use_true_per_step_logs(model)
-    if context.is_chief:
-        # A marker left by an earlier run in this dir would stop the evaluator early.
-        ModelDirLayout(model_dir).done_file.unlink(missing_ok=True)
+    if context.is_chief and read_done_marker(real) is not None:
+        real.done_file.unlink(missing_ok=True)  # another run's: it would release the evaluator early
     with chief_only_writes(model_dir, context) as layout:
-        checkpoints = EpochCheckpoint(str(layout.checkpoints))
-        # Backup first: it restores the training state in on_train_begin. It gets the
-        # real dir on every task (all restore from the chief's); it redirects
-        # non-chief writes itself.
-        backup = keras.callbacks.BackupAndRestore(
-            backup_dir=str(ModelDirLayout(model_dir).backup), save_freq=backup_every_steps or "epoch")
-        kit_callbacks: list[keras.callbacks.Callback] = [backup, checkpoints]
+        clock = StepClock()
+        checkpoints = EpochCheckpoint(str(layout.checkpoints), max_to_keep=None if context.has_evaluator else 5)
+        on_trained = (lambda: _write_done_marker(layout, context, checkpoints.latest, epochs, model)) \
+            if context.is_chief else None
+        # Backup before the others: it restores the training state in on_train_begin. It
+        # gets the real dir on every task (all restore from the chief's) and redirects
+        # non-chief writes itself. The clock first of all, to time the train function alone.
+        kit: list[keras.callbacks.Callback] = [clock, StepBackup(str(real.backup), backup_every_steps, on_trained),
+                                               checkpoints]
         if context.is_chief:
-            kit_callbacks.append(keras.callbacks.TensorBoard(
-                log_dir=str(layout.tensorboard), update_freq="epoch", profile_batch=0))
-        writer = ProgressWriter(context.progress_file, log_path=context.progress_log)
-        kit_callbacks.append(ProgressCallback(context, writer, global_batch_size))
-        history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                            callbacks=[*kit_callbacks, *callbacks], verbose=0)
+            kit.append(keras.callbacks.TensorBoard(log_dir=str(layout.tensorboard), update_freq="epoch", profile_batch=0))
+        kit += _steps_per_execution(model, steps_per_execution, clock, context, backup_every_steps)
+        writers = [ProgressWriter(context.progress_file, log_path=context.progress_log)]
         if context.is_chief:
-            _write_done_marker(layout, context, checkpoints.latest, epochs, model)
+            writers.append(ProgressWriter(real.training_progress, min_interval_s=HEARTBEAT_INTERVAL_S))
+        kit.append(ProgressCallback(context, writers, global_batch_size, clock))
+        history: keras.callbacks.History = model.fit(
+            dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=[*kit, *callbacks], verbose=0)
     return history
+
+
+def _steps_per_execution(model: keras.Model, fixed: int | None, clock: StepClock, context: TaskContext,
+                         backup_every_steps: int | None) -> list[keras.callbacks.Callback]:
+    """Set steps_per_execution, or return the callback that will choose it."""
+    compiled = int(model.steps_per_execution.numpy())
+    auto = fixed is None and compiled == 1 and not model.autotune_steps_per_execution
+    if not model.autotune_steps_per_execution:
+        model.steps_per_execution.assign(fixed or compiled)
+        how = install_train_function(model)
+    else:
+        how = "keras' own tuning"
+    print(f"jobkit: steps per call of the train function: "
+          f"{'chosen after measuring' if auto else int(model.steps_per_execution.numpy())} ({how})", flush=True)
+    if not auto:
+        return []
+    agree = chief_decides(model.distribute_strategy, context.is_chief)
+    return [AutoStepsPerExecution(clock, backup_every_steps=backup_every_steps, agree=agree)]
 
 
 def _write_done_marker(
@@ -95,3 +130,23 @@ def _write_done_marker(
     }
     write_json_atomically(layout.done_file, marker)
     print(f"jobkit: training done; wrote {layout.done_file}", flush=True)
+
+
+def _already_trained(model: keras.Model, layout: ModelDirLayout, done: dict[str, Any],
+                     context: TaskContext) -> keras.callbacks.History:
+    """An earlier attempt of this run finished training (it failed afterwards): load its
+    final weights instead of training again, and report the run as done."""
+    final = done.get("final_checkpoint")
+    print(f"jobkit: attempt {done.get('attempt')} of run {context.run_id} already finished training "
+          f"({final}, global step {done.get('global_step')}); not training again", flush=True)
+    if final:
+        tf.train.Checkpoint(model=model).restore(str(layout.checkpoints / final)).expect_partial()
+    epochs = int(done.get("epochs") or 0)
+    record = progress_record(task=context.label, attempt=context.attempt, phase="done", epoch=epochs, epochs=epochs,
+                             step=0, steps_per_epoch=None, global_step=int(done.get("global_step") or 0), logs={},
+                             examples_per_sec=0.0)
+    ProgressWriter(context.progress_file, log_path=context.progress_log).write(record, force=True)
+    history = keras.callbacks.History()
+    history.history, history.epoch, history.params = {}, [], {"epochs": epochs, "steps": None}
+    history.set_model(model)
+    return history

@@ -1,0 +1,151 @@
+"""jobkit.fit in-process with a tiny model: per-call progress is the true running loss,
+backups count steps whatever the steps per call, and a restarted attempt of a run whose
+training had finished does not train again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from launcher import jobkit
+from launcher.jobkit.context import TaskContext
+
+jobkit.select_tf_keras()
+
+pytestmark = pytest.mark.slow
+
+FEATURES = np.random.default_rng(7).normal(size=(96, 4)).astype("float32")
+LABELS = (np.arange(96) % 3).astype("int64")
+BATCH = 8
+
+
+def build(learning_rate: float = 0.1) -> Any:
+    import tf_keras as keras
+
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    return model
+
+
+def batches() -> Any:
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices((FEATURES, LABELS)).batch(BATCH, drop_remainder=True).repeat()
+
+
+def context(tmp_path: Path, run_id: str | None = "run-1", attempt: int = 0) -> TaskContext:
+    return TaskContext("chief", 0, label="chief:0", run_id=run_id, attempt=attempt,
+                       progress_file=tmp_path / f"progress-{attempt}.json", progress_log=tmp_path / f"steps-{attempt}.jsonl")
+
+
+def records(tmp_path: Path, attempt: int = 0) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (tmp_path / f"steps-{attempt}.jsonl").read_text().splitlines()]
+
+
+def test_per_call_progress_is_the_true_running_loss(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With 3 steps per call, a record every 3 steps holding the epoch's running mean loss.
+
+    The learning rate is 0, so each batch's loss can be computed apart from the fit."""
+    import tensorflow as tf
+
+    model = build(learning_rate=0.0)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    per_batch = [float(loss(LABELS[i:i + BATCH], model(FEATURES[i:i + BATCH]))) for i in range(0, 96, BATCH)]
+    jobkit.fit(model, batches(), context=context(tmp_path), model_dir=tmp_path / "model", epochs=1,
+               global_batch_size=BATCH, steps_per_epoch=12, steps_per_execution=3)
+    train = [r for r in records(tmp_path) if r["phase"] == "train"]
+    assert [r["step"] for r in train] == [3, 6, 9, 12, 12]  # one per call, then the epoch's end
+    for record in train:
+        expected = float(np.mean(per_batch[:record["step"]]))
+        assert record["loss"] == pytest.approx(expected, abs=1e-6), record
+        assert record["global_step"] == record["step"]
+    assert "steps per call of the train function: 3 (metrics read once per call)" in capsys.readouterr().out
+
+
+class CrashAfter:
+    """A callback that fails the fit once a call has ended at or after `step`."""
+
+    def __new__(cls, step: int) -> Any:
+        import tf_keras as keras
+
+        class Crash(keras.callbacks.Callback):  # type: ignore[misc]
+            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+                if batch + 1 >= step:
+                    raise RuntimeError(f"crash after step {batch + 1}")
+
+        return Crash()
+
+
+def test_backups_count_steps_not_calls(tmp_path: Path) -> None:
+    """Backups every 4 steps at 2 steps per call; killed after step 6, attempt 1 resumes at step 5.
+
+    keras' own BackupAndRestore counts calls (it would first back up at step 8) and
+    records a call's first step as done, so the restart would repeat a step."""
+    args: dict[str, Any] = dict(model_dir=tmp_path / "model", epochs=2, global_batch_size=BATCH, steps_per_epoch=10,
+                                backup_every_steps=4, steps_per_execution=2)
+    with pytest.raises(RuntimeError, match="crash after step 6"):
+        jobkit.fit(build(), batches(), context=context(tmp_path), callbacks=[CrashAfter(6)], **args)
+    assert [r["step"] for r in records(tmp_path)] == [2, 4, 6]
+    jobkit.fit(build(), batches(), context=context(tmp_path, attempt=1), **args)
+    resumed = records(tmp_path, attempt=1)
+    assert {k: resumed[0][k] for k in ("epoch", "step", "global_step")} == {"epoch": 1, "step": 6, "global_step": 6}
+    assert resumed[-1]["phase"] == "done" and resumed[-1]["global_step"] == 20
+
+
+def test_a_restarted_attempt_of_a_finished_run_does_not_train_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failure after fit (in finish(), or an export) restarts the group; the backup is gone by
+    then, so without the done marker the new attempt would train from scratch."""
+    model_dir = tmp_path / "model"
+    trained = build()
+    jobkit.fit(trained, batches(), context=context(tmp_path), model_dir=model_dir, epochs=2, global_batch_size=BATCH,
+               steps_per_epoch=5)
+    assert not list((model_dir / "backup").iterdir())  # keras removed it at the end of training
+    capsys.readouterr()
+
+    again = build()
+    history = jobkit.fit(again, batches(), context=context(tmp_path, attempt=1), model_dir=model_dir, epochs=2,
+                         global_batch_size=BATCH, steps_per_epoch=5)
+    out = capsys.readouterr().out
+    assert history.history == {} and "epoch 1/2" not in out
+    assert "attempt 0 of run run-1 already finished training (ckpt-2, global step 10); not training again" in out
+    for a, b in zip(trained.get_weights(), again.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)  # the final checkpoint's weights, ready for an export step
+    assert json.loads((tmp_path / "progress-1.json").read_text())["phase"] == "done"
+
+    # Another run reusing the model dir (or a run by hand, which has no run id) trains anew.
+    for other in ("run-2", None):
+        jobkit.fit(build(), batches(), context=context(tmp_path, run_id=other), model_dir=model_dir, epochs=1,
+                   global_batch_size=BATCH, steps_per_epoch=5)
+        assert "epoch 1/1" in capsys.readouterr().out
+        assert json.loads((model_dir / "training_done.json").read_text())["run_id"] == other
+
+
+def test_the_done_marker_is_written_while_the_backup_still_exists(tmp_path: Path) -> None:
+    from launcher.jobkit.backup import StepBackup
+
+    backup = tmp_path / "backup"
+    seen: list[bool] = []
+    build().fit(batches(), epochs=1, steps_per_epoch=3, verbose=0,
+                callbacks=[StepBackup(str(backup), None, on_trained=lambda: seen.append(bool(list(backup.rglob("*.index")))))])
+    assert seen == [True] and not list(backup.rglob("*.index"))
+
+
+def test_linear_scaling_warms_up_from_the_one_replica_rate() -> None:
+    from launcher.jobkit.schedules import LinearWarmup, learning_rate
+
+    class FourReplicas:
+        num_replicas_in_sync = 4
+
+    schedule = learning_rate(1e-3, FourReplicas(), scaling="linear", warmup_epochs=0.5, steps_per_epoch=10)
+    assert isinstance(schedule, LinearWarmup)
+    assert [float(schedule(step)) for step in (0, 1, 5, 50)] == pytest.approx([1e-3, 1.6e-3, 4e-3, 4e-3])
+    assert learning_rate(1e-3, FourReplicas(), scaling="linear") == pytest.approx(4e-3)
+    assert learning_rate(1e-3, FourReplicas()) == 1e-3
