@@ -106,6 +106,24 @@ def check_gpus(value: object) -> object:
     raise ValueError(f"{value!r} is not a GPU count or a list of GPU indices (write e.g. 2 or [0, 1])")
 
 
+class StorageSettings(_Strict):
+    """Storage every host sees: each run's model dir (checkpoints, backups, TensorBoard, the
+    evaluator's input) goes there, so that restarted tasks and an evaluator on another host
+    find what the chief wrote."""
+
+    path: str = Field(description="a directory every host mounts at the same path (e.g. /mnt/shared/tfl), or a URL "
+                                  "TensorFlow's file system supports (e.g. gs://bucket/tfl); a run's model dir is "
+                                  "<path>/<run id>/model; `tfl doctor` proves a directory is shared")
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not (value.startswith("/") or re.match(r"^[a-z][a-z0-9+.-]*://.", value)):
+            raise ValueError(f"'{value}' is neither an absolute directory nor a URL; write e.g. \"/mnt/shared/tfl\" "
+                             "(mounted at that path on every host) or \"gs://bucket/tfl\"")
+        return value
+
+
 class TaskDevices(_Strict):
     """The devices of one task (``devices.<task>``)."""
 
@@ -181,6 +199,9 @@ class ClusterSpec(_Strict):
     hosts: dict[str, HostSettings] = Field(default_factory=dict, description="per-host settings, keyed by host")
     ssh: SSHSettings = Field(default_factory=SSHSettings, description="defaults for hosts reached over SSH")
     devices: dict[str, TaskDevices] = Field(default_factory=dict, description="per-task devices, keyed by task (e.g. \"worker:1\")")
+    storage: StorageSettings | None = Field(None, description="shared storage for the runs' model dirs; needed when "
+                                                              "tasks on several hosts restart or an evaluator runs on "
+                                                              "another host than the chief")
     _placement: Placement = PrivateAttr(default_factory=lambda: Placement({}))
 
     @model_validator(mode="after")

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from launcher.cli import app
 from launcher.checks import HostTasks, judge
+from launcher.cli import app
 from launcher.spec import free_port
 from tests.sshd import NOWHERE, Sshd, cluster_file
 
@@ -58,7 +58,10 @@ def test_disk_gpus_psutil_and_the_quick_subset() -> None:
     checks = by_name(judge(HOST, low))
     assert checks["disk"].status == "fail" and "hosts.gpu1.workdir" in checks["disk"].detail
     assert checks["gpus"].status == "warn" and checks["psutil"].status == "warn"
-    assert set(by_name(judge(HOST, facts(), quick=True))) == {"python", "port 2000", "port 2001"}
+    quick = {k: v for k, v in facts().items() if k in ("python", "executable", "ports")}
+    assert set(by_name(judge(HOST, quick, quick=True))) == {"python", "port 2000", "port 2001"}
+    with_kit = {**quick, "kit": {"ok": True}, "packages": facts()["packages"]}  # --detach's preflight ships the kit
+    assert set(by_name(judge(HOST, with_kit, quick=True))) == {"python", "port 2000", "port 2001", "job kit", "packages"}
 
 
 def doctor(cluster: Path, *extra: str) -> tuple[int, list[dict[str, str]]]:

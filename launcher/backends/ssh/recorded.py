@@ -19,7 +19,7 @@ from launcher.backends.ssh.wire import agent_request
 from launcher.contract import PROGRESS_FILE
 from launcher.hosts import SSHTarget
 from launcher.parallel import parallel
-from launcher.plan import LaunchPlan
+from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.procs import find_process
 from launcher.runstore import RunRecord
 from launcher.states import TaskState
@@ -106,6 +106,7 @@ def stop(record: RunRecord, grace: float) -> int:
     """SIGTERM, grace, SIGKILL (``launcher.teardown``) to the run's SSH tasks still alive on
     their hosts, every host at once per step. Their agents also kill them on their own once
     the launcher's connection is gone; this makes it immediate. Returns how many were alive.
+    A run whose launcher is gone had no one to remove the code it shipped: that is done here.
     """
     if not any(t.pid for t in record.tasks):
         return 0
@@ -114,4 +115,29 @@ def stop(record: RunRecord, grace: float) -> int:
         teardown([record], signal=_signal_hosts, grace=grace, kill_wait=5.0,
                  alive=lambda r: any(info.get("alive") for info in remote_task_info(r).values()),
                  wait=lambda s: time.sleep(max(s, 0.2)))
+    if not record.state.is_terminal:
+        cleanup(record)
     return len(alive)
+
+
+def cleanup(record: RunRecord) -> None:
+    """Remove what the run shipped to its hosts (best effort, every host at once)."""
+    from launcher.backends.ssh.prepare import cleanup_request
+
+    plan = LaunchPlan.from_dict(record.plan)
+    hosts: dict[str, list[TaskLaunch]] = {}
+    for task in plan.tasks:
+        if task.ssh is not None:
+            hosts.setdefault(task.host, []).append(task)
+
+    def tidy(tasks: list[TaskLaunch]) -> None:
+        request, target = cleanup_request(tasks), tasks[0].ssh
+        if request is None or target is None:
+            return
+        conn = connect(replace(target, accept_new_host_keys=False))
+        try:
+            agent_request(conn, tasks[0].python, request, timeout=30.0)
+        finally:
+            conn.close()
+
+    parallel(tidy, list(hosts.values()))
