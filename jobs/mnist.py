@@ -10,8 +10,6 @@ With an `evaluator` task in TF_CONFIG, that task follows the chief's checkpoints
 from __future__ import annotations
 
 import argparse
-import tempfile
-from pathlib import Path
 
 from launcher import jobkit
 
@@ -25,12 +23,6 @@ import tf_keras as keras
 def parse_args() -> argparse.Namespace:
     parser = jobkit.job_arguments(__doc__.splitlines()[0], batch_size=64, data_help="an mnist.npz file")
     return parser.parse_args()
-
-
-def default_model_dir(context: jobkit.TaskContext) -> Path:
-    if context.run_dir is not None:
-        return context.run_dir / "model"  # the launcher's run dir, shared by all tasks
-    return Path(tempfile.mkdtemp(prefix="tfl-mnist-"))  # by hand: never inside the repo
 
 
 def build_model(learning_rate: float) -> keras.Model:
@@ -58,7 +50,7 @@ def main() -> None:
     keras.utils.set_random_seed(args.seed)
     context = jobkit.task_context()
     strategy = jobkit.make_strategy(context, virtual_devices=args.virtual_devices)
-    model_dir = args.model_dir or default_model_dir(context)
+    model_dir = args.model_dir or jobkit.default_model_dir(context, "mnist")
     print(f"jobkit: model dir {model_dir}", flush=True)
     (x_train, y_train), (x_test, y_test) = jobkit.load_mnist(args.data)
 

@@ -11,6 +11,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from launcher.jobkit.callbacks import EpochCheckpoint, ProgressCallback
+from launcher.jobkit.consistency import RestoredStateCheck
 from launcher.jobkit.context import JobKitError, TaskContext
 from launcher.jobkit.layout import ModelDirLayout, chief_only_writes, write_json_atomically
 from launcher.jobkit.progress import ProgressWriter
@@ -69,7 +70,9 @@ def fit(
         # non-chief writes itself.
         backup = keras.callbacks.BackupAndRestore(
             backup_dir=str(ModelDirLayout(model_dir).backup), save_freq=backup_every_steps or "epoch")
-        kit_callbacks: list[keras.callbacks.Callback] = [backup, checkpoints]
+        # Right after the restore: every training task must go on from the same state.
+        agreement = RestoredStateCheck(context, backup_dir=str(ModelDirLayout(model_dir).backup))
+        kit_callbacks: list[keras.callbacks.Callback] = [backup, agreement, checkpoints]
         if context.is_chief:
             kit_callbacks.append(keras.callbacks.TensorBoard(
                 log_dir=str(layout.tensorboard), update_freq="epoch", profile_batch=0))
