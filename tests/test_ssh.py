@@ -269,11 +269,14 @@ def test_restart_after_a_remote_task_dies(sshd: Sshd, tmp_path: Path, tfl_home: 
 def test_tfl_stop_after_launcher_kill9_on_ssh_hosts(sshd: Sshd, tmp_path: Path, tfl_home: Path,
                                                      child_env: dict[str, str]) -> None:
     launcher, run = start_sleepers(sshd, tmp_path, tfl_home, child_env)
+    kits = [sshd.home(h) / ".cache" / "tfl" / "runs" / run / h / "kit" for h in ("127.0.0.2", "127.0.0.3")]
+    assert all(k.is_dir() for k in kits)
     launcher.kill()
     launcher.wait()
     stopped = tfl(["stop", run, "--grace-period", "2"], child_env)
     assert stopped.returncode == 0 and stopped.stdout.startswith(f"run {run}: stopped")
     assert tfl_processes(run_id=run) == []
+    assert not any(k.exists() for k in kits)  # no launcher was left to remove what it shipped: `tfl stop` did
     assert RunStore(tfl_home).load(run).state.value == "stopped"
     again = tfl(["stop", run], child_env)
     assert again.returncode == 0 and "already stopped; nothing to stop" in again.stdout

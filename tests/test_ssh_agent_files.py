@@ -104,11 +104,16 @@ def test_storage_tokens_are_written_read_and_removed(tmp_path: Path) -> None:
 
 def test_cleanup_removes_our_dirs_and_leaves_a_symlinks_target_and_a_model_dir(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    for sub in ("kit/launcher", "code", "model"):
+    for sub in ("kit/launcher", "code", "model/checkpoints"):
         (run / sub).mkdir(parents=True)
+    (run / "model" / "checkpoints" / "ckpt-1.index").write_text("")
+    empty = tmp_path / "empty" / "model" / "backup"  # what a worker's host keeps of a run
+    empty.mkdir(parents=True)
     target = tmp_path / "elsewhere"
     target.mkdir()
     (run / "progress").symlink_to(target)
-    done = agent_files.cleanup({"remove": [str(run / d) for d in ("kit", "code", "progress", "scratch")], "rmdir": [str(run)]})
+    done = agent_files.cleanup({"remove": [str(run / d) for d in ("kit", "code", "progress", "scratch")],
+                                "rmdir": [str(run), str(tmp_path / "empty")]})
     assert done == {"removed": [str(run / "kit"), str(run / "code")]}
     assert sorted(p.name for p in run.iterdir()) == ["model", "progress"] and target.is_dir()
+    assert (run / "model" / "checkpoints" / "ckpt-1.index").exists() and not (tmp_path / "empty").exists()

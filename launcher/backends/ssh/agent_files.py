@@ -192,7 +192,8 @@ def _holds(directory: str, name: str, token: str) -> bool:
 
 
 def cleanup(request: dict[str, Any]) -> dict[str, Any]:
-    """Remove each of ``remove`` that is a real directory of ours, then ``rmdir`` the empty ones."""
+    """Remove each of ``remove`` that is a real directory of ours, then each of ``rmdir`` when it
+    holds nothing but empty directories (TensorFlow leaves an empty ``model/backup`` on a worker)."""
     removed = []
     for path in request.get("remove", []):
         try:
@@ -203,8 +204,9 @@ def cleanup(request: dict[str, Any]) -> dict[str, Any]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     for path in request.get("rmdir", []):
-        try:
-            os.rmdir(path)
-        except OSError:
-            pass  # not empty (the model dir of a run without shared storage stays), or gone
+        for below, _, _ in os.walk(path, topdown=False):  # symlinks are neither followed nor removed
+            try:
+                os.rmdir(below)
+            except OSError:
+                pass  # not empty (the model dir of a run without shared storage stays), or gone
     return {"removed": removed}

@@ -54,15 +54,16 @@ def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str]) -> l
 
 
 def unpack_request(plan: LaunchPlan, host: str, cache: str) -> dict[str, Any]:
-    """The run's dirs on ``host`` (parents first), the code shipped there and the job kit."""
+    """The run's dirs on ``host`` (a configured workdir first, then the run dir, parents first),
+    the code shipped there and the job kit."""
     tasks = [t.on_host(cache) for t in plan.tasks if t.host == host]
     copies = sorted({copy for task in tasks for copy in task.sync})
     dirs = tasks[0].dirs
     if dirs is None:  # a plan recorded by a tfl that shipped no kit
         return {"mode": "unpack", "archives": archives(copies)}
     return {"mode": "unpack", "kit": dirs.kit, "archives": [*archives(copies), kit_archive(dirs.kit)],
-            "dirs": [*({"path": p, "private": True, "role": "run dir"} for p in dirs.private),
-                     *({"path": p, "private": False, "role": "workdir"} for p in dirs.checked)]}
+            "dirs": [*({"path": p, "private": False, "role": "workdir"} for p in dirs.checked),
+                     *({"path": p, "private": True, "role": "run dir"} for p in dirs.private)]}
 
 
 def cleanup_request(tasks: list[TaskLaunch]) -> dict[str, Any] | None:
