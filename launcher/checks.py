@@ -137,10 +137,15 @@ def _keras(h: HostTasks, packages: dict[str, str | None]) -> Check:
     return Check(h.host, "packages", "ok", versions + (" (tf_keras in use)" if keras3 else ""))
 
 
+KIT_PYTHON = (3, 10)  # the job kit's oldest Python (pyproject's requires-python)
+
+
 def _kit(h: HostTasks, kit: dict[str, Any]) -> Check:
-    if kit.get("ok"):
+    old = "python" in kit and _version(kit["python"]) < KIT_PYTHON
+    if kit.get("ok") and not old:
         return Check(h.host, "job kit", "ok", f"imports under {h.python} from the shipped copy")
-    said = kit.get("error") or f"`launcher.jobkit` came from {kit.get('file')}, not from the shipped copy"
+    said = kit.get("error") or (f"Python {kit['python']} is older than 3.10" if old else
+                                f"`launcher.jobkit` came from {kit.get('file')}, not from the shipped copy")
     return Check(h.host, "job kit", "fail", f"the shipped job kit does not import under {h.python} ({said}); "
                                             f"every task would fail at `from launcher import jobkit`: set hosts.{h.host}.python "
                                             "to a Python >= 3.10")

@@ -79,7 +79,7 @@ def test_private_dirs_are_made_0700_and_a_symlink_or_a_strangers_dir_is_refused(
     assert list(unpacked["dirs"]) == [str(strangers)] and not (strangers / "below").exists()  # nothing made below it
 
 
-def test_the_kit_imports_from_a_probe_and_a_broken_kit_says_why() -> None:
+def test_the_kit_imports_from_a_probe_and_a_broken_kit_says_why(tmp_path: Path) -> None:
     before = {n: m for n, m in sys.modules.items() if n.split(".")[0] == "launcher"}
     assert agent_files.kit_probe(kit_data())["ok"]
     buffer = io.BytesIO()
@@ -88,8 +88,12 @@ def test_the_kit_imports_from_a_probe_and_a_broken_kit_says_why() -> None:
             info = tarfile.TarInfo(name)
             info.size = len(text)
             tar.addfile(info, io.BytesIO(text.encode()))
-    broken = agent_files.kit_probe(base64.b64encode(buffer.getvalue()).decode())
-    assert broken == {"ok": False, "error": "ImportError: too old"}
+    broken = base64.b64encode(buffer.getvalue()).decode()
+    assert agent_files.kit_probe(broken) == {"ok": False, "error": "ImportError: too old"}
+    scratch = tmp_path / "kit"
+    agent_files.extract([{"dest": str(scratch), "data": broken}])
+    found = agent_files.kit_check(str(scratch), full=False)  # tfl launch's quick look: found there, not imported
+    assert found["ok"] and found["file"] == str(scratch / "launcher" / "jobkit" / "__init__.py")
     assert {n: m for n, m in sys.modules.items() if n.split(".")[0] == "launcher"} == before  # this process's own, as before
 
 
