@@ -10,7 +10,7 @@ from bench.config import Config
 from bench.runs import plain_group, tfl_group
 from bench.ssh import SHELLS, SSHLaunch
 
-SSH_TARGET = 1.5
+SSH_TARGET = 1.3
 
 
 def local_scaling(cfg: Config, ws: Workspace) -> dict[int, dict[str, list[float]]]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.common import PYTHON, ROOT, TINY, BenchError, Workspace, assert_none_left, tfl_command
+from bench.common import PYTHON, TINY, BenchError, Workspace, assert_none_left, tfl_command
 from bench.config import Config
 from bench.procs import run_launcher
 from bench.runs import GroupRun, free_ports

@@ -151,6 +151,7 @@ def test_sigint_to_the_launcher_leaves_no_remote_task(sshd: Sshd, tmp_path: Path
     try:
         tasks = tfl_processes(run_id=run)
         assert len(tasks) == 2 and all("tfl-agent" in " ".join(p.parent().cmdline()) for p in tasks)
+        assert len(tfl_processes(home=str(tfl_home))) == 2  # what the fixture's proof sees, run dirs on the hosts or not
         record = RunStore(tfl_home).load(run)
         info = remote_task_info(record)  # what `tfl status RUN` asks each host
         assert all(i["alive"] and i["rss_mb"] > 0 for i in info.values()) and set(info) == {"chief:0", "worker:0"}
