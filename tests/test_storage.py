@@ -57,7 +57,8 @@ def test_launch_refuses_it_before_anything_starts_with_the_fix(tmp_path: Path, t
 
 
 def test_the_job_kit_takes_the_shared_model_dir_when_the_launcher_names_one() -> None:
-    from launcher.jobkit import default_model_dir, task_context
+    from launcher.jobkit import default_model_dir
+    from launcher.jobkit.context import task_context
 
     shared = task_context({"TFL_RUN_DIR": "/host/run", "TFL_MODEL_DIR": "/mnt/shared/tfl/r1/model"})
     assert default_model_dir(shared, "mnist") == Path("/mnt/shared/tfl/r1/model")
