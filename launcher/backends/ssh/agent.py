@@ -2,9 +2,9 @@
 
 It is not installed there. The launcher starts ``python -u -c BOOTSTRAP`` over SSH and
 sends this file's source (with ``agent_files.py``, its file work) as the first stdin line,
-then JSON request lines. So the
-remote command line shows neither the job's arguments nor its environment (TF_CONFIG
-and the TFL_* variables travel in the request, never through ``ps`` or a shell).
+then JSON request lines. So the remote command line shows neither the job's arguments nor
+its environment (TF_CONFIG and the TFL_* variables travel in the request, never through
+``ps`` or a shell).
 
 Every request but ``run`` is answered with one JSON line, and the agent then reads the
 next request, until stdin ends or a ``run`` request comes. ``tfl launch`` uses that to
