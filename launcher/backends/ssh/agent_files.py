@@ -15,13 +15,13 @@ whoever controls it could swap the code before it runs. Facts only: the launcher
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import sys
-import tarfile
-import tempfile
 import time
 from typing import Any
+
+# shutil, tarfile and tempfile are imported where used: every agent (one per task) loads this
+# module, and only a host's first one unpacks anything.
 
 CACHE_PLACEHOLDER = "{tfl-cache}"  # launcher.hosts.HOST_CACHE
 KIT_PACKAGES = ("tensorflow", "tf_keras", "keras", "psutil")
@@ -95,6 +95,8 @@ def unpack(request: dict[str, Any]) -> dict[str, Any]:
             break  # the dirs come parents first: nothing below a refused one is made
     if problems:
         return {"dirs": problems}
+    import tarfile
+
     try:
         extracted = extract(request.get("archives", []))
     except (OSError, EOFError, ValueError, tarfile.TarError) as exc:
@@ -109,6 +111,7 @@ def extract(archives: list[dict[str, Any]]) -> int:
     """Extract each archive into its directory, like ``tar --no-same-owner -xzf``."""
     import base64
     import io
+    import tarfile
 
     class Archive(tarfile.TarFile):
         def chown(self, *args: Any, **kwargs: Any) -> None:
@@ -162,6 +165,10 @@ def kit_check(kit_dir: str, full: bool = True) -> dict[str, Any]:
 
 def kit_probe(data: str) -> dict[str, Any]:
     """``kit_check`` on a kit sent in a probe: unpacked into a private temp dir, then removed."""
+    import shutil
+    import tarfile
+    import tempfile
+
     scratch = tempfile.mkdtemp(prefix="tfl-kit-")
     try:
         extract([{"dest": scratch, "data": data}])
@@ -210,6 +217,8 @@ def _holds(directory: str, name: str, token: str) -> bool:
 def cleanup(request: dict[str, Any]) -> dict[str, Any]:
     """Remove each of ``remove`` that is a real directory of ours, then each of ``rmdir`` when it
     holds nothing but empty directories (TensorFlow leaves an empty ``model/backup`` on a worker)."""
+    import shutil
+
     removed = []
     for path in request.get("remove", []):
         try:
