@@ -2,7 +2,8 @@
 
 The hosts are loopback addresses 127.0.0.2 … 127.0.0.9 served by one private sshd (its
 own host key, client key and known_hosts, in the bench's temp dir); nothing listens on
-or connects to any other address. One tiny task per host, the job shipped by tfl.
+or connects to any other address. One tiny task per host, the job and the job kit shipped
+by tfl (every launch ships the kit) into each host's private run dir.
 
 Every SSH session starts the account's login shell, and bash started by sshd sources
 ~/.bashrc. That file is the account's, not tfl's (on the machine the report was made on,
@@ -88,7 +89,8 @@ def ssh_scaling(cfg: Config, ws: Workspace) -> tuple[dict[str, dict[int, list[SS
             server.terminate()
             server.wait(10)
     return results, (f"SSH: one tiny task per host on {', '.join(HOSTS[:max(cfg.ssh_ns)])} (loopback aliases of this "
-                     f"machine, one private sshd); `tfl launch --cluster` ships the job to each host. {cfg.reps} repetitions; "
+                     f"machine, one private sshd); `tfl launch --cluster` ships the job and the job "
+                     f"kit to each host. {cfg.reps} repetitions; "
                      "the ratio is to the 1-host run of the same repetition.")
 
 

@@ -3,7 +3,9 @@
 Per host: reachable and authenticated (SSH hosts), python found, tensorflow / tf_keras /
 keras versions (Keras 3 breaks under MultiWorkerMirroredStrategy, so tf_keras and
 TF_USE_LEGACY_KERAS=1 are required), each task's port free, free disk in the working dir,
-GPUs visible. Backends gather the facts (``Backend.probe`` / ``Backend.prepare``, with the
+GPUs visible; on SSH hosts also the shipped job kit imported by the host's python, the
+run's private dirs (``judge_setup``), and the cluster's shared storage seen by every host
+(``judge_storage``). Backends gather the facts (``Backend.probe`` / ``Backend.prepare``, with the
 agent's ``probe`` request, on the host itself); ``judge`` turns them into checks, the same
 for ``tfl doctor`` and for ``tfl launch`` (foreground or ``--detach``), which makes the
 quick subset (python, ports).
@@ -46,6 +48,8 @@ class HostTasks:
     target: SSHTarget | None  # None: this machine
     ports: list[tuple[str, int]] = field(default_factory=list)  # (task, port)
     legacy_keras: bool = True  # TF_USE_LEGACY_KERAS=1 in the tasks' environment
+    storage: str | None = None  # the cluster's shared storage (``tfl doctor`` proves it shared)
+    chief: bool = False  # the chief (else worker:0) runs here
 
 
 def host_tasks(plan: LaunchPlan) -> list[HostTasks]:
@@ -67,7 +71,8 @@ def cluster_hosts(spec: ClusterSpec, options: RemoteOptions) -> list[HostTasks]:
         if address.host not in hosts:
             plan = host_plan(spec, address.host, run_id=None, run_dir="", python=sys.executable, cwd=str(Path.cwd()),
                              options=options)
-            hosts[address.host] = HostTasks(address.host, plan.python, plan.workdir, plan.ssh)
+            hosts[address.host] = HostTasks(address.host, plan.python, plan.workdir, plan.ssh,
+                                            storage=spec.storage.path if spec.storage else None, chief=not hosts)
         if task.is_training:
             hosts[address.host].ports.append((str(task), address.port))
     return list(hosts.values())
@@ -101,8 +106,10 @@ def judge(h: HostTasks, facts: dict[str, Any], *, quick: bool = False) -> list[C
         checks.append(Check(h.host, f"port {port}", "ok", f"free for {task}") if held is None else Check(
             h.host, f"port {port}", "fail", f"port {port} of {task} is in use ({held}); "
                                             f"stop what holds it or give {task} another port in the cluster file"))
+    if "kit" in facts:
+        checks.append(_kit(h, facts["kit"]))
     if quick:
-        return checks
+        return checks + ([_keras(h, facts["packages"])] if "packages" in facts else [])
     checks += [_keras(h, facts["packages"]), _disk(h.host, facts["disk"]), _gpus(h.host, facts["gpus"])]
     if facts["packages"].get("psutil") is None:
         checks.append(Check(h.host, "psutil", "warn", "psutil missing: `tfl status` shows no cpu/memory for tasks "
@@ -119,7 +126,7 @@ def _keras(h: HostTasks, packages: dict[str, str | None]) -> Check:
     tf_minor = ".".join(tf.split(".")[:2])
     keras3 = _version(tf) >= (2, 16) or _version(keras or "0") >= (3,)
     if keras3 and tf_keras is None:
-        return Check(h.host, "packages", "fail", f"{versions}: Keras 3 would be used and it breaks under "
+        return Check(h.host, "packages", "fail", f"{versions}: no tf_keras, so Keras 3 would be used and it breaks under "
                                                  f"MultiWorkerMirroredStrategy; fix: {pip} 'tf_keras~={tf_minor}.0'")
     if keras3 and not h.legacy_keras:
         return Check(h.host, "packages", "fail", f"{versions}: tf_keras is installed but unused; fix: set "
@@ -128,6 +135,78 @@ def _keras(h: HostTasks, packages: dict[str, str | None]) -> Check:
         return Check(h.host, "packages", "warn", f"{versions}: tf_keras should match tensorflow's version; "
                                                  f"fix: {pip} 'tf_keras~={tf_minor}.0'")
     return Check(h.host, "packages", "ok", versions + (" (tf_keras in use)" if keras3 else ""))
+
+
+KIT_PYTHON = (3, 10)  # the job kit's oldest Python (pyproject's requires-python)
+
+
+def _kit(h: HostTasks, kit: dict[str, Any]) -> Check:
+    old = "python" in kit and _version(kit["python"]) < KIT_PYTHON
+    if kit.get("ok") and not old:
+        return Check(h.host, "job kit", "ok", f"imports under {h.python} from the shipped copy")
+    said = kit.get("error") or (f"Python {kit['python']} is older than 3.10" if old else
+                                f"`launcher.jobkit` came from {kit.get('file')}, not from the shipped copy")
+    return Check(h.host, "job kit", "fail", f"the shipped job kit does not import under {h.python} ({said}); "
+                                            f"every task would fail at `from launcher import jobkit`: set hosts.{h.host}.python "
+                                            "to a Python >= 3.10")
+
+
+def judge_setup(h: HostTasks, answer: dict[str, Any]) -> list[Check]:
+    """Checks of an ``unpack`` answer: the run's dirs there, the shipped kit, the packages."""
+    checks = [_dir(h, path, problem) for path, problem in answer.get("dirs", {}).items()]
+    if "kit" in answer:
+        checks.append(_kit(h, answer["kit"]))
+    if "packages" in answer:
+        checks.append(_keras(h, answer["packages"]))
+    return checks
+
+
+def _dir(h: HostTasks, path: str, problem: dict[str, Any]) -> Check:
+    what = "working dir" if problem.get("role") == "workdir" else "run dir"
+    fix = (f"set hosts.{h.host}.workdir to a directory of your own" if what == "working dir" else
+           f"remove it there (tfl makes it, private) or set XDG_CACHE_HOME for {h.host}'s login shell")
+    if problem["problem"] == "symlink":
+        why = f"is a symlink (to {problem['target']}); whoever can change the link can swap the code tfl ships"
+    elif problem["problem"] == "owner":
+        why = (f"belongs to {problem['user']}, not to {problem['me']} who runs the tasks; its owner could swap the "
+               "code tfl ships")
+    else:
+        why = f"cannot be made ({problem['detail']})"
+    return Check(h.host, what, "fail", f"{what} {path} {why}; fix: {fix}")
+
+
+def judge_storage(hosts: Sequence[HostTasks], seen: dict[str, dict[str, Any]]) -> list[Check]:
+    """Is the shared storage one and the same on every host? ``seen``: per host, its token
+    write error or the tokens it found (the chief's host: every other's; the others: the chief's)."""
+    storage = next((h.storage for h in hosts if h.storage), None)
+    chief = next((h for h in hosts if h.chief), None)
+    if storage is None or chief is None:
+        if len(hosts) < 2:
+            return []
+        return [Check(hosts[0].host, "storage", "warn", "no shared storage named: a run with --max-restarts or an "
+                                                        f"evaluator on another host than the chief is refused; add {STORAGE_EXAMPLE}")]
+    if "://" in storage:
+        return [Check(chief.host, "storage", "warn", f"{storage} is not checked: tfl proves only a directory shared "
+                                                     "(TensorFlow itself reads URLs)")]
+    checks = []
+    for h in hosts:
+        facts = seen.get(h.host, {})
+        if "error" in facts:
+            checks.append(Check(h.host, "storage", "fail", f"cannot write into {storage} ({facts['error']}); fix: mount "
+                                                           f"the shared storage at {storage} on {h.host}"))
+            continue
+        missing = sorted(w for w, ok in facts.get("seen", {}).items() if not ok and "error" not in seen.get(w, {}))
+        if missing:
+            checks.append(Check(h.host, "storage", "fail", f"{storage} is not shared: {h.host} does not see the file "
+                                f"{', '.join(missing)} wrote there; fix: mount the same shared directory at {storage} "
+                                "on every host"))
+        elif h.host in seen:
+            checks.append(Check(h.host, "storage", "ok", f"{storage} shared with " + (
+                "every other host" if h is chief else f"{chief.host} (the chief's host)")))
+    return checks
+
+
+STORAGE_EXAMPLE = '"storage": {"path": "/mnt/shared/tfl"} to the cluster file'
 
 
 def _version(text: str) -> tuple[int, ...]:

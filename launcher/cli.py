@@ -117,6 +117,8 @@ def launch(
                                               help="SSH hosts: trust and remember unknown host keys (never changed ones)"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="also show TensorFlow's known start-up noise "
                                  "(hidden by default; the task logs keep it)"),
+    keep_remote: bool = typer.Option(False, "--keep-remote",
+                                     help="SSH hosts: keep the shipped code and job kit there after the run (default: removed)"),
 ) -> None:
     """Launch JOB on a cluster (--cluster FILE) or on local processes (--local N)."""
     from launcher import launch as core
@@ -137,8 +139,8 @@ def launch(
     store = _store()
     spec = _core(lambda: load_cluster(cluster) if cluster is not None else local_cluster(local or 0, evaluator))
     remote = RemoteOptions(ship_code=not no_sync, sync_dirs=tuple(str(d.resolve()) for d in sync),
-                           accept_new_host_keys=accept_new_host_keys)
-    plan = _core(lambda: core.make_plan(job, tuple(ctx.args), spec, store, remote, virtual_devices))
+                           accept_new_host_keys=accept_new_host_keys, keep_remote=keep_remote)
+    plan = _core(lambda: core.make_plan(job, tuple(ctx.args), spec, store, remote, virtual_devices, max_restarts))
     if dry_run:
         typer.echo(render_plan(plan))
         return
@@ -172,7 +174,8 @@ def doctor(
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="trust and remember unknown host keys"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
-    """Check every host of a cluster at once: ssh, python, tensorflow/tf_keras, ports, disk, GPUs."""
+    """Check every host of a cluster at once: ssh, python, the job kit, tensorflow/tf_keras, ports, disk, GPUs,
+    and that the cluster's storage is shared."""
     from launcher.checks import as_dicts, render
     from launcher.doctor import doctor as diagnose
     from launcher.spec import load_cluster

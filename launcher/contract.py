@@ -129,6 +129,11 @@ PROGRESS_SUBDIR: Final = "progress"  # <run dir>/progress/<type>-<index>.json
 LOGS_SUBDIR: Final = "logs"  # <run dir>/logs/<type>-<index>.log
 
 
+def shared_model_dir(storage: str, run_id: str) -> str:
+    """A run's model dir in the cluster's shared storage (a directory or a URL such as gs://…)."""
+    return f"{storage.rstrip('/')}/{run_id}/{MODEL_SUBDIR}"
+
+
 def task_slug(task_type: str, index: int) -> str:
     """``worker-1``: a task's name in file names (a colon is awkward in paths)."""
     return f"{task_type}-{index}"

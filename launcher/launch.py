@@ -27,11 +27,12 @@ from launcher.logstream import LogFollower, tail_lines
 from launcher.plan import LaunchPlan, build_plan, job_name
 from launcher.runstore import RunRecord, RunStore
 from launcher.spec import ClusterSpec
+from launcher.storage import check_sharing
 from launcher.supervisor import Supervisor, SupervisorConfig, initial_record
 
 
 def make_plan(job: str, job_args: tuple[str, ...], spec: ClusterSpec, store: RunStore,
-              remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None) -> LaunchPlan:
+              remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None, max_restarts: int = 0) -> LaunchPlan:
     path = Path(job)
     if not path.is_file():
         raise UsageError(f"{job}: no such job script (give the path of a Python file, e.g. jobs/mnist.py)")
@@ -42,6 +43,7 @@ def make_plan(job: str, job_args: tuple[str, ...], spec: ClusterSpec, store: Run
     plan = build_plan(spec, str(path.resolve()), job_args, run_id=run_id, run_dir=str(store.run_dir(run_id)),
                       python=sys.executable, cwd=os.getcwd(), remote=remote, virtual_devices=virtual_devices)
     backends.name_for_plan(plan)  # one backend per run: refused here, before anything is written
+    check_sharing(plan, max_restarts)
     return plan
 
 
@@ -64,7 +66,7 @@ def prepare(plan: LaunchPlan) -> Prepared:
     except BaseException:
         backend.close()
         raise
-    return Prepared(plan, backend, wake)
+    return Prepared(backend.resolve(plan), backend, wake)
 
 
 def preflight(plan: LaunchPlan) -> None:

@@ -8,6 +8,7 @@ meets ``os.environ`` only when a backend spawns the process.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
 from launcher import contract
-from launcher.hosts import HostPlan, RemoteOptions, SSHTarget, host_plan, shipping
+from launcher.hosts import HOST_CACHE, HostPlan, RemoteDirs, RemoteOptions, SSHTarget, host_plan, on_host, shipping
 from launcher.tasks import TaskId
 from launcher.tfconfig import tf_config_json
 
@@ -37,6 +38,7 @@ class TaskLaunch:
     progress_path: str  # on this machine (a remote task's agent mirrors its progress file here)
     ssh: SSHTarget | None = None  # how to reach the task's host; None: this machine
     sync: tuple[tuple[str, str], ...] = ()  # (local, remote) copies that put the code on the host
+    dirs: RemoteDirs | None = None  # the run's dirs on a remote host (the job kit's among them)
 
     @property
     def name(self) -> str:
@@ -52,6 +54,7 @@ class TaskLaunch:
             "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd,
             "log_path": self.log_path, "progress_path": self.progress_path,
             "ssh": self.ssh.to_dict() if self.ssh else None, "sync": [list(s) for s in self.sync],
+            "dirs": self.dirs.to_dict() if self.dirs else None,
         }
 
     @classmethod
@@ -62,7 +65,22 @@ class TaskLaunch:
             log_path=data["log_path"], progress_path=data["progress_path"],
             ssh=SSHTarget.from_dict(data["ssh"]) if data.get("ssh") else None,
             sync=tuple((a, b) for a, b in data.get("sync", [])),
+            dirs=RemoteDirs.from_dict(data["dirs"]) if data.get("dirs") else None,
         )
+
+    def on_host(self, cache: str) -> TaskLaunch:
+        """This task with ``{tfl-cache}`` replaced by its host's real dir (not in the job's arguments)."""
+        if self.dirs is None:
+            return self
+        own = len(self.argv) - len(self.job_args)
+        return dataclasses.replace(
+            self, argv=tuple(on_host(a, cache) for a in self.argv[:own]) + self.job_args,
+            env={k: on_host(v, cache) for k, v in self.env.items()}, cwd=on_host(self.cwd, cache) if self.cwd else None,
+            sync=tuple((a, on_host(b, cache)) for a, b in self.sync), dirs=self.dirs.on_host(cache))
+
+    @property
+    def job_args(self) -> tuple[str, ...]:
+        return self.argv[3:]  # python -u JOB ARGS...
 
 
 @dataclass(frozen=True)
@@ -89,6 +107,11 @@ class LaunchPlan:
             run_id=data["run_id"], run_dir=data["run_dir"], job=data["job"],
             job_args=tuple(data["job_args"]), tasks=tuple(TaskLaunch.from_dict(t) for t in data["tasks"]),
         )
+
+    def on_hosts(self, caches: dict[str, str]) -> LaunchPlan:
+        """The plan with each remote host's ``{tfl-cache}`` as that host resolved it (``caches``)."""
+        tasks = tuple(t.on_host(caches[t.host]) if t.host in caches else t for t in self.tasks)
+        return dataclasses.replace(self, tasks=tasks)
 
 
 def build_plan(
@@ -131,21 +154,30 @@ def task_launch(spec: ClusterSpec, task: TaskId, host: HostPlan, port: int, job:
         contract.PROGRESS_FILE: f"{host.run_dir}/{progress_name}",
         contract.ATTEMPT: "0",
     }
+    if spec.storage is not None:
+        env[contract.MODEL_DIR] = contract.shared_model_dir(spec.storage.path, run_id)
+    if host.dirs is not None:  # the shipped job kit before anything else the task could import
+        env["PYTHONPATH"] = ":".join(p for p in (host.dirs.kit, env.get("PYTHONPATH")) if p)
     return TaskLaunch(
         task=task, host=host.host, port=port, argv=(host.python, "-u", job_there, *job_args), env=env,
         cwd=host.workdir, log_path=f"{run_dir}/{contract.LOGS_SUBDIR}/{task.slug}.log",
-        progress_path=f"{run_dir}/{progress_name}", ssh=host.ssh, sync=sync,
+        progress_path=f"{run_dir}/{progress_name}", ssh=host.ssh, sync=sync, dirs=host.dirs,
     )
 
 
 def render_plan(plan: LaunchPlan) -> str:
     """Human-readable plan for ``--dry-run``: every task's host, command, env and log."""
     lines = [f"run {plan.run_id}", f"  dir: {plan.run_dir}", f"  job: {plan.job} {shlex.join(plan.job_args)}".rstrip()]
+    if any(HOST_CACHE in t.env.get(contract.RUN_DIR, "") for t in plan.tasks):
+        lines.append(f"  {HOST_CACHE}: each remote host's $XDG_CACHE_HOME/tfl or ~/.cache/tfl (asked when the run starts)")
     for t in plan.tasks:
         lines += ["", f"{t.name}  on {t.host}:{t.port}  ({'over ssh' if t.ssh else 'this machine'})", f"  command: {shlex.join(t.argv)}",
                   f"  cwd: {t.cwd}", f"  log: {t.log_path}"]
         if t.ssh is not None:
             lines += [f"  ssh: {t.ssh.describe()}", *(f"  ship: {a} -> {b}" for a, b in t.sync)]
+        if t.dirs is not None:
+            lines += [f"  ship: the job kit -> {t.dirs.kit}",
+                      f"  removed at the end: {', '.join(t.dirs.remove) or 'nothing (--keep-remote)'}"]
         lines.append("  env:")
         for key, value in sorted(t.env.items()):
             if key == "TF_CONFIG":

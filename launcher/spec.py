@@ -135,6 +135,53 @@ def check_gpus(value: object) -> object:
                      f"at most {MAX_GPUS} GPUs per host")
 
 
+class StorageSettings(_Strict):
+    """Storage every host sees: each run's model dir (checkpoints, backups, TensorBoard, the
+    evaluator's input) goes there, so that restarted tasks and an evaluator on another host
+    find what the chief wrote."""
+
+    path: str = Field(description="a directory every host mounts at the same path (e.g. /mnt/shared/tfl), or a URL "
+                                  "TensorFlow's file system supports (e.g. gs://bucket/tfl); a run's model dir is "
+                                  "<path>/<run id>/model; `tfl doctor` proves a directory is shared")
+
+    k8s_claim: str | None = Field(None, description="tfl export k8s: the PersistentVolumeClaim mounted at `path` in every pod")
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.isprintable() or not (value.startswith("/") or re.fullmatch(r"[a-z][a-z0-9+.-]*://\S+", value)):
+            raise ValueError(f"{value!r} is neither an absolute directory nor a URL; write e.g. \"/mnt/shared/tfl\" "
+                             "(mounted at that path on every host) or \"gs://bucket/tfl\"")
+        return value
+
+    @field_validator("k8s_claim")
+    @classmethod
+    def _claim(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", value):
+            raise ValueError(f"{value!r} is not a PersistentVolumeClaim name (lowercase letters, digits, '-' and '.')")
+        return value
+
+    @model_validator(mode="after")
+    def _claim_is_mounted(self) -> StorageSettings:
+        if self.k8s_claim is not None and not self.path.startswith("/"):
+            raise ValueError(f"k8s_claim is mounted at path, but path {self.path!r} is a URL; "
+                             "remove k8s_claim or give the directory it is mounted at")
+        return self
+
+
+def _check_distinct(addresses: list[Address]) -> None:
+    by_endpoint: dict[tuple[str, int], list[Address]] = {}
+    for address in addresses:
+        by_endpoint.setdefault(address.endpoint, []).append(address)
+    for same in by_endpoint.values():
+        names = sorted({str(a) for a in same})
+        if len(same) > 1 and len(names) == 1:
+            raise ValueError(f"{names[0]} is used by more than one task; give each task its own host:port")
+        if len(same) > 1:
+            raise ValueError(f"{' and '.join(names)} are the same address (hostnames ignore case; localhost, 127.0.0.1 "
+                             "and ::1 are all this machine); give each task its own host:port")
+
+
 class TaskDevices(_Strict):
     """The devices of one task (``devices.<task>``)."""
 
@@ -193,48 +240,6 @@ class Topology(_Strict):
         return self.addresses(task.type)[task.index]
 
 
-class SharedStorage(_Strict):
-    """Storage every task sees (``storage``): the run's model dir, checkpoints and backups go there."""
-
-    path: str = Field(description="a directory mounted at this same path for every task (e.g. /mnt/shared), or a URL "
-                                  "TensorFlow's file system supports (e.g. gs://bucket/dir); today only `tfl export k8s` uses it")
-    k8s_claim: str | None = Field(None, description="tfl export k8s: the PersistentVolumeClaim mounted at `path` in every pod")
-
-    @field_validator("path")
-    @classmethod
-    def _path(cls, value: str) -> str:
-        if not value.isprintable() or not (value.startswith("/") or re.fullmatch(r"[a-z][a-z0-9+.-]*://\S+", value)):
-            raise ValueError(f"{value!r} is neither an absolute path nor a URL (write e.g. /mnt/shared or gs://bucket/dir)")
-        return value
-
-    @field_validator("k8s_claim")
-    @classmethod
-    def _claim(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", value):
-            raise ValueError(f"{value!r} is not a PersistentVolumeClaim name (lowercase letters, digits, '-' and '.')")
-        return value
-
-    @model_validator(mode="after")
-    def _claim_is_mounted(self) -> SharedStorage:
-        if self.k8s_claim is not None and not self.path.startswith("/"):
-            raise ValueError(f"k8s_claim is mounted at path, but path {self.path!r} is a URL; "
-                             "remove k8s_claim or give the directory it is mounted at")
-        return self
-
-
-def _check_distinct(addresses: list[Address]) -> None:
-    by_endpoint: dict[tuple[str, int], list[Address]] = {}
-    for address in addresses:
-        by_endpoint.setdefault(address.endpoint, []).append(address)
-    for same in by_endpoint.values():
-        names = sorted({str(a) for a in same})
-        if len(same) > 1 and len(names) == 1:
-            raise ValueError(f"{names[0]} is used by more than one task; give each task its own host:port")
-        if len(same) > 1:
-            raise ValueError(f"{' and '.join(names)} are the same address (hostnames ignore case; localhost, 127.0.0.1 "
-                             "and ::1 are all this machine); give each task its own host:port")
-
-
 class ClusterSpec(_Strict):
     """A cluster description file."""
 
@@ -243,7 +248,9 @@ class ClusterSpec(_Strict):
     hosts: dict[HostName, HostSettings] = Field(default_factory=dict, description="per-host settings, keyed by host")
     ssh: SSHSettings = Field(default_factory=SSHSettings, description="defaults for hosts reached over SSH")
     devices: dict[str, TaskDevices] = Field(default_factory=dict, description="per-task devices, keyed by task (e.g. \"worker:1\")")
-    storage: SharedStorage | None = Field(None, description="shared storage for the run's model dir (path, k8s_claim)")
+    storage: StorageSettings | None = Field(None, description="shared storage for the runs' model dirs; needed when "
+                                                              "tasks on several hosts restart or an evaluator runs on "
+                                                              "another host than the chief")
     _placement: Placement = PrivateAttr(default_factory=lambda: Placement({}))
 
     @model_validator(mode="after")

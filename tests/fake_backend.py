@@ -38,6 +38,9 @@ class FakeBackend:
         CALLS.append("prepare")
         return self.probe(host_tasks(plan), quick=True)
 
+    def resolve(self, plan: LaunchPlan) -> LaunchPlan:
+        return plan
+
     def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
         CALLS.append(f"start {launch.name}")
         with open(launch.log_path, "a") as log:

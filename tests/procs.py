@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import psutil
 
@@ -18,8 +19,11 @@ def pid_alive(pid: int) -> bool:
 def tfl_processes(run_id: str | None = None, home: str | None = None) -> list[psutil.Process]:
     """Every live process whose environment says it is a task of a tfl run.
 
-    ``run_id`` narrows to one run; ``home`` to runs whose TFL_RUN_DIR lies under it.
+    ``run_id`` narrows to one run; ``home`` to runs whose TFL_RUN_DIR lies under it or whose
+    run store is there (``home/runs/<id>`` or ``home/*/runs/<id>``): an SSH task's run dir is
+    in its host's own per-user dir.
     """
+    stored = {p.name for p in (*Path(home).glob("runs/*"), *Path(home).glob("*/runs/*"))} if home else set()
     found = []
     for proc in psutil.process_iter(["pid"]):
         try:
@@ -30,7 +34,7 @@ def tfl_processes(run_id: str | None = None, home: str | None = None) -> list[ps
             continue
         if run_id is not None and env["TFL_RUN_ID"] != run_id:
             continue
-        if home is not None and not env.get("TFL_RUN_DIR", "").startswith(home):
+        if home is not None and not env.get("TFL_RUN_DIR", "").startswith(home) and env["TFL_RUN_ID"] not in stored:
             continue
         found.append(proc)
     return found

@@ -3,6 +3,12 @@
 One sshd per test session listens on 127.0.0.2 and 127.0.0.3 at one free port, with its
 own host key and an ``authorized_keys`` holding a fresh client key. Tests get a
 ``known_hosts`` naming both hosts and write cluster files with ``cluster_file``.
+
+Each host's sessions get a HOME of their own (``Sshd.home``, sshd's ``SetEnv`` per listening
+address), as two machines would: the per-user dir tfl keeps runs in differs between the
+hosts, and a test may give one host a ``~/.bashrc`` of its own. The account's real home and
+``~/.bashrc`` are never used. ``start_sshd(..., namespace=...)`` starts one in a mount
+namespace of its own, where a bind mount shows that host another directory at some path.
 Without /usr/sbin/sshd the SSH tests are skipped, except in CI (CI=true) where that fails.
 """
 
@@ -34,6 +40,11 @@ class Sshd:
     known_hosts: Path
     host_key_line: str  # "ssh-ed25519 AAAA…" (the server's public key)
     proc: subprocess.Popen[bytes]
+    hosts: tuple[str, ...] = HOSTS
+
+    def home(self, host: str) -> Path:
+        """The HOME of ``host``'s sessions (and so its ``~/.cache/tfl`` and ``~/.bashrc``)."""
+        return self.dir / f"home-{host}"
 
     def known_hosts_for(self, hosts: tuple[str, ...], path: Path) -> Path:
         path.write_text("".join(f"[{h}]:{self.port} {self.host_key_line}\n" for h in hosts))
@@ -57,27 +68,40 @@ def _keygen(path: Path) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
 
 
-def start_sshd(directory: Path) -> Sshd:
+def start_sshd(directory: Path, hosts: tuple[str, ...] = HOSTS, keys_from: Sshd | None = None,
+               namespace: tuple[Path, Path] | None = None) -> Sshd:
+    """``keys_from``: reuse that sshd's keys (one known_hosts for both). ``namespace`` (source,
+    target): run in a mount namespace of its own where ``source`` is bind-mounted on ``target``."""
     directory.mkdir(parents=True, exist_ok=True)
-    _keygen(directory / "host_ed25519")
-    _keygen(directory / "client_key")
+    if keys_from is None:
+        _keygen(directory / "host_ed25519")
+        _keygen(directory / "client_key")
+    else:
+        for name in ("host_ed25519", "host_ed25519.pub", "client_key", "client_key.pub"):
+            shutil.copy(keys_from.dir / name, directory / name)
     shutil.copy(directory / "client_key.pub", directory / "authorized_keys")
-    port = _free_port(HOSTS[0])
+    port = _free_port(hosts[0])
+    for host in hosts:
+        (directory / f"home-{host}").mkdir(mode=0o700, exist_ok=True)
     config = directory / "sshd_config"
     config.write_text("\n".join([
-        *(f"ListenAddress {h}:{port}" for h in HOSTS),
+        *(f"ListenAddress {h}:{port}" for h in hosts),
         f"HostKey {directory / 'host_ed25519'}", f"PidFile {directory / 'sshd.pid'}",
         f"AuthorizedKeysFile {directory / 'authorized_keys'}",
         "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-        "StrictModes no", "UsePAM no", "MaxSessions 64", "MaxStartups 64", "LogLevel VERBOSE", "",
+        "StrictModes no", "UsePAM no", "MaxSessions 64", "MaxStartups 64", "LogLevel VERBOSE",
+        *(f"Match LocalAddress {h}\n  SetEnv HOME={directory / f'home-{h}'}" for h in hosts), "",
     ]))
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege separation dir
     log = open(directory / "sshd.log", "wb")
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+    command = [SSHD, "-D", "-e", "-f", str(config)]
+    if namespace is not None:  # the mount is private to sshd and its sessions: the rest of the machine sees nothing
+        command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$1" "$2" && shift 2 && exec "$@"',
+                   "sh", str(namespace[0]), str(namespace[1]), *command]
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     host_key_line = " ".join((directory / "host_ed25519.pub").read_text().split()[:2])
-    server = Sshd(directory, port, directory / "client_key", directory / "known_hosts", host_key_line, proc)
-    server.known_hosts_for(HOSTS, server.known_hosts)
+    server = Sshd(directory, port, directory / "client_key", directory / "known_hosts", host_key_line, proc, hosts)
+    server.known_hosts_for(hosts, server.known_hosts)
     _wait_listening(server)
     return server
 
@@ -88,18 +112,18 @@ def _wait_listening(server: Sshd, timeout: float = 10.0) -> None:
         if server.proc.poll() is not None:
             raise RuntimeError(f"sshd exited with {server.proc.returncode}: {server.log()}")
         try:
-            for host in HOSTS:
+            for host in server.hosts:
                 socket.create_connection((host, server.port), timeout=1).close()
             return
         except OSError:
             time.sleep(0.05)
-    raise RuntimeError(f"sshd not listening on {HOSTS} port {server.port}: {server.log()}")
+    raise RuntimeError(f"sshd not listening on {server.hosts} port {server.port}: {server.log()}")
 
 
 def stop_sshd(server: Sshd) -> None:
     server.proc.terminate()
     server.proc.wait(10)
-    for host in HOSTS:
+    for host in server.hosts:
         with socket.socket() as sock:
             assert sock.connect_ex((host, server.port)) != 0, f"sshd still listening on {host}:{server.port}"
 
@@ -115,10 +139,12 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     stop_sshd(server)
 
 
-def cluster_file(path: Path, server: Sshd, tasks: dict[str, list[str]], workdirs: dict[str, Path],
-                 **extra: Any) -> Path:
-    """A cluster file whose hosts are reached over the test sshd, running this venv's python."""
-    hosts = {h: {"python": sys.executable, "workdir": str(w)} for h, w in workdirs.items()}
+def cluster_file(path: Path, server: Sshd, tasks: dict[str, list[str]], workdirs: dict[str, Path | None],
+                 python: str | Path = sys.executable, **extra: Any) -> Path:
+    """A cluster file whose hosts are reached over the test sshd, running ``python`` (this venv's:
+    it has tfl; ``tests.hostenv``'s: it has not). A workdir None: the host's default."""
+    hosts: dict[str, dict[str, Any]] = {h: {"python": str(python), **({"workdir": str(w)} if w else {})}
+                                        for h, w in workdirs.items()}
     for host, settings in extra.pop("hosts", {}).items():
         hosts.setdefault(host, {}).update(settings)
     data = {"cluster": tasks, "ssh": server.ssh_settings(**extra.pop("ssh", {})), "hosts": hosts, **extra}

@@ -51,6 +51,20 @@ def test_keras_3_without_tf_keras_fails_with_the_install_command() -> None:
     assert missing.status == "fail" and missing.detail.endswith("fix: /opt/py -m pip install tensorflow")
 
 
+def test_the_job_kit_must_import_from_the_shipped_copy_under_python_3_10() -> None:
+    ok = by_name(judge(HOST, {**facts(), "kit": {"ok": True, "file": "/k/launcher/jobkit/__init__.py", "python": "3.11.7"}}))
+    assert ok["job kit"].status == "ok"
+    for kit, said in (({"ok": True, "python": "3.8.10"}, "(Python 3.8.10 is older than 3.10)"),
+                      ({"ok": False, "file": "/usr/lib/launcher/jobkit/__init__.py", "python": "3.11.7"},
+                       "(`launcher.jobkit` came from /usr/lib/launcher/jobkit/__init__.py, not from the shipped copy)"),
+                      ({"ok": False, "error": "SyntaxError: invalid syntax (context.py, line 3)"},
+                       "(SyntaxError: invalid syntax (context.py, line 3))")):
+        check = by_name(judge(HOST, {**facts(), "kit": kit}))["job kit"]
+        assert check.status == "fail" and check.detail == (
+            f"the shipped job kit does not import under /opt/py {said}; every task would fail at `from launcher import "
+            "jobkit`: set hosts.gpu1.python to a Python >= 3.10")
+
+
 def test_disk_gpus_psutil_and_the_quick_subset() -> None:
     low = facts()
     low.update(disk={"path": "/srv", "free_gb": 0.4}, gpus=[])
@@ -58,7 +72,10 @@ def test_disk_gpus_psutil_and_the_quick_subset() -> None:
     checks = by_name(judge(HOST, low))
     assert checks["disk"].status == "fail" and "hosts.gpu1.workdir" in checks["disk"].detail
     assert checks["gpus"].status == "warn" and checks["psutil"].status == "warn"
-    assert set(by_name(judge(HOST, facts(), quick=True))) == {"python", "port 2000", "port 2001"}
+    quick = {k: v for k, v in facts().items() if k in ("python", "executable", "ports")}
+    assert set(by_name(judge(HOST, quick, quick=True))) == {"python", "port 2000", "port 2001"}
+    with_kit = {**quick, "kit": {"ok": True}, "packages": facts()["packages"]}  # --detach's preflight ships the kit
+    assert set(by_name(judge(HOST, with_kit, quick=True))) == {"python", "port 2000", "port 2001", "job kit", "packages"}
 
 
 def doctor(cluster: Path, *extra: str) -> tuple[int, list[dict[str, str]]]:

@@ -317,7 +317,7 @@ def test_tfl_status_does_not_import_yaml(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("storage", "message"), [
-    ({"path": "shared/runs"}, "storage.path: 'shared/runs' is neither an absolute path nor a URL"),
+    ({"path": "shared/runs"}, "storage.path: 'shared/runs' is neither an absolute directory nor a URL"),
     ({"path": "gs://bucket/runs", "k8s_claim": "data"}, "storage: k8s_claim is mounted at path, but path 'gs://bucket/runs' is a URL"),
     ({"path": "/mnt/s", "k8s_claim": "Data_1"}, "storage.k8s_claim: 'Data_1' is not a PersistentVolumeClaim name"),
     ({"path": "/mnt/s\n"}, "storage.path: '/mnt/s\\n' is neither"),

@@ -12,7 +12,7 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from launcher.backends.ssh import agent
+from launcher.backends.ssh import agent_files as agent
 from launcher.backends.ssh.recorded import run_dirs_there
 from launcher.cli import app
 from launcher.prune import parse_age, to_prune

@@ -19,7 +19,7 @@ JOB = """\
 import os
 with open(os.path.join(os.environ["TFL_RUN_DIR"], "result.txt"), "w") as f:
     f.write("x" * 50000)
-print("wrote", os.environ["TFL_TASK"], flush=True)
+print("wrote", os.environ["TFL_TASK"], os.environ["TFL_RUN_DIR"], flush=True)
 """
 
 
@@ -35,10 +35,12 @@ def test_rm_removes_the_runs_dirs_on_its_hosts(sshd: Sshd, tmp_path: Path, tfl_h
         w.mkdir()
     tasks = {"chief": [f"127.0.0.2:{free_port()}"], "worker": [f"127.0.0.3:{free_port()}"]}
     cluster = cluster_file(tmp_path / "cluster.json", sshd, tasks, workdirs)
-    launched = tfl(["launch", str(job), "--cluster", str(cluster)], child_env)
+    # --keep-remote: the run's private dirs on the hosts outlive it, for `tfl rm` to remove.
+    launched = tfl(["launch", str(job), "--cluster", str(cluster), "--keep-remote"], child_env)
     assert launched.returncode == 0, launched.stderr
     (run,) = [p.name for p in (tfl_home / "runs").iterdir()]
-    there = {host: w / "tfl-runs" / run for host, w in workdirs.items()}
+    wrote = dict(line.split()[-2:] for line in launched.stdout.splitlines() if " wrote " in line)
+    there = {"127.0.0.2": Path(wrote["chief:0"]), "127.0.0.3": Path(wrote["worker:0"])}
     assert all((d / "result.txt").exists() for d in there.values())
     # The worker's host goes away before the run is removed.
     state = tfl_home / "runs" / run / "state.json"
@@ -49,8 +51,9 @@ def test_rm_removes_the_runs_dirs_on_its_hosts(sshd: Sshd, tmp_path: Path, tfl_h
     removed = tfl(["rm", run], child_env)
     assert removed.returncode == 0, removed.stderr
     lines = removed.stdout.splitlines()
-    assert lines[0].startswith(f"removed {run} (") and f"and 127.0.0.2:{there['127.0.0.2']} (" in lines[0]
-    assert lines[1].startswith("  left: 127.0.0.3: ") and lines[1].endswith(f"left {there['127.0.0.3']} there")
+    own = {host: next(p for p in (d, *d.parents) if p.name == run) for host, d in there.items()}  # the run's dir there
+    assert lines[0].startswith(f"removed {run} (") and f"and 127.0.0.2:{own['127.0.0.2']} (" in lines[0]
+    assert lines[1].startswith("  left: 127.0.0.3: ") and lines[1].endswith(f"left {own['127.0.0.3']} there")
     assert lines[2].startswith("tfl: removed 1 run(s), ") and "KB on SSH hosts" in lines[2]
     assert not there["127.0.0.2"].exists() and (there["127.0.0.3"] / "result.txt").exists()
     assert workdirs["127.0.0.2"].exists() and (workdirs["127.0.0.2"] / "job.py").exists()  # the user's workdir stays

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import psutil
 import pytest
 
-from launcher.backends.ssh.wire import BOOTSTRAP, agent_input
+from launcher.backends.ssh.wire import BOOTSTRAP, MARK, agent_input, reply
 from tests.procs import pid_alive
 
 CHILD_AND_SLEEP = """
@@ -39,8 +39,14 @@ def start_agent(request: dict[str, Any]) -> subprocess.Popen[bytes]:
     return agent
 
 
+MARKED: set[int] = set()  # agents whose mark was read (the frames follow it)
+
+
 def frames(agent: subprocess.Popen[bytes]) -> Iterator[tuple[bytes, bytes]]:
     assert agent.stdout is not None
+    if agent.pid not in MARKED:
+        assert agent.stdout.read(len(MARK)) == MARK
+        MARKED.add(agent.pid)
     while header := agent.stdout.read(5):
         yield header[:1], agent.stdout.read(int.from_bytes(header[1:], "big"))
 
@@ -146,7 +152,8 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 
 def ask(request: dict[str, Any]) -> Any:
     out = subprocess.run([sys.executable, "-u", "-c", BOOTSTRAP], input=agent_input(request), capture_output=True, check=True)
-    return json.loads(out.stdout)
+    assert out.stdout.startswith(MARK)
+    return reply(out.stdout)
 
 
 def test_info_and_signal_trust_a_pid_only_with_its_create_time(sleeper: subprocess.Popen[bytes], tmp_path: Path) -> None:
@@ -194,35 +201,43 @@ def test_agent_source_parses_as_python_3_8() -> None:
     assert "from __future__ import annotations" in source
 
 
-def test_one_session_checks_unpacks_then_runs(tmp_path: Path) -> None:
-    """What `tfl launch` sends a pre-started agent: a quick probe, the code, then the run."""
-    from launcher.backends.ssh.wire import archives
+def test_one_session_checks_unpacks_then_runs_with_the_shipped_kit_first(tmp_path: Path) -> None:
+    """What `tfl launch` sends a pre-started agent: a quick probe, the code and kit, then the run.
+    This python has tfl installed (editable): the task must still import the shipped kit."""
+    from launcher.backends.ssh.wire import archives, kit_archive
 
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)
     (src / "pkg" / "data.txt").write_text("shipped")
-    (src / "job.py").write_text("print(open('pkg/data.txt').read(), flush=True)\n")
-    dest = tmp_path / "host" / "work"
+    (src / "job.py").write_text("from launcher import jobkit\nprint(open('pkg/data.txt').read(), jobkit.__file__, flush=True)\n")
+    run_dir = tmp_path / "cache" / "runs" / "r1" / "h"
+    dest, kit = run_dir / "code", run_dir / "kit"
     agent = start_agent({})  # the source only, like a pre-started agent
     assert agent.stdin is not None and agent.stdout is not None
 
     def say(request: dict[str, Any]) -> dict[str, Any]:
         agent.stdin.write((json.dumps(request) + "\n").encode())  # type: ignore[union-attr]
         agent.stdin.flush()  # type: ignore[union-attr]
-        return json.loads(agent.stdout.readline())  # type: ignore[union-attr,no-any-return]
+        return reply(agent.stdout.readline())  # type: ignore[union-attr,no-any-return]
 
     try:
         facts = say({"mode": "probe", "quick": True, "ports": [], "workdir": str(dest)})
         assert facts["executable"] == sys.executable and "packages" not in facts  # quick: no package scan
-        assert say({"mode": "unpack", "archives": archives([(str(src), str(dest))])}) == {"extracted": 4}  # ., pkg, pkg/data.txt, job.py
+        assert facts["tfl_cache"] == os.path.join(os.path.expanduser("~"), ".cache", "tfl")
+        dirs = [{"path": str(p), "private": True} for p in (run_dir.parent.parent, run_dir.parent, run_dir)]
+        done = say({"mode": "unpack", "dirs": dirs, "kit": str(kit),
+                    "archives": [*archives([(str(src), str(dest))]), kit_archive(str(kit))]})
+        assert done["dirs"] == {} and done["kit"]["ok"] and done["kit"]["file"] == str(kit / "launcher" / "jobkit" / "__init__.py")
+        assert done["packages"]["tf_keras"] is not None
+        assert all((p.stat().st_mode & 0o777) == 0o700 for p in (run_dir, dest, kit))
         broken = say({"mode": "unpack", "archives": [{"dest": str(dest), "data": "bm90IGEgdGFyYmFsbA=="}]})
         assert broken["error"].startswith("ReadError")
         assert (dest / "pkg" / "data.txt").read_text() == "shipped"
-        agent.stdin.write((json.dumps({"mode": "run", "argv": [sys.executable, "-u", str(dest / "job.py")], "env": {},
-                                       "cwd": str(dest), "mkdirs": []}) + "\n").encode())
+        agent.stdin.write((json.dumps({"mode": "run", "argv": [sys.executable, "-u", str(dest / "job.py")],
+                                       "env": {"PYTHONPATH": str(kit)}, "cwd": str(dest), "mkdirs": []}) + "\n").encode())
         agent.stdin.flush()
         controls, output = collect(agent)
-        assert output == b"shipped\n" and controls[-1] == {"exit": 0}
+        assert output == f"shipped {kit / 'launcher' / 'jobkit' / '__init__.py'}\n".encode() and controls[-1] == {"exit": 0}
     finally:
         agent.kill()
         agent.wait()

@@ -73,6 +73,11 @@ class Backend(Protocol):
         code) and return the checks; when one failed, nothing was shipped and nothing runs."""
         ...
 
+    def resolve(self, plan: LaunchPlan) -> LaunchPlan:
+        """The prepared plan with what only its hosts could tell filled in (a remote host's
+        per-user dir, ``hosts.HOST_CACHE``): the plan that runs and is recorded."""
+        ...
+
     # --- a live run -----------------------------------------------------------------------
     def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
         """Start the task in its own process group; output goes to ``launch.log_path``.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -38,13 +37,16 @@ class LocalBackend:
     def prepare(self, plan: LaunchPlan) -> list[Check]:
         return self.probe(host_tasks(plan), quick=True)
 
+    def resolve(self, plan: LaunchPlan) -> LaunchPlan:
+        return plan  # every path is this machine's already
+
     @staticmethod
     def _facts(h: HostTasks, quick: bool) -> dict[str, Any] | None:
         """The agent's own probe: in this process for the quick checks (no python to start),
         under the host's python for the full ones (its packages are what counts). The agent is
         the one place host facts are gathered, whatever the backend."""
         from launcher.backends.ssh import agent
-        from launcher.backends.ssh.wire import BOOTSTRAP, agent_input, python_failure
+        from launcher.backends.ssh.wire import BOOTSTRAP, agent_input, python_failure, reply
 
         if quick:
             facts = agent.probe(probe_request(h, quick=True))
@@ -60,7 +62,7 @@ class LocalBackend:
             raise LaunchError(f"{h.host}: {python_failure(h.python, 127, b'no such file', h.host)}") from None
         if out.returncode != 0:
             raise LaunchError(f"{h.host}: {python_failure(h.python, out.returncode, out.stderr, h.host)}")
-        result: dict[str, Any] = json.loads(out.stdout.decode().splitlines()[-1])
+        result: dict[str, Any] = reply(out.stdout)
         return result
 
     # --- a live run ---------------------------------------------------------------------

@@ -32,6 +32,7 @@ class TaskContext:
     run_id: str | None = None
     attempt: int = 0
     run_dir: Path | None = None
+    model_dir: Path | None = None  # the run's model dir in the cluster's shared storage (TFL_MODEL_DIR)
     progress_file: Path | None = None
     progress_log: Path | None = None
     # Device settings from the launcher (see launcher/placement.py and `--virtual-devices`).
@@ -126,6 +127,7 @@ def task_context(env: Mapping[str, str]) -> TaskContext:
         run_id=env.get(contract.RUN_ID) or None,
         attempt=int(attempt_raw),
         run_dir=_optional_path(env.get(contract.RUN_DIR)),
+        model_dir=_optional_path(env.get(contract.MODEL_DIR)),
         progress_file=_optional_path(env.get(contract.PROGRESS_FILE)),
         progress_log=_optional_path(env.get(contract.PROGRESS_LOG)),
         virtual_devices=_optional_count(env, contract.VIRTUAL_DEVICES, "the number of logical devices, e.g. 4"),

@@ -91,8 +91,10 @@ def read_json_object(path: Path) -> dict[str, Any] | None:
 
 
 def default_model_dir(context: TaskContext, job: str) -> Path:
-    """Under the launcher its run dir's `model/`, shared by all tasks; by hand a new temp
-    dir (never inside the repository)."""
+    """Under the launcher the run's model dir in the cluster's shared storage, else its run
+    dir's `model/` (each host's own); by hand a new temp dir (never inside the repository)."""
+    if context.model_dir is not None:
+        return context.model_dir
     if context.run_dir is not None:
         return context.run_dir / MODEL_SUBDIR
     return Path(tempfile.mkdtemp(prefix=f"tfl-{job}-"))

@@ -13,6 +13,7 @@ import tf_keras as keras
 from launcher.contract import ModelDirLayout
 from launcher.jobkit.backup import StepBackup
 from launcher.jobkit.callbacks import EpochCheckpoint, ProgressCallback, StepClock
+from launcher.jobkit.consistency import RestoredStateCheck
 from launcher.jobkit.context import JobKitError, TaskContext
 from launcher.jobkit.execution import check_steps_per_execution
 from launcher.jobkit.layout import chief_only_writes, finished_run, read_done_marker, write_json_atomically
@@ -85,8 +86,9 @@ def fit(
         # Backup before the others: it restores the training state in on_train_begin. It
         # gets the real dir on every task (all restore from the chief's) and redirects
         # non-chief writes itself. The clock first of all, to time the train function alone.
+        # Right after the restore, every training task must go on from the same state.
         kit: list[keras.callbacks.Callback] = [clock, StepBackup(str(real.backup), backup_every_steps, on_trained),
-                                               checkpoints]
+                                               RestoredStateCheck(context, backup_dir=str(real.backup)), checkpoints]
         if context.is_chief:
             kit.append(keras.callbacks.TensorBoard(log_dir=str(layout.tensorboard), update_freq="epoch", profile_batch=0))
         kit += _steps_per_execution(model, steps_per_execution, clock, context, backup_every_steps)

@@ -1,9 +1,10 @@
 """The tfl agent: the one program tfl runs on a remote host (stdlib only, Python >= 3.8).
 
 It is not installed there. The launcher starts ``python -u -c BOOTSTRAP`` over SSH and
-sends this file's source as the first stdin line, then JSON request lines. So the
-remote command line shows neither the job's arguments nor its environment (TF_CONFIG
-and the TFL_* variables travel in the request, never through ``ps`` or a shell).
+sends this file's source (with ``agent_files.py``, its file work) as the first stdin line,
+then JSON request lines. So the remote command line shows neither the job's arguments nor
+its environment (TF_CONFIG and the TFL_* variables travel in the request, never through
+``ps`` or a shell).
 
 Every request but ``run`` is answered with one JSON line, and the agent then reads the
 next request, until stdin ends or a ``run`` request comes. ``tfl launch`` uses that to
@@ -20,17 +21,21 @@ Modes of a request:
     Liveness, cpu, memory and progress of recorded tasks / signal their groups; a pid
     counts only if its create time matches the recorded one (pids get reused).
 ``probe``
-    What ``tfl doctor`` checks: python, package versions, ports, disk, GPUs (with
-    ``quick``: python and ports only, what ``tfl launch`` checks first).
-``unpack``
-    Extract gzipped tarballs (base64 in the request) into their directories: the code
-    ``tfl launch`` ships.
+    What ``tfl doctor`` checks: python, package versions, ports, disk, GPUs, and the job
+    kit sent along imported as a task would (with ``quick``: python and ports only, what
+    ``tfl launch`` checks first). Always: where the host's per-user tfl dir is.
+``unpack`` / ``cleanup``
+    The run's private dirs, the code and job kit ``tfl launch`` ships, the kit's import
+    check / removing them when the run has ended (``agent_files``).
+``storage``
+    Tokens in the shared storage, for ``tfl doctor``'s proof that every host sees it.
 ``remove``
     Remove a finished run's directories (``tfl rm``): only ones named after the run, no link.
 
-Output of ``run`` is framed on stdout (1 type byte, 4-byte length, payload) so that job
-output and control messages stay in order: ``O`` output, ``C`` JSON control, ``P`` ping.
-The other modes print one JSON line.
+Every reply starts with ``MARK``: whatever the login shell printed first (a chatty
+``~/.bashrc``) comes before it and is skipped. Output of ``run`` is framed on stdout after
+it (1 type byte, 4-byte length, payload) so that job output and control messages stay in
+order: ``O`` output, ``C`` JSON control, ``P`` ping. The other modes print one JSON line.
 """
 
 from __future__ import annotations  # annotations stay strings: the agent runs on Python >= 3.8
@@ -46,6 +51,12 @@ import threading
 import time
 from typing import IO, Any, cast
 
+try:
+    import tfl_agent_files as files  # sent along with this file (launcher.backends.ssh.wire.BOOTSTRAP)
+except ImportError:  # imported in the launcher itself
+    from launcher.backends.ssh import agent_files as files
+
+MARK = "\x1etfl\x1e"  # starts every reply; launcher.backends.ssh.wire.MARK
 PING_EVERY = 2.0  # seconds between the agent's pings; the launcher expects one at least this often
 LOST = threading.Event()  # the launcher is gone: stdin at EOF, or sshd hung up on us
 
@@ -103,9 +114,11 @@ class Frames:
         self.broken = False
 
     def send(self, kind: bytes, payload: bytes) -> None:
+        self.raw(kind + len(payload).to_bytes(4, "big") + payload)
+
+    def raw(self, data: bytes) -> None:
         if self.broken:
             return
-        data = kind + len(payload).to_bytes(4, "big") + payload
         with self.lock:
             try:
                 while data:
@@ -150,9 +163,13 @@ def run(request: dict[str, Any], frames: Frames) -> int:
     if not os.path.isdir(cwd):
         frames.control({"error": "working directory %s does not exist" % cwd})
         return 126
+    env = dict(os.environ, **request["env"])
+    if "PYTHONPATH" in request["env"] and os.environ.get("PYTHONPATH"):
+        # The plan's entries (the shipped job kit first) go before the host's own.
+        env["PYTHONPATH"] = request["env"]["PYTHONPATH"] + os.pathsep + os.environ["PYTHONPATH"]
     try:
         child = subprocess.Popen(
-            request["argv"], env=dict(os.environ, **request["env"]), cwd=cwd, stdin=subprocess.DEVNULL,
+            request["argv"], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_agent)
     except OSError as exc:
         frames.control({"error": "cannot run %s: %s" % (request["argv"][0], exc.strerror)})
@@ -186,8 +203,15 @@ def relay(child: subprocess.Popen[bytes], frames: Frames, commands: Commands, re
             progress.forward(frames, time.monotonic(), final=True)
             frames.control({"exit": code})
             reported = True
-        if reported and code is not None and (eof or not group_alive(child.pid)):
-            return code
+        if reported and not group_alive(child.pid):
+            while not eof and select.select([fd], [], [], 0)[0]:  # what the group wrote last
+                data = os.read(fd, 65536)
+                eof = not data
+                if data:
+                    frames.send(b"O", data)
+            return code  # the leader and every process of its group are gone: like a local task
+        if eof and code is not None:
+            time.sleep(0.1)  # the leader is gone and the pipe closed, yet its group lives on
         now = time.monotonic()
         if not killing and (LOST.is_set() or frames.broken or now - commands.heard > heartbeat_timeout):
             killing = now
@@ -286,67 +310,14 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
     """Facts for ``tfl doctor``; the launcher judges them (this side only reports)."""
     ipv6 = bool(request.get("ipv6"))
     ports = {str(p): _port_state(int(p), ipv6) for p in request.get("ports", [])}
-    facts: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable, "ports": ports}
+    facts: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable, "ports": ports,
+                             "tfl_cache": files.tfl_cache()}
+    if request.get("kit"):
+        facts.update(kit=files.kit_probe(request["kit"]), packages=files.packages())
     if request.get("quick"):
         return facts
-    from importlib import metadata  # no package is imported: tensorflow would take seconds
-
-    packages: dict[str, str | None] = {}
-    for name in ("tensorflow", "tf_keras", "keras", "psutil"):
-        try:
-            packages[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            packages[name] = None
-    facts.update(packages=packages, disk=_disk(request.get("workdir") or "/"), gpus=_gpus())
+    facts.update(packages=files.packages(), disk=_disk(files.expand(request.get("workdir") or "/")), gpus=_gpus())
     return facts
-
-
-def unpack(request: dict[str, Any]) -> dict[str, Any]:
-    """Extract each archive into its directory, like ``tar --no-same-owner -xzf``."""
-    import base64
-    import io
-    import tarfile
-
-    class Archive(tarfile.TarFile):
-        def chown(self, *args: Any, **kwargs: Any) -> None:
-            pass  # files belong to the user tfl logs in as, whatever owned them on the launcher's machine
-
-    extracted = 0
-    try:
-        for item in request["archives"]:
-            os.makedirs(item["dest"], exist_ok=True)
-            data = base64.b64decode(item["data"])
-            with Archive.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-                members = tar.getmembers()
-                if hasattr(tarfile, "data_filter"):
-                    tar.extractall(item["dest"], members=members, filter="data")
-                else:
-                    tar.extractall(item["dest"], members=members)
-                extracted += len(members)
-    except (OSError, tarfile.TarError) as exc:
-        return {"error": "%s: %s" % (type(exc).__name__, exc)}
-    return {"extracted": extracted}
-
-
-def remove(request: dict[str, Any]) -> dict[str, Any]:  # path -> {"removed": bytes} | {"absent": true} | {"error": why}
-    import shutil
-    result, run_id = {}, request["run_id"]
-    for path in request["paths"]:
-        if not path.startswith("/") or os.path.normpath(path) != path or path.count("/") < 2 or os.path.basename(path) != run_id:
-            result[path] = {"error": "refused: not a directory of run %s" % run_id}
-        elif os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
-            result[path] = {"error": "refused: a link or a file, not a directory"}
-        else:
-            try:
-                size = sum(os.lstat(os.path.join(top, name)).st_blocks * 512
-                           for top, dirs, files in os.walk(path) for name in dirs + files)
-                shutil.rmtree(path)
-                result[path] = {"removed": size}
-            except FileNotFoundError:
-                result[path] = {"absent": True}
-            except OSError as exc:
-                result[path] = {"error": "%s: %s" % (type(exc).__name__, exc)}
-    return result
 
 
 def _port_state(port: int, ipv6: bool = False) -> str | None:
@@ -378,7 +349,8 @@ def _gpus() -> list[str] | None:
 
 
 def main() -> None:
-    handlers = {"info": info, "signal": signal_tasks, "probe": probe, "unpack": unpack, "remove": remove}
+    handlers = {"info": info, "signal": signal_tasks, "probe": probe, "unpack": files.unpack, "storage": files.storage,
+                "cleanup": files.cleanup, "remove": files.remove}
     while True:
         line = sys.stdin.readline()
         if not line:
@@ -390,9 +362,11 @@ def main() -> None:
                 # sshd hung up or is shutting down: as good as losing the launcher, so the
                 # relay loop kills the job's group before the agent exits.
                 signal.signal(signum, lambda *_: LOST.set())
-            code = run(request, Frames())
+            frames = Frames()
+            frames.raw(MARK.encode())  # the frames follow it
+            code = run(request, frames)
             sys.exit(code if 0 <= code < 256 else 128 - code)
-        sys.stdout.write(json.dumps(handlers[mode](request)) + "\n")
+        sys.stdout.write(MARK + json.dumps(handlers[mode](request)) + "\n")
         sys.stdout.flush()
 
 

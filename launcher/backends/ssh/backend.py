@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from launcher.backends.base import Cleanup, TaskLive, TaskProcess
 from launcher.backends.ssh.connect import SSHError, connect, open_channel
-from launcher.backends.ssh.wire import agent_command, agent_input, agent_request, archives, converse, python_failure
-from launcher.checks import Check, HostTasks, diagnose, host_tasks, judge, probe_request
+from launcher.backends.ssh.prepare import cleanup_hosts, prepare_hosts
+from launcher.backends.ssh.probe import probe_hosts
+from launcher.backends.ssh.wire import MARK, agent_command, agent_input, python_failure
+from launcher.checks import Check, HostTasks
 from launcher.contract import ATTEMPT, PROGRESS_FILE
 from launcher.files import open_private, write_atomic
 from launcher.hosts import SSHTarget
-from launcher.parallel import first_error, parallel
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.runstore import RunRecord
 
@@ -109,56 +110,6 @@ class HostPool:
         self._conns.clear()
 
 
-def prepare_hosts(plan: LaunchPlan, pool: HostPool) -> list[Check]:
-    """Reach every SSH host of the plan at once and get it ready: its quick checks, or the
-    first failure to reach one raises.
-
-    Per host: one connection, and per task one agent, started ahead. The host's first agent
-    also makes the preflight checks (python, the tasks' ports free) and unpacks the shipped
-    code, so a host costs one SSH session per task and nothing more (each session is a login
-    shell and a python start there). Nothing is shipped to a host whose checks failed.
-    """
-    def reach(host: HostTasks) -> list[Check]:
-        first, *rest = [t for t in plan.tasks if t.host == host.host]
-        chan = pool.start_agent_ahead(first)
-        checks = judge(host, converse(chan, probe_request(host, quick=True), host.host, host.python), quick=True)
-        if any(c.status == "fail" for c in checks):
-            return checks
-        copies = sorted({copy for task in plan.tasks if task.host == host.host for copy in task.sync})
-        if copies:
-            done = converse(chan, {"mode": "unpack", "archives": archives(copies)}, host.host, host.python)
-            if "error" in done:
-                raise SSHError(host.host, f"could not unpack the code there ({done['error']}); check hosts.{host.host}.workdir "
-                                          "and free disk there, or use --no-sync if the code is already on the host")
-        for task in rest:
-            pool.start_agent_ahead(task)
-        return checks
-
-    results = parallel(reach, host_tasks(plan))
-    first_error(results)
-    return [c for r in results if isinstance(r, list) for c in r]
-
-
-def probe_host(h: HostTasks, quick: bool) -> tuple[list[Check], dict[str, Any] | None]:
-    """Reach the host and collect its facts on a connection of its own; a failure to do so
-    is a check of its own."""
-    if h.target is None:
-        raise SSHError(h.host, "no ssh settings for this host")
-    started = time.monotonic()
-    try:
-        conn = connect(h.target)
-    except SSHError as exc:
-        return [Check(h.host, "ssh", "fail", exc.cause)], None
-    checks = [Check(h.host, "ssh", "ok", f"reached {h.target} in {time.monotonic() - started:.2f} s")]
-    try:
-        facts: dict[str, Any] = agent_request(conn, h.python, probe_request(h, quick=quick))
-        return checks, facts
-    except SSHError as exc:
-        return checks + [Check(h.host, "python", "fail", exc.cause)], None
-    finally:
-        conn.close()
-
-
 class RemoteTask:
     """One task's agent channel: output to the log, control frames to us, lines to the agent."""
 
@@ -185,10 +136,14 @@ class RemoteTask:
         self.chan.close()
 
     def _read(self) -> None:
-        buffer, cause = b"", None
+        buffer, cause, marked = b"", None, False
         try:
             while data := self.chan.recv(65536):
-                buffer = self._frames(buffer + data)
+                buffer += data
+                if not marked:  # what the login shell printed comes first: the frames follow the agent's MARK
+                    marked = MARK in buffer
+                    buffer = buffer.partition(MARK)[2] if marked else buffer[-len(MARK):]
+                buffer = self._frames(buffer) if marked else buffer
         except OSError as exc:  # socket.timeout: the agent fell silent
             cause = f"no word from the agent for {HEARTBEAT_TIMEOUT:g} s ({type(exc).__name__})"
         finally:
@@ -257,6 +212,9 @@ class SSHBackend:
     def __init__(self, notify: Callable[[], None] = lambda: None) -> None:
         self._notify = notify
         self._pool = HostPool()
+        self._plan: LaunchPlan | None = None
+        self._caches: dict[str, str] = {}  # host -> its per-user tfl dir, once ready (``hosts.HOST_CACHE``)
+        self._cleaned = False
         self._tasks: list[RemoteTask] = []
         self._closing = threading.Event()
         self._pinger: threading.Thread | None = None
@@ -264,14 +222,18 @@ class SSHBackend:
 
     # --- before a run -------------------------------------------------------------------
     def probe(self, hosts: Sequence[HostTasks], *, quick: bool) -> list[Check]:
-        return diagnose(hosts, lambda h: probe_host(h, quick), quick=quick)
+        return probe_hosts(hosts, quick=quick)
 
     def prepare(self, plan: LaunchPlan) -> list[Check]:
+        self._plan = plan
         try:
-            return prepare_hosts(plan, self._pool)
+            return prepare_hosts(plan, self._pool, self._caches)
         except BaseException:
-            self._pool.close()
+            self.close()
             raise
+
+    def resolve(self, plan: LaunchPlan) -> LaunchPlan:
+        return plan.on_hosts(self._caches)
 
     # --- a live run ---------------------------------------------------------------------
     def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
@@ -312,9 +274,13 @@ class SSHBackend:
         return not proc.handle.closed.is_set()
 
     def close(self) -> None:
+        """Ends the run's side of every agent, then removes what the run shipped (once)."""
         self._closing.set()
         for task in self._tasks:
             task.close()
+        if self._plan is not None and self._caches and not self._cleaned:
+            self._cleaned = True
+            cleanup_hosts(self.resolve(self._plan), self._pool, list(self._caches))
         self._pool.close()
 
     def _ensure_pinger(self) -> None:

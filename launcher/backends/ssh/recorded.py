@@ -18,9 +18,9 @@ from launcher.backends.base import Cleanup, TaskLive
 from launcher.backends.ssh.connect import connect
 from launcher.backends.ssh.wire import agent_request
 from launcher.contract import PROGRESS_FILE, RUN_DIR
-from launcher.hosts import SSHTarget
+from launcher.hosts import HOST_CACHE, SSHTarget
 from launcher.parallel import parallel
-from launcher.plan import LaunchPlan
+from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.procs import find_process
 from launcher.runstore import RunRecord
 from launcher.states import TaskState
@@ -107,6 +107,7 @@ def stop(record: RunRecord, grace: float) -> int:
     """SIGTERM, grace, SIGKILL (``launcher.teardown``) to the run's SSH tasks still alive on
     their hosts, every host at once per step. Their agents also kill them on their own once
     the launcher's connection is gone; this makes it immediate. Returns how many were alive.
+    A run whose launcher is gone had no one to remove the code it shipped: that is done here.
     """
     if not any(t.pid for t in record.tasks):
         return 0
@@ -115,6 +116,8 @@ def stop(record: RunRecord, grace: float) -> int:
         teardown([record], signal=_signal_hosts, grace=grace, kill_wait=5.0,
                  alive=lambda r: any(info.get("alive") for info in remote_task_info(r).values()),
                  wait=lambda s: time.sleep(max(s, 0.2)))
+    if not record.state.is_terminal:
+        cleanup(record)
     return len(alive)
 
 
@@ -140,10 +143,16 @@ def run_dirs_there(record: RunRecord) -> dict[str, tuple[SSHTarget, str, list[st
 
 
 def _own_dir(path: str | None, run_id: str) -> str | None:
-    if not path or not path.startswith("/") or ".." in PurePosixPath(path).parts:
+    """The closest part of ``path`` named after the run: absolute, or in the host's private
+    tfl dir (``{tfl-cache}``, resolved by the agent)."""
+    if not path or not path.startswith(("/", HOST_CACHE + "/")) or ".." in PurePosixPath(path).parts:
         return None
-    own = next((p for p in (PurePosixPath(path), *PurePosixPath(path).parents) if p.name == run_id), None)
-    return str(own) if own is not None else None
+    chain = [PurePosixPath(path), *PurePosixPath(path).parents]
+    own = next((i for i, p in enumerate(chain) if p.name == run_id), None)
+    if own is None:
+        return None
+    # In the per-user dir, runs/<run>/<host>: on a home shared by several hosts, only this host's part.
+    return str(chain[own - 1] if path.startswith(HOST_CACHE) and own > 0 else chain[own])
 
 
 def clean(record: RunRecord) -> Cleanup:
@@ -173,3 +182,24 @@ def clean(record: RunRecord) -> Cleanup:
                 done.removed.append(f"{host}:{path}")
                 done.bytes_freed += int(outcome["removed"])
     return done
+def cleanup(record: RunRecord) -> None:
+    """Remove what the run shipped to its hosts (best effort, every host at once)."""
+    from launcher.backends.ssh.prepare import cleanup_request
+
+    plan = LaunchPlan.from_dict(record.plan)
+    hosts: dict[str, list[TaskLaunch]] = {}
+    for task in plan.tasks:
+        if task.ssh is not None:
+            hosts.setdefault(task.host, []).append(task)
+
+    def tidy(tasks: list[TaskLaunch]) -> None:
+        request, target = cleanup_request(tasks), tasks[0].ssh
+        if request is None or target is None:
+            return
+        conn = connect(replace(target, accept_new_host_keys=False))
+        try:
+            agent_request(conn, tasks[0].python, request, timeout=30.0)
+        finally:
+            conn.close()
+
+    parallel(tidy, list(hosts.values()))
