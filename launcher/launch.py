@@ -27,6 +27,13 @@ from launcher.plan import LaunchPlan, build_plan, job_name
 from launcher.runstore import RunRecord, RunStore
 from launcher.spec import ClusterSpec
 from launcher.supervisor import Supervisor, SupervisorConfig, initial_record
+from launcher.waker import Waker
+
+# SIGINT (Ctrl-C) and SIGHUP (the terminal closed) come from a terminal: an inherited SIG_IGN
+# (`nohup tfl launch`, `tfl launch … &` in a script) is kept. SIGTERM is how `tfl stop` asks:
+# always handled.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+KEEP_IGNORED = frozenset({signal.SIGINT, signal.SIGHUP})
 
 
 def make_plan(job: str, job_args: tuple[str, ...], spec: ClusterSpec, store: RunStore,
@@ -50,14 +57,14 @@ class Prepared:
 
     plan: LaunchPlan
     backend: Backend
-    wake: threading.Event  # set by the backend when a task may have exited
+    wake: Waker  # woken by the backend when a task may have exited
 
 
 def prepare(plan: LaunchPlan) -> Prepared:
     """Get the plan's hosts ready (``Backend.prepare``: quick checks, code shipped); the first
     failed check raises, before the run exists, and nothing is left open."""
-    wake = threading.Event()
-    backend = backends.get(backends.name_for_plan(plan), notify=wake.set)
+    wake = Waker()
+    backend = backends.get(backends.name_for_plan(plan), notify=wake.wake)
     try:
         raise_failures(backend.prepare(plan))
     except BaseException:
@@ -83,6 +90,7 @@ def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: 
     record = initial_record(plan, created=time.time(), max_restarts=config.max_restarts, backend=prepared.backend.name)
     me = psutil.Process()
     record.launcher_pid, record.launcher_create_time = me.pid, me.create_time()
+    record.grace_period = config.grace_period
     store.create(record)
     supervisor = Supervisor(plan, record, store, config, backend=prepared.backend, wake=prepared.wake)
     follower = LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour).start() if out else None
@@ -128,19 +136,21 @@ def supervise_detached(plan_file: Path, config_json: str, store: RunStore) -> Ru
 
 @contextmanager
 def _stop_on_signals(supervisor: Supervisor) -> Iterator[None]:
-    """SIGINT/SIGTERM/SIGHUP stop the run gracefully; a second one forces SIGKILL."""
+    """SIGINT, SIGTERM and SIGHUP stop the run gracefully; a second SIGINT (Ctrl-C twice)
+    forces SIGKILL. SIGTERM and SIGHUP never force: `tfl stop` sends SIGTERM, and running
+    it twice must not cut the tasks' grace short. The handler takes no lock (``Waker``)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    received = 0
+    interrupts = 0
 
     def handler(signum: int, frame: object) -> None:
-        nonlocal received
-        received += 1
-        supervisor.request_stop(force=received > 1)
+        nonlocal interrupts
+        interrupts += signum == signal.SIGINT
+        supervisor.request_stop(force=interrupts > 1)
 
-    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {s: signal.signal(s, handler) for s in signals}
+    handled = [s for s in STOP_SIGNALS if not (s in KEEP_IGNORED and signal.getsignal(s) == signal.SIG_IGN)]
+    previous = {s: signal.signal(s, handler) for s in handled}
     try:
         yield
     finally:

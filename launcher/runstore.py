@@ -87,6 +87,7 @@ class RunRecord:
     message: str | None = None
     plan: dict[str, Any] = field(default_factory=dict)
     backend: str = "local"  # what ran the tasks: `tfl status`/`stop` ask the same backend
+    grace_period: float = 5.0  # the launcher's SIGTERM -> SIGKILL delay: `tfl stop` waits that long for it
 
     def task(self, name: str) -> TaskRecord:
         return next(t for t in self.tasks if t.task == name)
