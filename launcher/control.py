@@ -15,7 +15,7 @@ import psutil
 from launcher import backends
 from launcher.errors import UsageError
 from launcher.logstream import LogFollower
-from launcher.procs import find_process, is_running
+from launcher.procs import is_running, launcher_identity
 from launcher.runstore import RunRecord, RunStore
 from launcher.states import RunState, TaskState
 from launcher.status import effective_state
@@ -27,7 +27,11 @@ LAUNCHER_EXTRA_GRACE = 15.0  # beyond its grace: the launcher's SIGKILL of its t
 
 def stop_run(store: RunStore, record: RunRecord, grace: float = 5.0) -> str:
     """Stop a run; returns what was done, in one line."""
-    launcher = find_process(record.launcher_pid, record.launcher_create_time)
+    identity = launcher_identity(record)
+    if identity.elsewhere and not record.state.is_terminal:
+        raise UsageError(f"run {record.run_id}: its launcher runs on host {identity.elsewhere}, not on this one; "
+                         f"run `tfl stop {record.run_id}` there")
+    launcher = identity.find()
     if launcher is not None:
         # SIGTERM, never repeated (the launcher's handler takes only a second SIGINT for "kill
         # now"). It tears its tasks down with the run's own grace, however long; only a launcher

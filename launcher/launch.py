@@ -14,8 +14,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, TextIO
 
-import psutil
-
 from launcher import backends
 from launcher.backends.base import Backend
 from launcher.checks import host_tasks, raise_failures
@@ -24,6 +22,7 @@ from launcher.errors import LaunchError, UsageError
 from launcher.hosts import RemoteOptions
 from launcher.logstream import LogFollower, tail_lines
 from launcher.plan import LaunchPlan, build_plan, job_name
+from launcher.procs import ProcessIdentity
 from launcher.runstore import RunRecord, RunStore
 from launcher.spec import ClusterSpec
 from launcher.supervisor import Supervisor, SupervisorConfig, initial_record
@@ -88,9 +87,9 @@ def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: 
     """Start the plan and supervise it to the end, streaming every task's output to ``out``."""
     plan = prepared.plan
     record = initial_record(plan, created=time.time(), max_restarts=config.max_restarts, backend=prepared.backend.name)
-    me = psutil.Process()
-    record.launcher_pid, record.launcher_create_time = me.pid, me.create_time()
-    record.grace_period = config.grace_period
+    me = ProcessIdentity.of(os.getpid())
+    record.launcher_pid, record.launcher_create_time, record.launcher_start_ticks = me.pid, me.create_time, me.start_ticks
+    record.launcher_boot_id, record.launcher_host, record.grace_period = me.boot_id, me.host, config.grace_period
     store.create(record)
     supervisor = Supervisor(plan, record, store, config, backend=prepared.backend, wake=prepared.wake)
     follower = LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour).start() if out else None

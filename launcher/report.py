@@ -29,7 +29,7 @@ def duration(seconds: float | None) -> str | None:
 def runs_table(views: Sequence[RunView]) -> str:
     if not views:
         return "no runs yet (start one with `tfl launch JOB --local 2`)"
-    rows = [(v.run_id, v.job.rsplit("/", 1)[-1], v.state, f"{v.alive}/{v.total}",
+    rows = [(v.run_id, v.job.rsplit("/", 1)[-1], f"{v.state} on {v.elsewhere}" if v.elsewhere else v.state, f"{v.alive}/{v.total}",
              time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v.started)), duration(v.duration_s))
             for v in views]
     return table(("run", "job", "state", "alive", "started", "duration"), rows)
@@ -59,6 +59,9 @@ def progress_text(data: dict[str, Any] | None, bar_width: int = 0) -> str | None
 def run_detail(view: RunView, bar_width: int = 0) -> str:
     head = [f"run {view.run_id}  {view.state}  ({view.alive}/{view.total} tasks alive, "
             f"{duration(view.duration_s)}, {view.restarts} restart(s))"]
+    if view.elsewhere:
+        head.append(f"  its launcher runs on host {view.elsewhere}: this machine cannot see its processes "
+                    f"(run `tfl status {view.run_id}` there)")
     if view.message:
         head.append(f"  {view.message}")
     head += [f"  restart {i}: {reason}" for i, reason in enumerate(view.restart_reasons, 1)]

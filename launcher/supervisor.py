@@ -166,6 +166,7 @@ class Supervisor:
         self._procs[launch.name] = proc
         task = self.record.task(launch.name)
         task.state, task.attempt, task.pid, task.create_time = TaskState.RUNNING, proc.attempt, proc.pid, proc.create_time
+        task.start_ticks = proc.start_ticks
         task.started, task.ended, task.exit_code = self._wall(), None, None
         self._save()
 

@@ -83,7 +83,8 @@ class LocalBackend:
             create_time: float | None = psutil.Process(popen.pid).create_time()
         except psutil.Error:
             create_time = None  # already gone; poll() will report its exit code
-        proc = TaskProcess(launch=launch, attempt=attempt, pid=popen.pid, create_time=create_time, pgid=popen.pid, handle=popen)
+        proc = TaskProcess(launch=launch, attempt=attempt, pid=popen.pid, create_time=create_time, pgid=popen.pid,
+                           handle=popen, start_ticks=procs.start_ticks(popen.pid))
         threading.Thread(target=self._wait, args=(popen,), name=f"wait-{launch.name}", daemon=True).start()
         return proc
 
@@ -120,7 +121,9 @@ class LocalBackend:
 
     # --- a recorded run -----------------------------------------------------------------
     def inspect(self, record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
-        found = {t.task: procs.find_process(t.pid, t.create_time) for t in record.tasks}
+        if procs.launcher_identity(record).elsewhere:
+            return {}  # its tasks ran on the launcher's machine: only there can they be seen
+        found = {t.task: procs.task_identity(record, t).find() for t in record.tasks}
         if ask:  # cpu % is measured over an interval: prime every process, then read
             for proc in found.values():
                 procs.cpu_percent(proc)
@@ -138,7 +141,7 @@ class LocalBackend:
     def stop_recorded(self, record: RunRecord, grace: float) -> int:
         """Every process of the run: the recorded tasks (pid and create time) and anything
         carrying its ``TFL_RUN_ID`` marker, by process group."""
-        known = {p.pid: p for t in record.tasks if (p := procs.find_process(t.pid, t.create_time))}
+        known = {p.pid: p for t in record.tasks if (p := procs.task_identity(record, t).find())}
         found = procs.marked_processes(record.run_id, known)
         teardown(found, signal=procs.signal_group, alive=procs.is_running, grace=grace, kill_wait=5.0)
         return len(found)

@@ -73,6 +73,16 @@ def create_time(pid: int) -> float | None:
         return None
 
 
+def start_ticks(pid: int) -> int | None:
+    """When the process started, in clock ticks since boot: unlike ``create_time`` (which
+    adds the boot time, moved by any clock step), fixed for the process's life. None without /proc."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -155,7 +165,8 @@ def run(request: dict[str, Any], frames: Frames) -> int:
     except OSError as exc:
         frames.control({"error": "cannot run %s: %s" % (request["argv"][0], exc.strerror)})
         return 127
-    frames.control({"pid": child.pid, "pgid": child.pid, "create_time": create_time(child.pid)})
+    frames.control({"pid": child.pid, "pgid": child.pid, "create_time": create_time(child.pid),
+                    "start_ticks": start_ticks(child.pid)})
     commands = Commands(child.pid)
     commands.start()
     return relay(child, frames, commands, request)
@@ -228,12 +239,17 @@ def _killpg(pgid: int, signum: int) -> None:
 
 def _find(task: dict[str, Any]) -> tuple[int, Any] | None:
     """The task's live process as (pid, psutil.Process or None), or None when it is gone."""
-    pid, recorded = task.get("pid"), task.get("create_time")
-    if pid is None or recorded is None:
+    pid, recorded, ticks = task.get("pid"), task.get("create_time"), task.get("start_ticks")
+    if pid is None or (recorded is None and ticks is None):
         return None
-    actual = create_time(pid)
-    if actual is None or abs(actual - recorded) > 0.01:
-        return None
+    now = start_ticks(pid) if ticks is not None else None
+    if now is not None:
+        if now != ticks:
+            return None
+    else:
+        actual = create_time(pid)
+        if actual is None or recorded is None or abs(actual - recorded) > 0.01:
+            return None
     try:
         import psutil
 

@@ -289,7 +289,7 @@ class SSHBackend:
         self._tasks.append(task)
         self._ensure_pinger()
         return TaskProcess(launch=launch, attempt=attempt, pid=task.header["pid"], pgid=task.header["pgid"],
-                           create_time=task.header.get("create_time"), handle=task)
+                           create_time=task.header.get("create_time"), handle=task, start_ticks=task.header.get("start_ticks"))
 
     @staticmethod
     def _request(launch: TaskLaunch, attempt: int) -> dict[str, Any]:
