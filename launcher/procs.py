@@ -117,15 +117,33 @@ def marked_processes(run_id: str, known: dict[int, psutil.Process]) -> list[psut
 
 
 def signal_group(proc: psutil.Process, signum: int) -> None:
-    """``signum`` to the process's group (never to our own group: then to it alone)."""
+    """``signum`` to the process's group if it leads one, else to it alone; never to our
+    own group. The identity is checked right before (psutil: pid and start), and only a
+    verified group leader's group is signalled: a group whose leader is gone may hold a
+    number another process group has taken since. Members of such a group carry the run's
+    marker and are each signalled by ``marked_processes``' callers."""
     try:
+        if not proc.is_running():
+            return
         pgid = os.getpgid(proc.pid)
-        if pgid == os.getpgid(0):
-            proc.send_signal(signum)
-        else:
+        if pgid == proc.pid and pgid != os.getpgid(0):
             os.killpg(pgid, signum)
+        else:
+            proc.send_signal(signum)
     except (ProcessLookupError, PermissionError, psutil.Error):
         pass
+
+
+def group_members(pgid: int, leader: int | None = None) -> list[int]:
+    """Live (not zombie) processes in process group ``pgid``, but ``leader``."""
+    members = []
+    for pid in psutil.pids():
+        try:
+            if pid != leader and os.getpgid(pid) == pgid and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                members.append(pid)
+        except (OSError, psutil.Error):
+            continue
+    return members
 
 
 def is_running(proc: psutil.Process) -> bool:
