@@ -154,6 +154,8 @@ def run(request: dict[str, Any], frames: Frames) -> int:
         except OSError as exc:
             frames.control({"error": "cannot create %s: %s" % (path, exc.strerror)})
             return 126
+    if request.get("predecessor"):
+        stop_predecessor(request, frames)
     cwd = request["cwd"]
     if not os.path.isdir(cwd):
         frames.control({"error": "working directory %s does not exist" % cwd})
@@ -170,6 +172,37 @@ def run(request: dict[str, Any], frames: Frames) -> int:
     commands = Commands(child.pid)
     commands.start()
     return relay(child, frames, commands, request)
+
+
+def stop_predecessor(request: dict[str, Any], frames: Frames) -> None:
+    """The task's previous attempt, lost with its connection, may still run here (its agent
+    kills it only once it notices) and hold the port this attempt needs: SIGTERM its group,
+    SIGKILL after the grace, and wait (bounded) until it is gone. Identity checked first."""
+    old = request["predecessor"]
+    if _find(old) is None or _zombie(old["pid"]):
+        return
+    pid, started = old["pid"], time.monotonic()
+    deadline = started + request.get("predecessor_wait", 10.0)
+    _killpg(pid, signal.SIGTERM)
+    killed = False
+    while _find(old) is not None and not _zombie(pid) and time.monotonic() < deadline:
+        if not killed and time.monotonic() - started > request.get("predecessor_grace", 2.0):
+            _killpg(pid, signal.SIGKILL)
+            killed = True
+        time.sleep(0.05)
+    gone = _find(old) is None or _zombie(pid)
+    note = "stopped" if gone else "could not stop"
+    frames.send(b"O", ("tfl: %s this task's previous attempt (pid %d), lost with its connection, in %.1f s\n"
+                       % (note, pid, time.monotonic() - started)).encode())
+
+
+def _zombie(pid: int) -> bool:
+    """Exited, not yet reaped (its agent may be stuck): holds no port any more."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def relay(child: subprocess.Popen[bytes], frames: Frames, commands: Commands, request: dict[str, Any]) -> int:
