@@ -5,6 +5,7 @@ Phases (each fills some of the issue's sections):
   launch    2. launch overhead, 5. supervisor cost, 7. throughput (one set of runs)
   failures  3. failure → teardown (with TensorFlow alone), 6. restart cost
   scaling   4. local and SSH scaling
+  chaos     8. chaos: many runs, each with a random task killed at a random moment
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from bench import cli_latency, failures, launch, restart, scaling, ssh
+from bench import chaos, cli_latency, failures, launch, restart, scaling, ssh
 from bench.common import PYTHON, ROOT, Section, Workspace, load1
 from bench.config import Config, machine, timestamp
 from bench.report import previous_report, render
 
-PHASES = ("cli", "launch", "failures", "scaling")
+PHASES = ("cli", "launch", "failures", "scaling", "chaos")
 
 
 def make_data(ws: Workspace) -> Path:
@@ -57,8 +58,13 @@ def phase_scaling(cfg: Config, ws: Workspace, data: Path | None) -> list[Section
     return [scaling.scaling_section(cfg, local, remote, note)]
 
 
+def phase_chaos(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
+    trials, seed = chaos.chaos_trials(cfg, ws, data)
+    return [chaos.chaos_section(cfg, trials, seed)]
+
+
 RUNNERS: dict[str, Callable[[Config, Workspace, Path | None], list[Section]]] = {
-    "cli": phase_cli, "launch": phase_launch, "failures": phase_failures, "scaling": phase_scaling}
+    "cli": phase_cli, "launch": phase_launch, "failures": phase_failures, "scaling": phase_scaling, "chaos": phase_chaos}
 
 
 def run_phase(name: str, cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
@@ -91,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     sections, history = previous_report(args.out) if set(phases) != set(PHASES) else ({}, [])
     measured: list[int] = []
     try:
-        data = make_data(ws) if cfg.uses_mnist and {"launch", "failures"} & set(phases) else None
+        data = make_data(ws) if cfg.uses_mnist and {"launch", "failures", "chaos"} & set(phases) else None
         for name in PHASES:
             if name in phases:
                 fresh = run_phase(name, cfg, ws, data)

@@ -34,6 +34,7 @@ class Config:
     backup_every: int  # restart measure: backup interval (steps) …
     crash_step: int  # … and the step at which a worker is killed
     store_runs: int = 50  # runs in the store for `tfl status`
+    chaos_trials: int = 20  # §8: runs, each with one task killed at a random moment
 
     @classmethod
     def full(cls) -> Config:
@@ -47,7 +48,7 @@ class Config:
         return cls(quick=True, reps=2, train_reps=2, cli_reps=3, teardown_reps=3, tf_alone_reps=0,
                    local_ns=(1, 4), ssh_ns=(1, 2), train_job=FAKE_TRAIN,
                    epochs=2, steps_per_epoch=10, global_batch=64, train_workers=(1, 2),
-                   backup_every=5, crash_step=12)
+                   backup_every=5, crash_step=12, chaos_trials=3)
 
     @property
     def uses_mnist(self) -> bool:
