@@ -5,7 +5,7 @@ Phases (each fills some of the issue's sections):
   launch    2. launch overhead, 5. supervisor cost, 7. throughput (one set of runs)
   failures  3. failure → teardown (with TensorFlow alone), 6. restart cost
   scaling   4. local and SSH scaling
-  chaos     8. chaos: many runs, each with a random task killed at a random moment
+  chaos     9. chaos: many runs, each with a random task killed at a random moment
 """
 
 from __future__ import annotations

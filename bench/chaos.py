@@ -1,4 +1,4 @@
-"""8. Chaos: trials that each SIGKILL one random task at a random moment of a real run.
+"""9. Chaos: trials that each SIGKILL one random task at a random moment of a real run.
 
 A trial is ``tfl launch JOB --local 2 --evaluator --max-restarts 2``; its victim is the
 chief, the worker or the evaluator, and its moment is start-up (a random delay after the
@@ -232,9 +232,9 @@ def chaos_section(cfg: Config, trials: list[Trial], seed: int) -> Section:
                 rows.append([victim, moment, f"{sum(t.ok for t in mine)}/{len(mine)}", str(sum(t.killed for t in mine)),
                              ", ".join(str(t.restarts) for t in mine), f"{max(t.took_s for t in mine):.0f} s"])
     failed = [f"trial {t.number} ({t.victim}, {t.moment} at {t.at:g}): {'; '.join(t.problems)}" for t in trials if not t.ok]
-    resumed = [t for t in trials if t.redone_from is not None and t.last_backup]
+    resumed = [t for t in trials if t.restarts and t.last_backup]
     return Section(
-        8, "Chaos", f"{len(trials)} trials, each ending in success after restarts, resumed after a backup, no process left",
+        9, "Chaos", f"{len(trials)} trials, each ending in success after restarts, resumed after a backup, no process left",
         ["victim", "moment", "succeeded", "killed alive", "restarts", "longest trial"], rows,
         "met" if passed == len(trials) else "missed",
         notes=[f"`tfl launch {cfg.train_job.name} --local 2 --evaluator --max-restarts 2 -- "
@@ -242,8 +242,10 @@ def chaos_section(cfg: Config, trials: list[Trial], seed: int) -> Section:
                "Moments: start-up = up to the given delay after the victim's process appears; training = once the chief "
                "has done a random number of steps; teardown = up to the given delay after the chief's last step. A "
                "victim already gone at its moment is not killed (\"killed alive\" counts the others).",
-               f"Resumed after a backup in {len(resumed)} trial(s): the restarted chief's first step was "
-               + ", ".join(f"{t.redone_from} (backup at {t.last_backup})" for t in resumed) + "." if resumed else "",
+               f"Restarted after a backup in {len(resumed)} trial(s); the restarted chief's first step, with the last "
+               "backup before the kill in brackets: " + ", ".join(
+                   f"{t.redone_from or 'none (training was done)'} ({t.last_backup})" for t in resumed) + "."
+               if resumed else "",
                *failed],
         raw={"seed": seed, "trials": [asdict(t) for t in trials]},
         headline=f"{passed}/{len(trials)} trials succeeded")

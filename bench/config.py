@@ -34,7 +34,7 @@ class Config:
     backup_every: int  # restart measure: backup interval (steps) …
     crash_step: int  # … and the step at which a worker is killed
     store_runs: int = 50  # runs in the store for `tfl status`
-    chaos_trials: int = 20  # §8: runs, each with one task killed at a random moment
+    chaos_trials: int = 20  # §9: runs, each with one task killed at a random moment
 
     @classmethod
     def full(cls) -> Config:
