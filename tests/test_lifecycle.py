@@ -157,7 +157,9 @@ def test_second_sigint_forces_kill(jobs: dict[str, str], child_env: dict[str, st
 def test_kill9_launcher_then_stop_twice(jobs: dict[str, str], child_env: dict[str, str], tfl_home: Path) -> None:
     launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", jobs["sleep"], "--local", "2"], env=child_env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for(lambda: len(tfl_processes(home=str(tfl_home))) == 2)
+    # Both tasks running *and* recorded: a task's process exists a moment before its pid is saved.
+    wait_for(lambda: len(tfl_processes(home=str(tfl_home))) == 2 and
+             all(t["pid"] for t in status_json(child_env, latest_run(tfl_home))["tasks"]))  # type: ignore[index]
     launcher.kill()
     launcher.wait()
     run = latest_run(tfl_home)
