@@ -6,6 +6,7 @@ Phases (each fills some of the issue's sections):
   failures  3. failure → teardown (with TensorFlow alone), 6. restart cost
   scaling   4. local and SSH scaling
   training  8. training throughput: the job kit against hand-written tf_keras, on Fashion-MNIST
+  chaos     9. chaos: many runs, each with a random task killed at a random moment
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from bench import cli_latency, failures, launch, restart, scaling, ssh, training, training_report
+from bench import chaos, cli_latency, failures, launch, restart, scaling, ssh, training, training_report
 from bench.common import PYTHON, ROOT, Section, Workspace, load1
 from bench.config import Config, machine, timestamp
 from bench.report import previous_report, render
 
-PHASES = ("cli", "launch", "failures", "scaling", "training")
+PHASES = ("cli", "launch", "failures", "scaling", "training", "chaos")
 
 
 def make_data(ws: Workspace) -> Path:
@@ -62,9 +63,14 @@ def phase_training(cfg: Config, ws: Workspace, data: Path | None) -> list[Sectio
     return [training_report.training_section(cfg, training.training_runs(cfg, ws))]
 
 
+def phase_chaos(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
+    trials, seed = chaos.chaos_trials(cfg, ws, data)
+    return [chaos.chaos_section(cfg, trials, seed)]
+
+
 RUNNERS: dict[str, Callable[[Config, Workspace, Path | None], list[Section]]] = {
     "cli": phase_cli, "launch": phase_launch, "failures": phase_failures, "scaling": phase_scaling,
-    "training": phase_training}
+    "training": phase_training, "chaos": phase_chaos}
 
 
 def run_phase(name: str, cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
@@ -97,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     sections, history = previous_report(args.out) if set(phases) != set(PHASES) else ({}, [])
     measured: list[int] = []
     try:
-        data = make_data(ws) if cfg.uses_mnist and {"launch", "failures"} & set(phases) else None
+        data = make_data(ws) if cfg.uses_mnist and {"launch", "failures", "chaos"} & set(phases) else None
         for name in PHASES:
             if name in phases:
                 fresh = run_phase(name, cfg, ws, data)

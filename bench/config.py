@@ -39,6 +39,7 @@ class Config:
     scaling_epochs: int = 3  # … batch-scaling runs
     store_runs: int = 50  # runs in the store for `tfl status`
     store_runs_many: int = 3000  # … and a store after weeks of sweeps
+    chaos_trials: int = 20  # §9: runs, each with one task killed at a random moment
 
     @classmethod
     def full(cls) -> Config:
@@ -52,7 +53,7 @@ class Config:
         return cls(quick=True, reps=2, train_reps=2, cli_reps=3, teardown_reps=3, tf_alone_reps=0, store_runs_many=300,
                    local_ns=(1, 4), ssh_ns=(1, 2), train_job=FAKE_TRAIN,
                    epochs=2, steps_per_epoch=10, global_batch=64, train_workers=(1, 2),
-                   backup_every=5, crash_step=12, train_rounds=2, throughput_epochs=3)
+                   backup_every=5, crash_step=12, train_rounds=2, throughput_epochs=3, chaos_trials=3)
 
     @property
     def uses_mnist(self) -> bool:

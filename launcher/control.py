@@ -15,22 +15,30 @@ import psutil
 from launcher import backends
 from launcher.errors import UsageError
 from launcher.logstream import LogFollower
-from launcher.procs import find_process, is_running
+from launcher.procs import is_running, launcher_identity
 from launcher.runstore import RunRecord, RunStore
 from launcher.states import RunState, TaskState
 from launcher.status import effective_state
 from launcher.tasks import TaskId
 from launcher.teardown import teardown
 
-LAUNCHER_EXTRA_GRACE = 15.0  # beyond the grace: the launcher's own teardown of its tasks
+LAUNCHER_EXTRA_GRACE = 15.0  # beyond its grace: the launcher's SIGKILL of its tasks (teardown.KILL_WAIT) and last save
 
 
 def stop_run(store: RunStore, record: RunRecord, grace: float = 5.0) -> str:
     """Stop a run; returns what was done, in one line."""
-    launcher = find_process(record.launcher_pid, record.launcher_create_time)
+    identity = launcher_identity(record)
+    if identity.elsewhere and not record.state.is_terminal:
+        raise UsageError(f"run {record.run_id}: its launcher runs on host {identity.elsewhere}, not on this one; "
+                         f"run `tfl stop {record.run_id}` there")
+    launcher = identity.find()
     if launcher is not None:
-        # A wedged launcher is killed; the backend's teardown below then does its work.
-        teardown([launcher], signal=_send, alive=is_running, grace=grace + LAUNCHER_EXTRA_GRACE, kill_wait=5.0)
+        # SIGTERM, never repeated (the launcher's handler takes only a second SIGINT for "kill
+        # now"). It tears its tasks down with the run's own grace, however long; only a launcher
+        # still there after that is taken for wedged and killed, and the backend's stop below
+        # then does its work.
+        wait = max(grace, record.grace_period) + LAUNCHER_EXTRA_GRACE
+        teardown([launcher], signal=_send, alive=is_running, grace=wait, kill_wait=5.0)
     left = backends.get(record.backend).stop_recorded(store.load(record.run_id), grace)
     record = store.load(record.run_id)
     if record.state.is_terminal:

@@ -14,8 +14,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, TextIO
 
-import psutil
-
 from launcher import backends
 from launcher.backends.base import Backend
 from launcher.checks import host_tasks, raise_failures
@@ -25,10 +23,18 @@ from launcher.files import open_private, write_atomic
 from launcher.hosts import RemoteOptions
 from launcher.logstream import LogFollower, tail_lines
 from launcher.plan import LaunchPlan, build_plan, job_name
+from launcher.procs import ProcessIdentity
 from launcher.runstore import RunRecord, RunStore
 from launcher.spec import ClusterSpec
 from launcher.storage import check_sharing
 from launcher.supervisor import Supervisor, SupervisorConfig, initial_record
+from launcher.waker import Waker
+
+# SIGINT (Ctrl-C) and SIGHUP (the terminal closed) come from a terminal: an inherited SIG_IGN
+# (`nohup tfl launch`, `tfl launch … &` in a script) is kept. SIGTERM is how `tfl stop` asks:
+# always handled.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+KEEP_IGNORED = frozenset({signal.SIGINT, signal.SIGHUP})
 
 
 def make_plan(job: str, job_args: tuple[str, ...], spec: ClusterSpec, store: RunStore,
@@ -53,14 +59,14 @@ class Prepared:
 
     plan: LaunchPlan
     backend: Backend
-    wake: threading.Event  # set by the backend when a task may have exited
+    wake: Waker  # woken by the backend when a task may have exited
 
 
 def prepare(plan: LaunchPlan) -> Prepared:
     """Get the plan's hosts ready (``Backend.prepare``: quick checks, code shipped); the first
     failed check raises, before the run exists, and nothing is left open."""
-    wake = threading.Event()
-    backend = backends.get(backends.name_for_plan(plan), notify=wake.set)
+    wake = Waker()
+    backend = backends.get(backends.name_for_plan(plan), notify=wake.wake)
     try:
         raise_failures(backend.prepare(plan))
     except BaseException:
@@ -85,8 +91,9 @@ def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: 
     (without TensorFlow's known start-up noise unless ``verbose``)."""
     plan = prepared.plan
     record = initial_record(plan, created=time.time(), max_restarts=config.max_restarts, backend=prepared.backend.name)
-    me = psutil.Process()
-    record.launcher_pid, record.launcher_create_time = me.pid, me.create_time()
+    me = ProcessIdentity.of(os.getpid())
+    record.launcher_pid, record.launcher_create_time, record.launcher_start_ticks = me.pid, me.create_time, me.start_ticks
+    record.launcher_boot_id, record.launcher_host, record.grace_period = me.boot_id, me.host, config.grace_period
     store.create(record, reserved=reserved)
     supervisor = Supervisor(plan, record, store, config, backend=prepared.backend, wake=prepared.wake)
     follower = (LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour, hide_noise=not verbose).start()
@@ -133,19 +140,21 @@ def supervise_detached(plan_file: Path, config_json: str, store: RunStore) -> Ru
 
 @contextmanager
 def _stop_on_signals(supervisor: Supervisor) -> Iterator[None]:
-    """SIGINT/SIGTERM/SIGHUP stop the run gracefully; a second one forces SIGKILL."""
+    """SIGINT, SIGTERM and SIGHUP stop the run gracefully; a second SIGINT (Ctrl-C twice)
+    forces SIGKILL. SIGTERM and SIGHUP never force: `tfl stop` sends SIGTERM, and running
+    it twice must not cut the tasks' grace short. The handler takes no lock (``Waker``)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    received = 0
+    interrupts = 0
 
     def handler(signum: int, frame: object) -> None:
-        nonlocal received
-        received += 1
-        supervisor.request_stop(force=received > 1)
+        nonlocal interrupts
+        interrupts += signum == signal.SIGINT
+        supervisor.request_stop(force=interrupts > 1)
 
-    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {s: signal.signal(s, handler) for s in signals}
+    handled = [s for s in STOP_SIGNALS if not (s in KEEP_IGNORED and signal.getsignal(s) == signal.SIG_IGN)]
+    previous = {s: signal.signal(s, handler) for s in handled}
     try:
         yield
     finally:

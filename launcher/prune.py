@@ -20,7 +20,7 @@ from pathlib import Path
 from launcher import backends
 from launcher.contract import MODEL_DIR
 from launcher.errors import UsageError
-from launcher.procs import find_process
+from launcher.procs import launcher_identity
 from launcher.runindex import mark_ended
 from launcher.runstore import RunRecord, RunStore
 
@@ -48,7 +48,7 @@ def parse_age(text: str) -> float:
 
 def still_running(record: RunRecord) -> str | None:
     """Why the run must not be removed, or None when nothing of it runs any more."""
-    if find_process(record.launcher_pid, record.launcher_create_time) is not None:
+    if launcher_identity(record).find() is not None:
         return f"still running (its launcher, pid {record.launcher_pid}, is alive); `tfl stop {record.run_id}` first"
     if record.state.is_terminal:
         return None

@@ -32,7 +32,8 @@ def runs_table(views: Sequence[RunView], unreadable: Sequence[UnreadableRun] = (
     if not views and not unreadable:
         return "no runs yet (start one with `tfl launch JOB --local 2`)"
     rows: list[tuple[float, tuple[str | None, ...]]] = [
-        (v.started, (v.run_id, v.job.rsplit("/", 1)[-1], v.state, f"{v.alive}/{v.total}", _when(v.started), duration(v.duration_s)))
+        (v.started, (v.run_id, v.job.rsplit("/", 1)[-1], f"{v.state} on {v.elsewhere}" if v.elsewhere else v.state,
+                     f"{v.alive}/{v.total}", _when(v.started), duration(v.duration_s)))
         for v in views]
     rows += [(u.created, (u.run_id, None, "unreadable", None, _when(u.created), None)) for u in unreadable]
     text = table(("run", "job", "state", "alive", "started", "duration"), [r for _, r in sorted(rows, key=lambda r: r[0])])
@@ -68,6 +69,9 @@ def progress_text(data: dict[str, Any] | None, bar_width: int = 0) -> str | None
 def run_detail(view: RunView, bar_width: int = 0) -> str:
     head = [f"run {view.run_id}  {view.state}  ({view.alive}/{view.total} tasks alive, "
             f"{duration(view.duration_s)}, {view.restarts} restart(s))"]
+    if view.elsewhere:
+        head.append(f"  its launcher runs on host {view.elsewhere}: this machine cannot see its processes "
+                    f"(run `tfl status {view.run_id}` there)")
     if view.message:
         head.append(f"  {view.message}")
     head += [f"  restart {i}: {reason}" for i, reason in enumerate(view.restart_reasons, 1)]

@@ -49,6 +49,7 @@ class TaskRecord:
     attempt: int = 0
     pid: int | None = None
     create_time: float | None = None  # psutil's, so a reused pid is never taken for ours
+    start_ticks: int | None = None  # clock ticks since boot at its start (procs.start_ticks): immune to clock steps
     started: float | None = None
     ended: float | None = None
     exit_code: int | None = None
@@ -97,6 +98,10 @@ class RunRecord:
     plan: dict[str, Any] = field(default_factory=dict)
     backend: str = "local"  # what ran the tasks: `tfl status`/`stop` ask the same backend
     version: int = RECORD_VERSION
+    grace_period: float = 5.0  # the launcher's SIGTERM -> SIGKILL delay: `tfl stop` waits that long for it
+    launcher_start_ticks: int | None = None  # with launcher_pid: see launcher.procs.ProcessIdentity
+    launcher_boot_id: str | None = None
+    launcher_host: str | None = None  # `tfl status`/`stop` elsewhere (a shared TFL_HOME) can tell it is not theirs
 
     def task(self, name: str) -> TaskRecord:
         return next(t for t in self.tasks if t.task == name)

@@ -13,7 +13,7 @@ from typing import Any
 
 from launcher import backends
 from launcher.backends.base import TaskLive
-from launcher.procs import find_process
+from launcher.procs import launcher_identity
 from launcher.runstore import RunRecord, RunStore, TaskRecord, UnreadableRun
 from launcher.states import RunState
 
@@ -46,6 +46,7 @@ class RunView:
     restart_reasons: list[str]
     message: str | None
     tasks: list[TaskView]
+    elsewhere: str | None = None  # the launcher's host, when not this machine: live facts only there
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,9 +64,13 @@ def run_list(store: RunStore, *, every: bool = False) -> tuple[list[RunView], li
 
 
 def effective_state(record: RunRecord) -> RunState:
+    """The recorded state, or LOST when the record says running but its launcher is gone.
+    A launcher on another machine (a shared TFL_HOME) cannot be looked for from here: its
+    run keeps the recorded state, and ``RunView.elsewhere`` names the host."""
     if record.state.is_terminal:
         return record.state
-    if record.launcher_pid and not find_process(record.launcher_pid, record.launcher_create_time):
+    launcher = launcher_identity(record)
+    if record.launcher_pid and not launcher.elsewhere and launcher.find() is None:
         return RunState.LOST
     return record.state
 
@@ -82,6 +87,7 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
         alive=sum(t.alive for t in tasks), total=len(tasks), started=record.created,
         duration_s=round((record.ended or now) - record.created, 1), restarts=len(record.restarts),
         restart_reasons=[r.reason for r in record.restarts], message=record.message, tasks=tasks,
+        elsewhere=None if record.state.is_terminal else launcher_identity(record).elsewhere,
     )
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from launcher.runstore import FailureRecord, RestartRecord, RunRecord, RunStore,
 from launcher.states import RunState, TaskState
 from launcher.tasks import TaskId
 from launcher.teardown import teardown
+from launcher.waker import Waker
 
 # TensorFlow's preemption exit code, and a SIGTERM from outside tfl: always worth a retry.
 PREEMPTION_EXIT_CODES = frozenset({143, -signal.SIGTERM})
@@ -68,16 +68,17 @@ def initial_record(plan: LaunchPlan, created: float, max_restarts: int, backend:
 
 
 class Supervisor:
-    """Runs one plan on one backend. ``wake`` is the event the backend was told to set when a
-    task may have exited (its ``notify``); signal handlers set it too (``request_stop``)."""
+    """Runs one plan on one backend. ``wake`` is what the backend was told to call when a task
+    may have exited (its ``notify`` is ``wake.wake``); signal handlers call it too
+    (``request_stop``), which is why it is a ``Waker`` and not a ``threading.Event``."""
 
     def __init__(self, plan: LaunchPlan, record: RunRecord, store: RunStore, config: SupervisorConfig, *,
-                 backend: Backend, wake: threading.Event | None = None, clock: Callable[[], float] = time.monotonic,
+                 backend: Backend, wake: Waker | None = None, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, wait: Callable[[float], None] | None = None,
                  progress_time: Callable[[str], float | None] = progress_mtime) -> None:
         self.plan, self.record, self._store, self._config = plan, record, store, config
         self._backend, self._clock, self._wall = backend, clock, wall
-        self._wake = wake or threading.Event()
+        self._wake = wake or Waker()
         self._wait = wait or self._wait_for_event
         self._progress_time = progress_time
         self._procs: dict[str, TaskProcess] = {}
@@ -87,10 +88,11 @@ class Supervisor:
 
     # --- called from signal handlers / other threads ------------------------------------
     def notify(self) -> None:
-        self._wake.set()
+        self._wake.wake()
 
     def request_stop(self, force: bool = False) -> None:
-        """First call: graceful stop of every task. ``force``: SIGKILL without grace."""
+        """First call: graceful stop of every task. ``force``: SIGKILL without grace.
+        Safe in a signal handler: it sets two flags and wakes the loop, taking no lock."""
         self._stop_requested = True
         self._force = self._force or force
         self.notify()
@@ -170,6 +172,7 @@ class Supervisor:
         self._procs[launch.name] = proc
         task = self.record.task(launch.name)
         task.state, task.attempt, task.pid, task.create_time = TaskState.RUNNING, proc.attempt, proc.pid, proc.create_time
+        task.start_ticks = proc.start_ticks
         task.started, task.ended, task.exit_code = self._wall(), None, None
         self._save()
 
@@ -260,7 +263,6 @@ class Supervisor:
     # --- small helpers ------------------------------------------------------------------
     def _wait_for_event(self, timeout: float) -> None:
         self._wake.wait(timeout)
-        self._wake.clear()
 
     def _set_state(self, state: RunState) -> None:
         self.record.state = state

@@ -74,8 +74,12 @@ def test_local_task_log_is_0600(tmp_path: Path, umask: Any) -> None:
     plan = build_plan(spec, "-c", (), run_id="r", run_dir=str(store.run_dir("r")), python=sys.executable, cwd=str(tmp_path))
     store.create(initial_record(plan, created=1.0, max_restarts=0, backend="local"))
     launch = plan.tasks[0]
-    proc = LocalBackend().start(dataclasses.replace(launch, argv=(sys.executable, "-c", "print('hi')")), 0)
-    assert proc.handle.wait(timeout=30) == 0
+    backend = LocalBackend()
+    proc = backend.start(dataclasses.replace(launch, argv=(sys.executable, "-c", "print('hi')")), 0)
+    deadline = time.monotonic() + 30
+    while backend.poll(proc) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert backend.poll(proc) == 0
     assert mode(Path(launch.log_path)) == 0o600 and Path(launch.log_path).read_text() == "hi\n"
 
 

@@ -142,6 +142,8 @@ def start_sleepers(sshd: Sshd, tmp_path: Path, home: Path, env: dict[str, str]) 
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for(lambda: (home / "runs").exists() and len(list((home / "runs").glob("*/logs/*.log"))) == 2 and
              all("ready" in p.read_text() for p in (home / "runs").glob("*/logs/*.log")))
+    # A task's output can arrive a moment before the launcher has recorded its pid.
+    wait_for(lambda: all(t.pid for t in RunStore(home).load(only_run(home)).tasks))
     return launcher, only_run(home)
 
 

@@ -25,7 +25,14 @@ config = json.loads(os.environ["TF_CONFIG"])
 replicas = sum(len(config["cluster"].get(kind, [])) for kind in ("chief", "worker"))
 task = f"{config['task']['type']}:{config['task']['index']}"
 is_chief = config["task"]["type"] == "chief"
-backup = Path(os.environ.get("TFL_RUN_DIR", ".")) / "model" / "backup" / "step.json"
+model = Path(os.environ.get("TFL_RUN_DIR", ".")) / "model"
+backup = model / "backup" / "step.json"
+done = model / "training_done.json"
+
+if config["task"]["type"] == "evaluator":  # follows training until the chief's done marker, like the kit's
+    while not done.exists():
+        time.sleep(0.05)
+    raise SystemExit(0)
 progress_file = os.environ.get("TFL_PROGRESS_FILE")
 progress_log = os.environ.get("TFL_PROGRESS_LOG")
 global_batch = args.batch_size * replicas
@@ -58,4 +65,7 @@ while step < total:
             backup.parent.mkdir(parents=True, exist_ok=True)
             backup.write_text(json.dumps({"step": step}))
     print(f"epoch {step // args.steps_per_epoch}/{args.epochs} loss=0.000000 accuracy=1.000000", flush=True)
+if is_chief and "TFL_RUN_DIR" in os.environ:  # under tfl only: a plain run writes nothing beside it
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.write_text(json.dumps({"global_step": step, "run_id": os.environ.get("TFL_RUN_ID")}))
 report(step, "done", rate)

@@ -33,6 +33,7 @@ class TaskProcess:
     create_time: float | None
     pgid: int | None
     handle: Any = field(default=None, repr=False)  # backend-private (a Popen, a channel…)
+    start_ticks: int | None = None  # clock ticks since boot at its start, on its host (``procs.start_ticks``)
 
 
 @dataclass

@@ -23,6 +23,35 @@ from launcher.states import TaskState
 from launcher.teardown import teardown
 
 
+class Leader:
+    """A task's process, which leads its process group, kept *unreaped* after it exits until
+    its group is empty: a pid is not reused while its zombie exists, so neither is the
+    group's number, and ``killpg`` can never reach an unrelated group that took it over
+    (pids wrap around at pid_max, 32768 by default). Exit codes are read with ``WNOWAIT``."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+
+    @property
+    def reaped(self) -> bool:
+        return self.popen.returncode is not None
+
+    def exit_code(self) -> int | None:
+        """Its exit code (negative: killed by that signal) once it has exited, else None."""
+        if self.popen.returncode is not None:
+            return self.popen.returncode
+        try:
+            info = os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped behind our back (never by tfl): Popen knows the code
+            return self.popen.wait()
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+    def reap(self) -> None:
+        self.popen.wait()
+
+
 class LocalBackend:
     name = "local"
     concurrent_start = False
@@ -86,44 +115,51 @@ class LocalBackend:
             create_time: float | None = psutil.Process(popen.pid).create_time()
         except psutil.Error:
             create_time = None  # already gone; poll() will report its exit code
-        proc = TaskProcess(launch=launch, attempt=attempt, pid=popen.pid, create_time=create_time, pgid=popen.pid, handle=popen)
-        threading.Thread(target=self._wait, args=(popen,), name=f"wait-{launch.name}", daemon=True).start()
+        proc = TaskProcess(launch=launch, attempt=attempt, pid=popen.pid, create_time=create_time, pgid=popen.pid,
+                           handle=Leader(popen), start_ticks=procs.start_ticks(popen.pid))
+        threading.Thread(target=self._wait, args=(popen.pid,), name=f"wait-{launch.name}", daemon=True).start()
         return proc
 
-    def _wait(self, popen: subprocess.Popen[bytes]) -> None:
+    def _wait(self, pid: int) -> None:
         # Exit is an event: the supervisor wakes at once instead of waiting for its next poll.
-        popen.wait()
+        try:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # WNOWAIT: see Leader
+        except ChildProcessError:
+            pass
         self._notify()
 
     def poll(self, proc: TaskProcess) -> int | None:
-        code: int | None = proc.handle.poll()
-        return code
+        leader: Leader = proc.handle
+        return leader.exit_code()
 
     def signal(self, proc: TaskProcess, signum: int) -> None:
-        if proc.pgid is None:
-            return
+        leader: Leader = proc.handle
+        if leader.reaped:
+            return  # its group was empty when it was reaped, and the number may be another's by now
         try:
-            os.killpg(proc.pgid, signum)
+            os.killpg(proc.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass  # the whole group is gone already
 
     def alive(self, proc: TaskProcess) -> bool:
-        if proc.handle.poll() is None:
+        leader: Leader = proc.handle
+        if leader.exit_code() is None:
             return True
-        if proc.pgid is None:
+        if leader.reaped:
             return False
-        try:
-            os.killpg(proc.pgid, 0)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
+        if procs.group_members(proc.pid, leader=proc.pid):
+            return True  # the leader exited, a child it started lives on in the group
+        leader.reap()  # the group is empty: only now may its number go
+        return False
 
     def close(self) -> None:
         pass
 
     # --- a recorded run -----------------------------------------------------------------
     def inspect(self, record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
-        found = {t.task: procs.find_process(t.pid, t.create_time) for t in record.tasks}
+        if procs.launcher_identity(record).elsewhere:
+            return {}  # its tasks ran on the launcher's machine: only there can they be seen
+        found = {t.task: procs.task_identity(record, t).find() for t in record.tasks}
         if ask:  # cpu % is measured over an interval: prime every process, then read
             for proc in found.values():
                 procs.cpu_percent(proc)
@@ -141,7 +177,7 @@ class LocalBackend:
     def stop_recorded(self, record: RunRecord, grace: float) -> int:
         """Every process of the run: the recorded tasks (pid and create time) and anything
         carrying its ``TFL_RUN_ID`` marker, by process group."""
-        known = {p.pid: p for t in record.tasks if (p := procs.find_process(t.pid, t.create_time))}
+        known = {p.pid: p for t in record.tasks if (p := procs.task_identity(record, t).find())}
         found = procs.marked_processes(record.run_id, known)
         teardown(found, signal=procs.signal_group, alive=procs.is_running, grace=grace, kill_wait=5.0)
         return len(found)

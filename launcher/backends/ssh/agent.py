@@ -86,6 +86,16 @@ def create_time(pid: int) -> float | None:
         return None
 
 
+def start_ticks(pid: int) -> int | None:
+    """When the process started, in clock ticks since boot: unlike ``create_time`` (which
+    adds the boot time, moved by any clock step), fixed for the process's life. None without /proc."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -159,6 +169,8 @@ def run(request: dict[str, Any], frames: Frames) -> int:
         except OSError as exc:
             frames.control({"error": "cannot create %s: %s" % (path, exc.strerror)})
             return 126
+    if request.get("predecessor"):
+        stop_predecessor(request, frames)
     cwd = request["cwd"]
     if not os.path.isdir(cwd):
         frames.control({"error": "working directory %s does not exist" % cwd})
@@ -174,10 +186,42 @@ def run(request: dict[str, Any], frames: Frames) -> int:
     except OSError as exc:
         frames.control({"error": "cannot run %s: %s" % (request["argv"][0], exc.strerror)})
         return 127
-    frames.control({"pid": child.pid, "pgid": child.pid, "create_time": create_time(child.pid)})
+    frames.control({"pid": child.pid, "pgid": child.pid, "create_time": create_time(child.pid),
+                    "start_ticks": start_ticks(child.pid)})
     commands = Commands(child.pid)
     commands.start()
     return relay(child, frames, commands, request)
+
+
+def stop_predecessor(request: dict[str, Any], frames: Frames) -> None:
+    """The task's previous attempt, lost with its connection, may still run here (its agent
+    kills it only once it notices) and hold the port this attempt needs: SIGTERM its group,
+    SIGKILL after the grace, and wait (bounded) until it is gone. Identity checked first."""
+    old = request["predecessor"]
+    if _find(old) is None or _zombie(old["pid"]):
+        return
+    pid, started = old["pid"], time.monotonic()
+    deadline = started + request.get("predecessor_wait", 10.0)
+    _killpg(pid, signal.SIGTERM)
+    killed = False
+    while _find(old) is not None and not _zombie(pid) and time.monotonic() < deadline:
+        if not killed and time.monotonic() - started > request.get("predecessor_grace", 2.0):
+            _killpg(pid, signal.SIGKILL)
+            killed = True
+        time.sleep(0.05)
+    gone = _find(old) is None or _zombie(pid)
+    note = "stopped" if gone else "could not stop"
+    frames.send(b"O", ("tfl: %s this task's previous attempt (pid %d), lost with its connection, in %.1f s\n"
+                       % (note, pid, time.monotonic() - started)).encode())
+
+
+def _zombie(pid: int) -> bool:
+    """Exited, not yet reaped (its agent may be stuck): holds no port any more."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def relay(child: subprocess.Popen[bytes], frames: Frames, commands: Commands, request: dict[str, Any]) -> int:
@@ -254,12 +298,17 @@ def _killpg(pgid: int, signum: int) -> None:
 
 def _find(task: dict[str, Any]) -> tuple[int, Any] | None:
     """The task's live process as (pid, psutil.Process or None), or None when it is gone."""
-    pid, recorded = task.get("pid"), task.get("create_time")
-    if pid is None or recorded is None:
+    pid, recorded, ticks = task.get("pid"), task.get("create_time"), task.get("start_ticks")
+    if pid is None or (recorded is None and ticks is None):
         return None
-    actual = create_time(pid)
-    if actual is None or abs(actual - recorded) > 0.01:
-        return None
+    now = start_ticks(pid) if ticks is not None else None
+    if now is not None:
+        if now != ticks:
+            return None
+    else:
+        actual = create_time(pid)
+        if actual is None or recorded is None or abs(actual - recorded) > 0.01:
+            return None
     try:
         import psutil
 

@@ -245,7 +245,8 @@ def remove(request: dict[str, Any]) -> dict[str, Any]:  # path -> {"removed": by
     run_id = request["run_id"]
     for asked in request["paths"]:
         path = expand(asked)  # a private run dir is named with the {tfl-cache} placeholder
-        if not path.startswith("/") or os.path.normpath(path) != path or path.count("/") < 2 or run_id not in (os.path.basename(path), os.path.basename(os.path.dirname(path))):
+        if not path.startswith("/") or os.path.normpath(path) != path or path.count("/") < 2 \
+                or run_id not in (os.path.basename(path), os.path.basename(os.path.dirname(path))):
             result[asked] = {"error": "refused: not a directory of run %s" % run_id}
         elif os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
             result[asked] = {"error": "refused: a link or a file, not a directory"}

@@ -43,6 +43,12 @@ HEARTBEAT_EVERY = 2.0
 HEARTBEAT_TIMEOUT = 30.0  # silence after which either side takes the other for lost
 KILL_GRACE = 5.0  # the agent's SIGTERM -> SIGKILL delay when it has lost us
 START_TIMEOUT = 60.0  # for the agent to report the job's pid (python startup on a busy host)
+# A restarted task whose previous attempt was lost with its connection: the new agent stops
+# that attempt first (SIGTERM, this grace, SIGKILL) and waits, at most this long, for it to
+# be gone; else the old task, which its own agent kills only once it notices (up to
+# HEARTBEAT_TIMEOUT + KILL_GRACE), would still hold the port the new one must bind.
+PREDECESSOR_GRACE = 2.0
+PREDECESSOR_WAIT = 10.0
 CONNECTION_LOST = 255  # ssh's own exit status for "the connection failed"
 
 
@@ -117,6 +123,7 @@ class RemoteTask:
         self.chan, self.launch, self._notify = chan, launch, notify
         self.header: dict[str, Any] = {}
         self.exit_code: int | None = None
+        self.lost = False  # the connection ended before the agent reported an exit: the task may live on
         self.started, self.closed = threading.Event(), threading.Event()
         self._send_lock = threading.Lock()
         self._log = open_private(launch.log_path)
@@ -179,7 +186,7 @@ class RemoteTask:
             stderr = b""
         self.header.setdefault("stderr", stderr.decode(errors="replace"))
         if self.exit_code is None and "pid" in self.header:
-            self.exit_code = CONNECTION_LOST
+            self.exit_code, self.lost = CONNECTION_LOST, True
             said = stderr.decode(errors="replace").strip().splitlines()[-1:]  # an agent that crashed says why
             why = cause or (f"the agent failed: {said[0]}" if said else "the connection closed")
             self._write(f"tfl: lost {self.launch.name} on {self.launch.host}: {why}; the agent there kills the task "
@@ -240,7 +247,11 @@ class SSHBackend:
         python = launch.python
         chan = self._pool.agent(launch)
         task = RemoteTask(chan, launch, attempt, self._notify)
-        task.send(self._request(launch, attempt))  # a dead channel shows as a missing pid below
+        request = self._request(launch, attempt)
+        lost = [t for t in self._tasks if t.launch.name == launch.name and t.lost]
+        if lost:  # see PREDECESSOR_WAIT
+            request["predecessor"] = {key: lost[-1].header.get(key) for key in ("pid", "create_time", "start_ticks")}
+        task.send(request)  # a dead channel shows as a missing pid below
         if not task.started.wait(START_TIMEOUT):
             task.close()
             raise SSHError(launch.host, f"the tfl agent did not start within {START_TIMEOUT:g} s", launch.name)
@@ -252,7 +263,7 @@ class SSHBackend:
         self._tasks.append(task)
         self._ensure_pinger()
         return TaskProcess(launch=launch, attempt=attempt, pid=task.header["pid"], pgid=task.header["pgid"],
-                           create_time=task.header.get("create_time"), handle=task)
+                           create_time=task.header.get("create_time"), handle=task, start_ticks=task.header.get("start_ticks"))
 
     @staticmethod
     def _request(launch: TaskLaunch, attempt: int) -> dict[str, Any]:
@@ -261,6 +272,7 @@ class SSHBackend:
             "mode": "run", "argv": list(launch.argv), "env": {**launch.env, ATTEMPT: str(attempt)},
             "cwd": launch.cwd, "mkdirs": [os.path.dirname(progress)] if progress else [], "progress_file": progress,
             "heartbeat_timeout": HEARTBEAT_TIMEOUT, "grace": KILL_GRACE,
+            "predecessor_grace": PREDECESSOR_GRACE, "predecessor_wait": PREDECESSOR_WAIT,
         }
 
     def poll(self, proc: TaskProcess) -> int | None:

@@ -21,7 +21,7 @@ from launcher.contract import PROGRESS_FILE, RUN_DIR
 from launcher.hosts import HOST_CACHE, SSHTarget
 from launcher.parallel import parallel
 from launcher.plan import LaunchPlan, TaskLaunch
-from launcher.procs import find_process
+from launcher.procs import launcher_identity
 from launcher.runstore import RunRecord
 from launcher.states import TaskState
 from launcher.teardown import teardown
@@ -40,7 +40,7 @@ def _recorded(record: RunRecord) -> HostTasks:
         # Never accept a new host key here: the launch already recorded the host's key.
         target = replace(launch.ssh, accept_new_host_keys=False)
         entry = hosts.setdefault(launch.host, (target, launch.python, []))
-        entry[2].append({"name": task.task, "pid": task.pid, "create_time": task.create_time,
+        entry[2].append({"name": task.task, "pid": task.pid, "create_time": task.create_time, "start_ticks": task.start_ticks,
                          "progress_path": launch.env.get(PROGRESS_FILE, "")})
     return hosts
 
@@ -82,7 +82,7 @@ def inspect(record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
     if not running:
         return {}
     if not ask:  # its agent kills a task whose launcher is gone
-        alive = find_process(record.launcher_pid, record.launcher_create_time) is not None
+        alive = launcher_identity(record).find() is not None
         return {name: TaskLive(alive=alive) for name in running}
     live = {}
     for name, info in remote_task_info(record).items():
