@@ -120,16 +120,9 @@ def task_launch(spec: ClusterSpec, task: TaskId, host: HostPlan, port: int, job:
         **spec.env,
         **spec.host(host.host).env,
         **spec.placement.env(task),
-        **({} if virtual_devices is None else {contract.VIRTUAL_DEVICES: str(virtual_devices)}),
         contract.TF_CONFIG: tf_config_json(spec.cluster, task),
-        # tf_keras, not Keras 3: Keras 3 fails under MultiWorkerMirroredStrategy (keras-team/keras#20585).
-        contract.LEGACY_KERAS: "1",
-        "PYTHONUNBUFFERED": "1",
-        contract.RUN_ID: run_id,
-        contract.TASK: str(task),
-        contract.RUN_DIR: host.run_dir,
-        contract.PROGRESS_FILE: f"{host.run_dir}/{progress_name}",
-        contract.ATTEMPT: "0",
+        **contract.run_variables(run_id, host.run_dir, virtual_devices),
+        **contract.task_variables(task.type, task.index, host.run_dir),
     }
     return TaskLaunch(
         task=task, host=host.host, port=port, argv=(host.python, "-u", job_there, *job_args), env=env,

@@ -18,6 +18,7 @@ from launcher.backends.base import TaskLive, TaskProcess
 from launcher.checks import Check, HostTasks, diagnose, host_tasks, probe_request
 from launcher.errors import LaunchError
 from launcher.files import open_private
+from launcher.logstream import attempt_banner
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.runstore import RunRecord
 from launcher.states import TaskState
@@ -70,7 +71,7 @@ class LocalBackend:
             raise LaunchError(f"{launch.name}: working directory {launch.cwd} does not exist (fix hosts.{launch.host}.workdir)")
         with open_private(launch.log_path) as log:
             if attempt:
-                log.write(f"--- tfl: attempt {attempt} of {launch.name} at {time.strftime('%H:%M:%S')} ---\n".encode())
+                log.write(attempt_banner(launch.name, attempt).encode())
                 log.flush()
             try:
                 popen = subprocess.Popen(

@@ -30,6 +30,7 @@ from launcher.checks import Check, HostTasks, diagnose, host_tasks, judge, probe
 from launcher.contract import ATTEMPT, PROGRESS_FILE
 from launcher.files import open_private, write_atomic
 from launcher.hosts import SSHTarget
+from launcher.logstream import attempt_banner
 from launcher.parallel import first_error, parallel
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.runstore import RunRecord
@@ -170,7 +171,7 @@ class RemoteTask:
         self._send_lock = threading.Lock()
         self._log = open_private(launch.log_path)
         if attempt:
-            self._write(f"--- tfl: attempt {attempt} of {launch.name} at {time.strftime('%H:%M:%S')} ---\n".encode())
+            self._write(attempt_banner(launch.name, attempt).encode())
         threading.Thread(target=self._read, name=f"ssh-{launch.name}", daemon=True).start()
 
     def send(self, message: dict[str, Any]) -> None:
