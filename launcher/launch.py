@@ -26,12 +26,14 @@ from launcher.hosts import RemoteOptions
 from launcher.logstream import LogFollower, tail_lines
 from launcher.plan import LaunchPlan, build_plan, job_name
 from launcher.runstore import RunRecord, RunStore
+from launcher.slurm.settings import SlurmClusterSpec
 from launcher.spec import ClusterSpec
 from launcher.supervisor import Supervisor, SupervisorConfig, initial_record
 
 
-def make_plan(job: str, job_args: tuple[str, ...], spec: ClusterSpec, store: RunStore,
-              remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None) -> LaunchPlan:
+def make_plan(job: str, job_args: tuple[str, ...], spec: ClusterSpec | SlurmClusterSpec, store: RunStore,
+              remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None,
+              config: SupervisorConfig | None = None) -> LaunchPlan:
     path = Path(job)
     if not path.is_file():
         raise UsageError(f"{job}: no such job script (give the path of a Python file, e.g. jobs/mnist.py)")
@@ -40,7 +42,8 @@ def make_plan(job: str, job_args: tuple[str, ...], spec: ClusterSpec, store: Run
         if not os.path.isdir(folder):
             raise UsageError(f"--sync {folder}: no such directory (give a directory to copy to every SSH host)")
     plan = build_plan(spec, str(path.resolve()), job_args, run_id=run_id, run_dir=str(store.run_dir(run_id)),
-                      python=sys.executable, cwd=os.getcwd(), remote=remote, virtual_devices=virtual_devices)
+                      python=sys.executable, cwd=os.getcwd(), remote=remote, virtual_devices=virtual_devices,
+                      config=config)
     backends.name_for_plan(plan)  # one backend per run: refused here, before anything is written
     return plan
 

@@ -16,11 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from launcher import contract
 from launcher.hosts import HostPlan, RemoteOptions, SSHTarget, host_plan, shipping
+from launcher.slurm.batch import SlurmJobPlan
 from launcher.tasks import TaskId
 from launcher.tfconfig import tf_config_json
 
 if TYPE_CHECKING:  # a plan is read (status, the detached launcher) without pydantic
+    from launcher.slurm.settings import SlurmClusterSpec
     from launcher.spec import ClusterSpec
+    from launcher.supervisor import SupervisorConfig
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class LaunchPlan:
     job: str
     job_args: tuple[str, ...]
     tasks: tuple[TaskLaunch, ...]
+    slurm: SlurmJobPlan | None = None  # the batch script that starts the tasks (a `slurm` description)
 
     @property
     def training_tasks(self) -> tuple[TaskLaunch, ...]:
@@ -81,6 +85,7 @@ class LaunchPlan:
         return {
             "run_id": self.run_id, "run_dir": self.run_dir, "job": self.job,
             "job_args": list(self.job_args), "tasks": [t.to_dict() for t in self.tasks],
+            **({"slurm": self.slurm.to_dict()} if self.slurm else {}),
         }
 
     @classmethod
@@ -88,17 +93,29 @@ class LaunchPlan:
         return cls(
             run_id=data["run_id"], run_dir=data["run_dir"], job=data["job"],
             job_args=tuple(data["job_args"]), tasks=tuple(TaskLaunch.from_dict(t) for t in data["tasks"]),
+            slurm=SlurmJobPlan.from_dict(data["slurm"]) if data.get("slurm") else None,
         )
 
 
 def build_plan(
-    spec: ClusterSpec, job: str, job_args: tuple[str, ...], *, run_id: str, run_dir: str, python: str, cwd: str,
-    remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None,
+    spec: ClusterSpec | SlurmClusterSpec, job: str, job_args: tuple[str, ...], *, run_id: str, run_dir: str, python: str,
+    cwd: str, remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None,
+    config: SupervisorConfig | None = None,
 ) -> LaunchPlan:
     """What runs where. ``job`` is an absolute path; ``python``/``cwd`` are the local defaults.
 
     ``virtual_devices`` (``--virtual-devices N``): the job kit splits each task's device into N.
+    A ``slurm`` description becomes a plan with a batch script (``launcher.slurm.plan``), which
+    carries the run's restart policy (``config``).
     """
+    from launcher.slurm import settings  # imported here: reading a plan needs no pydantic
+
+    if isinstance(spec, settings.SlurmClusterSpec):  # Slurm places the tasks
+        from launcher.slurm.plan import build_slurm_plan
+        from launcher.supervisor import SupervisorConfig
+
+        return build_slurm_plan(spec, job, job_args, run_id=run_id, run_dir=run_dir, python=python, cwd=cwd,
+                                virtual_devices=virtual_devices, config=config or SupervisorConfig())
     hosts: dict[str, HostPlan] = {}
     tasks = []
     for task in spec.cluster.tasks():
@@ -133,6 +150,10 @@ def task_launch(spec: ClusterSpec, task: TaskId, host: HostPlan, port: int, job:
 
 def render_plan(plan: LaunchPlan) -> str:
     """Human-readable plan for ``--dry-run``: every task's host, command, env and log."""
+    if plan.slurm is not None:
+        from launcher.slurm.plan import render_slurm_plan
+
+        return render_slurm_plan(plan)
     lines = [f"run {plan.run_id}", f"  dir: {plan.run_dir}", f"  job: {plan.job} {shlex.join(plan.job_args)}".rstrip()]
     for t in plan.tasks:
         lines += ["", f"{t.name}  on {t.host}:{t.port}  ({'over ssh' if t.ssh else 'this machine'})", f"  command: {shlex.join(t.argv)}",
@@ -151,3 +172,16 @@ def render_plan(plan: LaunchPlan) -> str:
 
 def job_name(job: str) -> str:
     return PurePath(job).stem
+
+
+def describe(spec: ClusterSpec | SlurmClusterSpec, runs_dir: str, python: str, cwd: str) -> tuple[list[str], int]:
+    """``tfl validate``: each task and its address as written; for a ``slurm`` description, the
+    plan of a run of a placeholder JOB: its tasks, srun lines and batch script. Also the task count."""
+    from launcher.slurm import settings
+    from launcher.tfconfig import tasks_of
+
+    if isinstance(spec, settings.SlurmClusterSpec):
+        plan = build_plan(spec, "JOB", (), run_id="RUN", run_dir=f"{runs_dir}/RUN", python=python, cwd=cwd)
+        return render_plan(plan).splitlines(), len(plan.tasks)
+    tasks = tasks_of(spec.cluster)
+    return [f"{task}\t{getattr(spec.cluster, task.type)[task.index]}" for task in tasks], len(tasks)

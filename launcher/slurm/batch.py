@@ -84,15 +84,17 @@ class SlurmJobPlan:
     job_name: str  # the job's name (submitted) and the prefix of its steps' names
     allocation: str | None = None  # the job id of the allocation tfl runs inside (--slurm); None: submitted
     test_only: tuple[str, ...] = ()  # the sbatch command that checks the job without submitting it
+    steps: tuple[tuple[str, str], ...] = ()  # (role, srun line): what --dry-run shows besides the script
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        return {**data, "sbatch": list(self.sbatch), "test_only": list(self.test_only)}
+        return {"script": self.script, "sbatch": list(self.sbatch), "job_name": self.job_name,
+                "allocation": self.allocation, "test_only": list(self.test_only), "steps": [list(s) for s in self.steps]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SlurmJobPlan:
         return cls(script=data["script"], sbatch=tuple(data["sbatch"]), job_name=data["job_name"],
-                   allocation=data.get("allocation"), test_only=tuple(data.get("test_only", ())))
+                   allocation=data.get("allocation"), test_only=tuple(data.get("test_only", ())),
+                   steps=tuple((role, line) for role, line in data.get("steps", ())))
 
 
 @dataclass(frozen=True)
