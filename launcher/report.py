@@ -68,6 +68,8 @@ def run_detail(view: RunView, bar_width: int = 0) -> str:
             f"{duration(view.duration_s)}, {view.restarts} restart(s))"]
     if view.message:
         head.append(f"  {view.message}")
+    if view.backend_state:
+        head.append(f"  {view.backend}: " + ", ".join(f"{key} {value}" for key, value in view.backend_state.items()))
     head += [f"  restart {i}: {reason}" for i, reason in enumerate(view.restart_reasons, 1)]
     rows = [_task_row(t, bar_width) for t in view.tasks]
     return "\n".join(head) + "\n" + table(

@@ -29,7 +29,7 @@ from launcher.files import private_dir, write_atomic
 from launcher.states import RunState, TaskState
 
 STATE_FILE = "state.json"
-RECORD_VERSION = 1  # bump when a record changes so that an older tfl cannot read it right
+RECORD_VERSION = 2  # bump when a record changes so that an older tfl cannot read it right (2: backend_data)
 
 # Records are plain dataclasses read by a small strict loader, not pydantic models: `tfl status`
 # reads every run's record, and building pydantic's validators costs more than the command's
@@ -94,6 +94,7 @@ class RunRecord:
     message: str | None = None
     plan: dict[str, Any] = field(default_factory=dict)
     backend: str = "local"  # what ran the tasks: `tfl status`/`stop` ask the same backend
+    backend_data: dict[str, str] = field(default_factory=dict)  # the backend's own handle on the run (Slurm: the job id)
     version: int = RECORD_VERSION
 
     def task(self, name: str) -> TaskRecord:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from launcher import backends
-from launcher.backends.base import TaskLive
+from launcher.backends.base import GroupBackend, TaskLive
 from launcher.procs import find_process
 from launcher.runstore import RunRecord, TaskRecord
 from launcher.states import RunState
@@ -46,6 +46,8 @@ class RunView:
     restart_reasons: list[str]
     message: str | None
     tasks: list[TaskView]
+    backend: str = "local"
+    backend_state: dict[str, str] = field(default_factory=dict)  # a group backend's own view (Slurm: job, state, reason)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,14 +64,17 @@ def effective_state(record: RunRecord) -> RunState:
 def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
     """The run as its backend sees it now. ``measure``: one run's view, which asks every host
     and samples cpu % (costly); the list of runs answers from what is at hand."""
-    live = backends.get(record.backend).inspect(record, ask=measure)
+    backend = backends.get(record.backend)
+    live = backend.inspect(record, ask=measure)
     tasks = [_task_view(t, live.get(t.task, TaskLive(alive=False))) for t in record.tasks]
+    backend_state = backend.describe(record) if isinstance(backend, GroupBackend) else {}
     now = time.time()
     return RunView(
         run_id=record.run_id, job=record.job, state=effective_state(record).value,
         alive=sum(t.alive for t in tasks), total=len(tasks), started=record.created,
         duration_s=round((record.ended or now) - record.created, 1), restarts=len(record.restarts),
         restart_reasons=[r.reason for r in record.restarts], message=record.message, tasks=tasks,
+        backend=record.backend, backend_state=backend_state,
     )
 
 

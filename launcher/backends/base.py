@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from launcher.checks import Check, HostTasks
@@ -29,10 +29,13 @@ class TaskProcess:
 
     launch: TaskLaunch
     attempt: int
-    pid: int
+    pid: int | None  # None until the backend knows it (a Slurm task before its node has started it)
     create_time: float | None
     pgid: int | None
     handle: Any = field(default=None, repr=False)  # backend-private (a Popen, a channel…)
+    # Filled in by ``poll`` where a backend learns them only later; the supervisor records them.
+    host: str | None = None  # where the task runs, when that is known only once it runs (Slurm: its node)
+    ended_by: str | None = None  # why it ended, when its exit code does not say (a Slurm job's NODE_FAIL, TIMEOUT…)
 
 
 @dataclass
@@ -97,4 +100,32 @@ class Backend(Protocol):
     def stop_recorded(self, record: RunRecord, grace: float) -> int:
         """Stop what is left of a run whose launcher is gone: SIGTERM, ``grace``, SIGKILL to
         every task still alive (``launcher.teardown``). Idempotent; returns how many it signalled."""
+        ...
+
+
+@runtime_checkable
+class GroupBackend(Protocol):
+    """A backend that runs the whole group as one unit of its own, besides ``Backend``: Slurm,
+    where one job's batch script starts every task as steps, restarts the training group
+    itself (``--max-restarts``) and keeps the evaluator running across restarts.
+
+    With such a backend the supervisor stays the one state machine, but after a training
+    failure it stops nothing itself (the unit's own policy, built from the same options, ends
+    the other training tasks) and asks ``restarted`` whether a new attempt follows; the
+    evaluator is not restarted with the group. Any other signal the supervisor sends a
+    training task stops the whole unit (``signal``).
+    """
+
+    def run_data(self) -> dict[str, str]:
+        """What the run's record keeps (``RunRecord.backend_data``) to find the unit again from
+        any terminal, e.g. Slurm's job id; {} before the unit exists."""
+        ...
+
+    def restarted(self, attempt: int) -> bool | None:
+        """After a training failure in ``attempt``: whether the group was started again as
+        ``attempt + 1`` (True), will not be (False), or that is not known yet (None)."""
+        ...
+
+    def describe(self, record: RunRecord) -> dict[str, str]:
+        """The unit's own state for ``tfl status`` (Slurm: job, state, pending reason, nodes)."""
         ...

@@ -32,10 +32,17 @@ SLURM_SUBDIR = "slurm"
 EVENTS_FILE = "events"
 TRAINING_ERR = "training-{attempt}.err"
 EVALUATOR_ERR = "evaluator.err"
-EVENT_TRAINING = "training"  # "training A start", "training A exit STATUS"
+TRAINING_ROLE, EVALUATOR_ROLE = "training", "evaluator"  # the task driver's roles: one step each
+EVENT_TRAINING = TRAINING_ROLE  # "training A start", "training A exit STATUS"
 EVENT_EVALUATOR_EXIT = "evaluator exit"  # "evaluator exit STATUS": its step ended
 EVENT_EVALUATOR_STOPPING = "evaluator stopping"  # training had ended and the evaluator's time was up
 EVENT_END = "end"  # "end STATUS": the script's own exit status, written just before it exits
+
+
+def step_name(role: str, run_id: str) -> str:
+    """A step's name (``srun --job-name``): its role and the run, so that two runs in one
+    allocation never take each other's steps for their own."""
+    return f"{role}.{run_id}"
 
 
 @dataclass(frozen=True)
@@ -85,16 +92,19 @@ class SlurmJobPlan:
     allocation: str | None = None  # the job id of the allocation tfl runs inside (--slurm); None: submitted
     test_only: tuple[str, ...] = ()  # the sbatch command that checks the job without submitting it
     steps: tuple[tuple[str, str], ...] = ()  # (role, srun line): what --dry-run shows besides the script
+    max_restarts: int = 0  # how often the script starts the training group again (its policy, as written in it)
 
     def to_dict(self) -> dict[str, Any]:
         return {"script": self.script, "sbatch": list(self.sbatch), "job_name": self.job_name,
-                "allocation": self.allocation, "test_only": list(self.test_only), "steps": [list(s) for s in self.steps]}
+                "allocation": self.allocation, "test_only": list(self.test_only), "steps": [list(s) for s in self.steps],
+                "max_restarts": self.max_restarts}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SlurmJobPlan:
         return cls(script=data["script"], sbatch=tuple(data["sbatch"]), job_name=data["job_name"],
                    allocation=data.get("allocation"), test_only=tuple(data.get("test_only", ())),
-                   steps=tuple((role, line) for role, line in data.get("steps", ())))
+                   steps=tuple((role, line) for role, line in data.get("steps", ())),
+                   max_restarts=int(data.get("max_restarts", 0)))
 
 
 @dataclass(frozen=True)

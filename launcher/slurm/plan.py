@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from launcher.contract import EVALUATOR, LOGS_SUBDIR, PROGRESS_SUBDIR, task_variables
 from launcher.errors import UsageError
 from launcher.plan import LaunchPlan, TaskLaunch
-from launcher.slurm.batch import RunFiles, SlurmJobPlan
+from launcher.slurm.batch import EVALUATOR_ROLE, TRAINING_ROLE, RunFiles, SlurmJobPlan
 from launcher.slurm.script import BatchJob, batch_env, driver_argv, evaluator_srun, render_batch_script, sbatch_command, training_srun
 from launcher.slurm.settings import AllocationSpec, SlurmClusterSpec
 from launcher.tasks import TaskId, task_ids
@@ -49,18 +49,19 @@ def build_slurm_plan(spec: SlurmClusterSpec, job: str, job_args: tuple[str, ...]
                      allocation=allocation is not None)
     counts = {"chief": 1, "worker": spec.slurm.training_tasks - 1, EVALUATOR: int(spec.slurm.evaluator)}
     tasks = tuple(_task(batch, task) for task in task_ids(counts))
-    steps = [("training", shlex.join(training_srun(batch)))]
+    steps = [(TRAINING_ROLE, shlex.join(training_srun(batch)))]
     if spec.slurm.evaluator:
         steps.append((EVALUATOR, shlex.join(evaluator_srun(batch))))
     slurm = SlurmJobPlan(script=render_batch_script(batch), sbatch=() if allocation else tuple(sbatch_command(batch)),
                          job_name=batch.job_name, allocation=allocation,
-                         test_only=() if allocation else tuple(sbatch_command(batch, "--test-only")), steps=tuple(steps))
+                         test_only=() if allocation else tuple(sbatch_command(batch, "--test-only")), steps=tuple(steps),
+                         max_restarts=config.max_restarts)
     return LaunchPlan(run_id=run_id, run_dir=run_dir, job=job, job_args=job_args, tasks=tasks, slurm=slurm)
 
 
 def _task(batch: BatchJob, task: TaskId) -> TaskLaunch:
     env = {**batch_env(batch), **task_variables(task.type, task.index, batch.run_dir)}
-    role = EVALUATOR if task.type == EVALUATOR else "training"
+    role = EVALUATOR_ROLE if task.type == EVALUATOR else TRAINING_ROLE
     return TaskLaunch(task=task, host=SLURM_HOST, port=0, argv=tuple(driver_argv(batch, role)), env=env, cwd=batch.cwd,
                       log_path=f"{batch.run_dir}/{LOGS_SUBDIR}/{task.slug}.log",
                       progress_path=f"{batch.run_dir}/{PROGRESS_SUBDIR}/{task.slug}.json")

@@ -43,20 +43,23 @@ from dataclasses import dataclass
 from launcher.contract import SLURM_LAYOUT, SLURM_NODES, run_variables
 from launcher.slurm.batch import (
     EVALUATOR_ERR,
+    EVALUATOR_ROLE,
     EVENT_END,
     EVENT_EVALUATOR_EXIT,
     EVENT_EVALUATOR_STOPPING,
     EVENT_TRAINING,
     EVENTS_FILE,
     TRAINING_ERR,
+    TRAINING_ROLE,
     RunFiles,
+    step_name,
 )
 from launcher.slurm.errors import SlurmError
 from launcher.slurm.nodes import format_tasks_per_node
 from launcher.slurm.settings import SlurmSettings
 
 TASK_DRIVER = "launcher.slurm.task"
-TRAINING, EVALUATOR = "training", "evaluator"  # the driver's roles, and the steps' names before the run id
+TRAINING, EVALUATOR = TRAINING_ROLE, EVALUATOR_ROLE
 _PLAIN = re.compile(r"[A-Za-z0-9_./+@:,=-]+")  # what an #SBATCH line carries without quoting
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -93,7 +96,7 @@ class BatchJob:
 
     def step_name(self, role: str) -> str:
         """A step's name: its role and the run, so that two runs in one allocation never meet."""
-        return f"{role}.{_plain(self.run_id, 'run id', 'use a job file name of letters, digits, - and _')}"
+        return step_name(role, _plain(self.run_id, 'run id', 'use a job file name of letters, digits, - and _'))
 
 
 def _plain(value: str, what: str, fix: str) -> str:

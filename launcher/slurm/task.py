@@ -27,7 +27,7 @@ from pathlib import Path
 from launcher.contract import ATTEMPT, EVALUATOR, LOGS_SUBDIR, RUN_DIR, SLURM_LAYOUT, SLURM_NODES, TF_CONFIG, task_slug, task_variables
 from launcher.errors import TflError
 from launcher.logstream import attempt_banner
-from launcher.slurm.batch import RunFiles, TaskInfo, write_task_info
+from launcher.slurm.batch import EVALUATOR_ROLE, TRAINING_ROLE, RunFiles, TaskInfo, write_task_info
 from launcher.slurm.errors import SlurmError, SlurmLayoutError
 from launcher.slurm.nodes import (
     EVALUATOR_SLOT,
@@ -46,7 +46,7 @@ from launcher.slurm.nodes import (
     training_slots,
 )
 
-ROLES = ("training", EVALUATOR)  # script.TRAINING and script.EVALUATOR (script.py imports pydantic)
+ROLES = (TRAINING_ROLE, EVALUATOR_ROLE)
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def task_start(role: str, job: str, job_args: Sequence[str], environ: Mapping[st
     here = next((n for n in nodes if n.name == node_name), None)
     if here is None:
         raise SlurmLayoutError(f"this task runs on {node_name}, which is not among the job's nodes ({format_nodes(nodes)})")
-    if role == "training":
+    if role == TRAINING_ROLE:
         task_type, index = task_of_rank(_number(environ, "SLURM_PROCID"))
         placed = training_layout(nodes, counts)
         rank = rank_of_task(task_type, index)
