@@ -80,7 +80,7 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
 
 def _task_view(task: TaskRecord, live: TaskLive) -> TaskView:
     return TaskView(
-        task=task.task, host=task.host, state=live.state or task.state.value, attempt=task.attempt, pid=task.pid,
+        task=task.task, host=live.host or task.host, state=live.state or task.state.value, attempt=task.attempt, pid=task.pid,
         alive=live.alive, cpu_percent=live.cpu_percent, rss_mb=live.rss_mb, uptime_s=live.uptime_s,
         exit_code=task.exit_code, progress=read_progress(task.progress_path),
     )

@@ -46,37 +46,37 @@ EXITED_143 = StepEvents(started=(0,), exits={0: 143})
 # --- outcomes ---------------------------------------------------------------------------
 
 def test_the_task_that_ended_the_step_fails_the_others_were_stopped() -> None:
-    worker = training_outcome(1, 0, EXITED_143, KILL_ON_BAD_EXIT, None, {})
-    chief = training_outcome(0, 0, EXITED_143, KILL_ON_BAD_EXIT, None, {})
+    worker = training_outcome(1, 0, EXITED_143, KILL_ON_BAD_EXIT, None, {}, job_id="7")
+    chief = training_outcome(0, 0, EXITED_143, KILL_ON_BAD_EXIT, None, {}, job_id="7")
     assert worker == Outcome(3) and chief is None
     assert not training_alive(0, EXITED_143, None)
 
 
 def test_killed_task_reports_its_signal() -> None:
     err = "srun: error: n2: task 1: Killed\nsrun: error: n1: task 0: Terminated\n"
-    assert training_outcome(1, 0, StepEvents((0,), {0: 137}), err, None, {}) == Outcome(-signal.SIGKILL)
-    assert training_outcome(0, 0, StepEvents((0,), {0: 137}), err, None, {}) is None
+    assert training_outcome(1, 0, StepEvents((0,), {0: 137}), err, None, {}, job_id="7") == Outcome(-signal.SIGKILL)
+    assert training_outcome(0, 0, StepEvents((0,), {0: 137}), err, None, {}, job_id="7") is None
 
 
 def test_a_step_that_failed_without_naming_a_task_fails_the_chief() -> None:
     err = "srun: error: Unable to create step for job 7: Requested node configuration is not available\n"
-    chief = training_outcome(0, 0, StepEvents((0,), {0: 1}), err, None, {})
+    chief = training_outcome(0, 0, StepEvents((0,), {0: 1}), err, None, {}, job_id="7")
     assert chief == Outcome(1, "the training step ended with status 1: srun: error: Unable to create step for job 7: "
                                "Requested node configuration is not available")
-    assert training_outcome(1, 0, StepEvents((0,), {0: 1}), err, None, {}) is None
+    assert training_outcome(1, 0, StepEvents((0,), {0: 1}), err, None, {}, job_id="7") is None
 
 
 def test_success_and_running() -> None:
-    assert training_outcome(0, 1, StepEvents((0, 1), {0: 143, 1: 0}), "", None, {}) == Outcome(0)
-    assert training_outcome(0, 1, StepEvents((0, 1), {0: 143}), "", None, {}) is None
+    assert training_outcome(0, 1, StepEvents((0, 1), {0: 143, 1: 0}), "", None, {}, job_id="7") == Outcome(0)
+    assert training_outcome(0, 1, StepEvents((0, 1), {0: 143}), "", None, {}, job_id="7") is None
     assert training_alive(1, StepEvents((0, 1), {0: 143}), None)
     assert training_alive(0, StepEvents(), None)  # pending: may still run
 
 
 def test_a_job_stopped_by_tfl_stops_every_task() -> None:
     stopped = JobEnd("7", "CANCELLED", 0, by_tfl=True)
-    assert training_outcome(0, 0, StepEvents((0,)), "", stopped, {}) == Outcome(-signal.SIGTERM)
-    assert training_outcome(1, 0, EXITED_143, KILL_ON_BAD_EXIT, None, {}, stopped=True) == Outcome(-signal.SIGTERM)
+    assert training_outcome(0, 0, StepEvents((0,)), "", stopped, {}, job_id="7") == Outcome(-signal.SIGTERM)
+    assert training_outcome(1, 0, EXITED_143, KILL_ON_BAD_EXIT, None, {}, job_id="7", stopped=True) == Outcome(-signal.SIGTERM)
     assert evaluator_outcome(StepEvents(), stopped) == Outcome(-signal.SIGTERM)
 
 
@@ -84,9 +84,13 @@ def test_node_failure_is_the_failure_of_a_task_on_that_node() -> None:
     end = JobEnd("7", "NODE_FAIL", 0, by_tfl=False)
     err = "srun: error: Node failure on n2\nsrun: error: n2: task 1: Terminated\n"
     nodes = {0: "n1", 1: "n2"}
-    worker = training_outcome(1, 0, StepEvents((0,)), err, end, nodes)
-    assert worker == Outcome(1, "node n2 failed: Slurm ended job 7 (NODE_FAIL); `sinfo -R` says why")
-    assert training_outcome(0, 0, StepEvents((0,)), err, end, nodes) is None
+    expected = "node n2 failed: Slurm ended job 7 (NODE_FAIL); `sinfo -R` says why"
+    # the job ended under the step (the batch script went with it) ...
+    assert training_outcome(1, 0, StepEvents((0,)), err, end, nodes, job_id="7") == Outcome(1, expected)
+    assert training_outcome(0, 0, StepEvents((0,)), err, end, nodes, job_id="7") is None
+    # ... or the script saw its step end first: srun's stderr names the node all the same
+    assert training_outcome(1, 0, EXITED_143, err, None, nodes, job_id="7") == Outcome(143, expected)
+    assert training_outcome(0, 0, EXITED_143, err, None, nodes, job_id="7") is None
 
 
 @pytest.mark.parametrize(("end", "expected"), [
@@ -100,7 +104,7 @@ def test_node_failure_is_the_failure_of_a_task_on_that_node() -> None:
 ])
 def test_job_ends_are_one_line_each(end: JobEnd, expected: str) -> None:
     assert describe_end(end) == expected
-    assert training_outcome(0, 0, StepEvents(), "", end, {}) == Outcome(end.exit_code or 1, expected)
+    assert training_outcome(0, 0, StepEvents(), "", end, {}, job_id="7") == Outcome(end.exit_code or 1, expected)
 
 
 def test_evaluator_outcomes() -> None:
@@ -116,7 +120,7 @@ def test_evaluator_outcomes() -> None:
     ("sbatch: error: invalid partition specified: nosuch\nallocation failure: Invalid partition name specified",
      "Invalid partition name specified; the slurm block names a partition this cluster does not have (`sinfo -s` lists them)"),
     ("sbatch: error: Batch job submission failed: Requested node configuration is not available",
-     "Requested node configuration is not available; the cluster has no such nodes: lower slurm.nodes"),
+     "Requested node configuration is not available; the cluster's nodes that are up cannot hold it: lower slurm.nodes"),
     ("sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified",
      "Invalid account or account/partition combination specified"),
     ("", "no output"),

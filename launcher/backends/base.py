@@ -47,6 +47,7 @@ class TaskLive:
     cpu_percent: float | None = None
     rss_mb: float | None = None
     uptime_s: float | None = None
+    host: str | None = None  # where it runs, when the record does not say yet (a Slurm task's node)
 
 
 class Backend(Protocol):

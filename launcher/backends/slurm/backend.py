@@ -118,8 +118,10 @@ class SlurmBackend:
         if not task.is_training:
             return evaluator_outcome(events, job.end() if evaluator_alive(events, None) else None)
         end = job.end() if proc.attempt not in events.exits else None
+        ended_badly = end is not None or events.exits.get(proc.attempt, 0) != 0
         return training_outcome(rank_of_task(task.type, task.index), proc.attempt, events, job.srun_err(proc.attempt),
-                                end, job.nodes(proc.attempt) if end is not None else {}, stopped=job.stopped)
+                                end, job.nodes(proc.attempt) if ended_badly else {}, job_id=job.ref.job_id or "?",
+                                stopped=job.stopped)
 
     def alive(self, proc: TaskProcess) -> bool:
         job: SlurmJob = proc.handle

@@ -250,5 +250,6 @@ def sbatch_message(text: str) -> str:
     if "Invalid partition" in last or "invalid partition" in last:
         return f"{last}; the slurm block names a partition this cluster does not have (`sinfo -s` lists them)"
     if "node configuration is not available" in last:
-        return f"{last}; the cluster has no such nodes: lower slurm.nodes, tasks_per_node or gpus_per_task (`sinfo -N -l`)"
+        return (f"{last}; the cluster's nodes that are up cannot hold it: lower slurm.nodes, tasks_per_node or "
+                "gpus_per_task (`sinfo -N -l` shows the nodes and their state)")
     return last

@@ -58,28 +58,33 @@ def failed_node(srun_err: str) -> str | None:
 
 
 def training_outcome(rank: int, attempt: int, events: StepEvents, srun_err: str, end: JobEnd | None,
-                     nodes: Mapping[int, str], *, stopped: bool = False) -> Outcome | None:
+                     nodes: Mapping[int, str], *, job_id: str, stopped: bool = False) -> Outcome | None:
     """The training task of ``rank`` in ``attempt``: its outcome, or None while it runs (or
     when srun stopped it because another task failed: see ``training_alive``).
     ``srun_err``: the attempt's srun stderr; ``nodes``: each rank's node, where known;
     ``stopped``: tfl has stopped the job (then a failed step is tfl's doing)."""
     status = events.exits.get(attempt)
+    if status == 0:
+        return Outcome(0)
+    if status is None and end is None:
+        return None
+    if stopped or (end is not None and end.by_tfl):
+        return Outcome(-signal.SIGTERM)
+    node = failed_node(srun_err)
+    if node is not None or (end is not None and end.state == "NODE_FAIL"):
+        victim = next((r for r, n in sorted(nodes.items()) if n == node), 0)
+        return Outcome(status or 1, node_failure(job_id, node)) if rank == victim else None
     if status is not None:
-        if status == 0:
-            return Outcome(0)
-        if stopped:
-            return Outcome(-signal.SIGTERM)
         cause = root_cause(parse_srun_failures(srun_err))
         if cause is None:  # srun failed without naming a task (e.g. it could not start the step)
             return Outcome(status, f"the training step ended with status {status}: {_last_line(srun_err)}") if rank == 0 else None
         return Outcome(failure_code(cause)) if rank in cause.ranks else None
-    if end is None:
-        return None
-    if end.by_tfl:
-        return Outcome(-signal.SIGTERM)
-    node = failed_node(srun_err) if end.state == "NODE_FAIL" else None
-    victim = next((r for r, n in sorted(nodes.items()) if n == node), 0)
-    return Outcome(end.exit_code or 1, describe_end(end, node)) if rank == victim else None
+    assert end is not None
+    return Outcome(end.exit_code or 1, describe_end(end)) if rank == 0 else None
+
+
+def node_failure(job_id: str, node: str | None) -> str:
+    return f"node {node or '(unknown)'} failed: Slurm ended job {job_id} (NODE_FAIL); `sinfo -R` says why"
 
 
 def training_alive(attempt: int, events: StepEvents, end: JobEnd | None) -> bool:
@@ -100,11 +105,11 @@ def evaluator_alive(events: StepEvents, end: JobEnd | None) -> bool:
     return events.evaluator_exit is None and end is None
 
 
-def describe_end(end: JobEnd, node: str | None = None) -> str:
+def describe_end(end: JobEnd) -> str:
     """One line: how the job ended under its tasks, and what to do about it."""
     job = f"allocation {end.job_id}" if end.allocation else f"Slurm job {end.job_id}"
     if end.state == "NODE_FAIL":
-        return f"node {node or '(unknown)'} failed: Slurm ended job {end.job_id} (NODE_FAIL); `sinfo -R` says why"
+        return node_failure(end.job_id, None)
     if end.state == "CANCELLED":
         return f"{job} was cancelled outside tfl (scancel)"
     if end.state == "TIMEOUT":

@@ -57,8 +57,9 @@ def inspect(record: RunRecord, run: Runner) -> dict[str, TaskLive]:
         else:
             alive = _task_alive(TaskId.parse(task.task), task.attempt, events)
             info = read_task_info(ref.files, TaskId.parse(task.task).slug)
-            uptime = round(now - info.time, 1) if alive and info is not None and info.attempt == task.attempt else None
-            live[task.task] = TaskLive(alive=alive, uptime_s=uptime)
+            here = info is not None and info.attempt == task.attempt
+            live[task.task] = TaskLive(alive=alive, uptime_s=round(now - info.time, 1) if alive and info and here else None,
+                                       host=info.node if info and here else None)
     return live
 
 
