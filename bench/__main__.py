@@ -5,6 +5,7 @@ Phases (each fills some of the issue's sections):
   launch    2. launch overhead, 5. supervisor cost, 7. throughput (one set of runs)
   failures  3. failure → teardown (with TensorFlow alone), 6. restart cost
   scaling   4. local and SSH scaling
+  slurm     8. Slurm: launch to every task running against plain sbatch, death → teardown
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from bench import cli_latency, failures, launch, restart, scaling, ssh
+from bench import cli_latency, failures, launch, restart, scaling, slurm, ssh
 from bench.common import PYTHON, ROOT, Section, Workspace, load1
 from bench.config import Config, machine, timestamp
 from bench.report import previous_report, render
 
-PHASES = ("cli", "launch", "failures", "scaling")
+PHASES = ("cli", "launch", "failures", "scaling", "slurm")
 
 
 def make_data(ws: Workspace) -> Path:
@@ -57,8 +58,12 @@ def phase_scaling(cfg: Config, ws: Workspace, data: Path | None) -> list[Section
     return [scaling.scaling_section(cfg, local, remote, note)]
 
 
+def phase_slurm(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
+    return [slurm.slurm_section(cfg, slurm.slurm_runs(cfg, ws))]
+
+
 RUNNERS: dict[str, Callable[[Config, Workspace, Path | None], list[Section]]] = {
-    "cli": phase_cli, "launch": phase_launch, "failures": phase_failures, "scaling": phase_scaling}
+    "cli": phase_cli, "launch": phase_launch, "failures": phase_failures, "scaling": phase_scaling, "slurm": phase_slurm}
 
 
 def run_phase(name: str, cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:

@@ -21,7 +21,7 @@ from tests.procs import tfl_processes
 pytestmark = pytest.mark.slow  # about 40 s: real processes, a few hundred launches' worth of Python start-ups
 
 SECTIONS = ("1. CLI latency", "2. Launch overhead", "3. Failure → teardown", "4. Scaling", "5. Supervisor cost",
-            "6. Restart cost", "7. Throughput")
+            "6. Restart cost", "7. Throughput", "8. Slurm")
 NUMBER = re.compile(r"\d+(\.\d+)?")
 
 

@@ -186,6 +186,7 @@ def _prologue(batch: BatchJob) -> list[str]:
     roles = (TRAINING, EVALUATOR) if batch.settings.evaluator else (TRAINING,)
     return [
         "set -u",
+        "umask 077  # what the script and its tasks write into the run dir stays the owner's",
         f"files={q(batch.files.root)}",
         f"note() {{ echo \"$*\" >> \"$files/{EVENTS_FILE}\"; }}",
         f"cd {q(batch.cwd)} || {{ note {EVENT_END} 1; exit 1; }}",
