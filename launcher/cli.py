@@ -238,7 +238,7 @@ def stop(
 
     store = _store()
     record = _core(lambda: store.resolve(run))
-    typer.echo(stop_run(store, record, grace_period))
+    typer.echo(_core(lambda: stop_run(store, record, grace_period)))
 
 
 @app.command(cls=_Command)

@@ -67,7 +67,7 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
     backend = backends.get(record.backend)
     live = backend.inspect(record, ask=measure)
     tasks = [_task_view(t, live.get(t.task, TaskLive(alive=False))) for t in record.tasks]
-    backend_state = backend.describe(record) if isinstance(backend, GroupBackend) else {}
+    backend_state = backend.describe(record) if measure and isinstance(backend, GroupBackend) else {}
     now = time.time()
     return RunView(
         run_id=record.run_id, job=record.job, state=effective_state(record).value,

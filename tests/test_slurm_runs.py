@@ -209,6 +209,33 @@ def test_salloc_form(slurm_cluster: SlurmCluster, env: dict[str, str], tfl_home:
     assert_all_gone(slurm_cluster, allocation[1])
 
 
+def test_stop_inside_an_allocation_stops_the_steps_not_the_allocation(
+        slurm_cluster: SlurmCluster, env: dict[str, str], tfl_home: Path, tmp_path: Path) -> None:
+    salloc = subprocess.Popen(["salloc", "-N", "2", "--ntasks-per-node", "1", sys.executable, "-m", "launcher", "launch",
+                               sleeper(tmp_path), "--slurm", "--evaluator", "--max-restarts", "2", "--", "ok", "300"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        slurm_cluster.wait_for("the run", lambda: list(tfl_home.glob("runs/*/state.json")) != [])
+        run = only_run(tfl_home).name
+        view = wait_status(env, run, lambda v: v["alive"] == 3)
+        allocation = view["backend_state"]["allocation"]
+        assert view["backend_state"]["batch script"] == "running"
+        stopped = tfl(env, "stop", run)
+        assert stopped.returncode == 0 and stopped.stdout.strip() == f"run {run}: stopped", stopped.stderr
+        _, err = salloc.communicate(timeout=60)
+    finally:
+        if salloc.poll() is None:
+            salloc.send_signal(signal.SIGINT)
+            salloc.communicate(timeout=60)
+    assert salloc.returncode == 130, err  # tfl's exit code for a stopped run, passed on by salloc
+    assert f"tfl: run {run} stopped by the user" in err
+    # SIGTERM reached the tasks through scancel --signal (143, not srun's abort), and no restart followed
+    events = (only_run(tfl_home) / "slurm" / "events").read_text().splitlines()
+    assert "training 0 exit 143" in events and "training 1 start" not in events
+    assert status(env, run)["state"] == "stopped"
+    assert_all_gone(slurm_cluster, allocation)
+
+
 def test_failed_task_is_named_with_its_node(slurm_cluster: SlurmCluster, env: dict[str, str], tfl_home: Path,
                                             tmp_path: Path) -> None:
     done = tfl(env, "launch", sleeper(tmp_path), "--cluster", str(description(tmp_path)), "--", "fail", "300")

@@ -94,7 +94,12 @@ def step_ids(ref: JobRef, run: Runner, *roles: str) -> list[str]:
 
 
 def signal_steps(ref: JobRef, run: Runner, signum: int, *roles: str) -> None:
-    for step in step_ids(ref, run, *roles):
+    """Best effort (a teardown tries again): a step already gone, or Slurm not answering, is fine."""
+    try:
+        steps = step_ids(ref, run, *roles)
+    except SlurmError:
+        return
+    for step in steps:
         run(["scancel", f"--signal={signal.Signals(signum).name.removeprefix('SIG')}", step])
 
 
@@ -142,6 +147,7 @@ class SlurmJob:
         self._state_at = float("-inf")
         self.stopped = False  # tfl has stopped the unit
         self.started = False
+        self.unsure = False  # the last question to Slurm got no answer
 
     # --- starting ---------------------------------------------------------------------------
     def start(self, environ: Mapping[str, str]) -> None:
@@ -170,8 +176,10 @@ class SlurmJob:
         with open_private(self.ref.files.batch_output(None)) as out:
             self._script = subprocess.Popen(["bash", self.ref.files.script], env=dict(environ), stdin=subprocess.DEVNULL,
                                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        proc = procs.find_process(self._script.pid, None)
-        created = proc.create_time() if proc is not None else None
+        try:
+            created: float | None = psutil.Process(self._script.pid).create_time()
+        except psutil.Error:
+            created = None  # gone already: end() reports its exit
         self.ref = replace(self.ref, script_pid=self._script.pid, script_create_time=created)
 
     # --- following --------------------------------------------------------------------------
@@ -194,10 +202,14 @@ class SlurmJob:
         return found
 
     def state(self) -> SlurmJobState | None:
-        """The submitted job's state, at most STATE_MAX_AGE old."""
+        """The submitted job's state, at most STATE_MAX_AGE old. When Slurm cannot be asked
+        (slurmctld busy or restarting) the last answer stands: ``unsure`` says so."""
         if self.ref.job_id and time.monotonic() - self._state_at > STATE_MAX_AGE:
-            self._state = query_job(self.ref.job_id, self._run)
             self._state_at = time.monotonic()
+            try:
+                self._state, self.unsure = query_job(self.ref.job_id, self._run), False
+            except SlurmError:
+                self.unsure = True
         return self._state
 
     def end(self) -> JobEnd | None:
@@ -210,7 +222,7 @@ class SlurmJob:
                 return None
             return JobEnd(self.ref.job_id, "EXITED", code, self.stopped, allocation=True, batch_tail=batch_tail(self.ref))
         state = self.state()
-        if state is not None and not state.is_terminal:
+        if (state is not None and not state.is_terminal) or (state is None and self.unsure):
             return None
         return JobEnd(self.ref.job_id, state.state if state else "UNKNOWN", state.exit_code if state else None,
                       self.stopped, batch_tail=batch_tail(self.ref))

@@ -44,8 +44,14 @@ def _ended(ref: JobRef, state: SlurmJobState | None) -> bool:
 
 
 def inspect(record: RunRecord, run: Runner) -> dict[str, TaskLive]:
+    if record.state.is_terminal:  # nothing to ask Slurm: the record says it all
+        return {t.task: TaskLive(alive=False) for t in record.tasks}
     ref = job_ref(record)
-    state = None if ref.allocation else _state(ref, run)
+    try:
+        state = None if ref.allocation else _state(ref, run)
+    except SlurmError:  # slurmctld down or unreachable: say so per task, never a traceback
+        return {t.task: TaskLive(alive=False, state="unreachable" if t.state == TaskState.RUNNING else None)
+                for t in record.tasks}
     ended, events, now = _ended(ref, state), read_events(ref.files), time.time()
     live = {}
     for task in record.tasks:
