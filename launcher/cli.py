@@ -86,31 +86,18 @@ def launch(
                                               help="SSH hosts: trust and remember unknown host keys (never changed ones)"),
 ) -> None:
     """Launch JOB on a cluster (--cluster FILE), on local processes (--local N), or inside a Slurm allocation (--slurm)."""
-    import os
-
     from launcher import launch as core
     from launcher.hosts import RemoteOptions
     from launcher.plan import render_plan
     from launcher.report import summary
-    from launcher.slurm.settings import allocation_cluster
-    from launcher.spec import load_description, local_cluster
     from launcher.supervisor import SupervisorConfig
 
-    if sum((cluster is not None, local is not None, slurm)) != 1:
-        raise _fail("give exactly one of --cluster FILE, --local N (e.g. --local 2) or --slurm (inside a Slurm allocation)")
-    if evaluator and cluster is not None:
-        raise _fail("--evaluator goes with --local or --slurm; in a cluster file add \"evaluator\": [\"host:port\"] "
-                    "(or \"evaluator\": true in a slurm block)")
-    if slurm and detach:
-        raise _fail("--detach with --slurm: the allocation ends when its command returns; run `tfl launch --slurm` in the "
-                    "foreground inside it, or submit with --cluster FILE (a 'slurm' block) and --detach")
     if retry_on not in ("any", "preemption"):
         raise _fail(f"--retry-on {retry_on}: choose 'any' or 'preemption'")
     if sync and no_sync:
         raise _fail("--sync DIR and --no-sync contradict each other; give one")
+    spec = _description(cluster, local, slurm, evaluator, detach)
     store = _store()
-    spec = _core(lambda: load_description(cluster) if cluster is not None
-                 else allocation_cluster(os.environ, evaluator) if slurm else local_cluster(local or 0, evaluator))
     remote = RemoteOptions(ship_code=not no_sync, sync_dirs=tuple(str(d.resolve()) for d in sync),
                            accept_new_host_keys=accept_new_host_keys)
     config = SupervisorConfig(max_restarts=max_restarts, retry_on=retry_on, grace_period=grace_period,
@@ -127,6 +114,26 @@ def launch(
     record = _core(lambda: core.execute(prepared, store, config, sys.stdout, colour=sys.stdout.isatty()))
     typer.echo(summary(record), err=True)
     raise typer.Exit(record.exit_code or 0)
+
+
+def _description(cluster: Path | None, local: int | None, slurm: bool, evaluator: bool, detach: bool) -> Any:
+    """What a launch runs: a cluster file (hosts, or a `slurm` block), --local N, or the Slurm allocation it is in."""
+    import os
+
+    from launcher.slurm.settings import allocation_cluster
+    from launcher.spec import load_description, local_cluster
+
+    if sum((cluster is not None, local is not None, slurm)) != 1:
+        raise _fail("give exactly one of --cluster FILE, --local N (e.g. --local 2) or --slurm (inside a Slurm allocation)")
+    if evaluator and cluster is not None:
+        raise _fail("--evaluator goes with --local or --slurm; in a cluster file add \"evaluator\": [\"host:port\"] "
+                    "(or \"evaluator\": true in a slurm block)")
+    if slurm and detach:
+        raise _fail("--detach with --slurm: the allocation ends when its command returns; run `tfl launch --slurm` in the "
+                    "foreground inside it, or submit with --cluster FILE (a 'slurm' block) and --detach")
+    if cluster is not None:
+        return _core(lambda: load_description(cluster))
+    return _core(lambda: allocation_cluster(os.environ, evaluator) if slurm else local_cluster(local or 0, evaluator))
 
 
 def _detach(plan: Any, store: Any, config: Any) -> None:
