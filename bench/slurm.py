@@ -58,10 +58,11 @@ def slurm_runs(cfg: Config, ws: Workspace) -> dict[str, list[float]] | str:
     try:
         for rep in range(cfg.reps + 1):  # the first repetition warms both up and is not recorded
             order = ("tfl", "plain") if rep % 2 else ("plain", "tfl")
-            took = {side: (_tfl_started if side == "tfl" else _plain_started)(cluster, ws, rep) for side in order}
+            phases: dict[str, list[float]] = {}
+            took = {side: (_tfl_started if side == "tfl" else _plain_started)(cluster, ws, rep, phases) for side in order}
             if rep:
-                for side, seconds in took.items():
-                    samples[side].append(seconds)
+                for name, seconds in [*took.items(), *((k, v[0]) for k, v in phases.items())]:
+                    samples.setdefault(name, []).append(seconds)
         for rep in range(cfg.reps):
             gone, recorded = _teardown(cluster, ws, rep)
             samples["teardown"].append(gone)
@@ -77,7 +78,7 @@ def _description(ws: Workspace) -> Path:
     return path
 
 
-def _tfl_started(cluster: SlurmCluster, ws: Workspace, rep: int) -> float:
+def _tfl_started(cluster: SlurmCluster, ws: Workspace, rep: int, phases: dict[str, list[float]]) -> float:
     home = ws.home(f"slurm-tfl-{rep}")
     spawned = time.time()
     done = subprocess.run([*tfl_command(), "launch", str(TINY), "--cluster", str(_description(ws)), "--", "--sleep", "0.5"],
@@ -88,10 +89,16 @@ def _tfl_started(cluster: SlurmCluster, ws: Workspace, rep: int) -> float:
     started = [float(m[1]) for log in home.glob("runs/*/logs/*.log") if (m := STARTED.search(log.read_text()))]
     if len(started) != NODES:
         raise BenchError(f"{home}: {len(started)} of {NODES} tiny tasks recorded their start")
+    (run,) = home.glob("runs/*")
+    submitted = min(t["started"] for t in json.loads((run / "state.json").read_text())["tasks"])
+    drivers = max(json.loads(p.read_text())["time"] for p in run.glob("slurm/tasks/*.json"))
+    for phase, seconds in (("tfl_submit", submitted - spawned), ("tfl_drivers", drivers - submitted),
+                           ("tfl_exec", max(started) - drivers)):
+        phases.setdefault(phase, []).append(seconds)
     return max(started) - spawned
 
 
-def _plain_started(cluster: SlurmCluster, ws: Workspace, rep: int) -> float:
+def _plain_started(cluster: SlurmCluster, ws: Workspace, rep: int, phases: dict[str, list[float]]) -> float:
     home = ws.home(f"slurm-plain-{rep}")
     out = home / "job.out"
     script = home / "job.sbatch"
@@ -100,10 +107,13 @@ def _plain_started(cluster: SlurmCluster, ws: Workspace, rep: int) -> float:
     spawned = time.time()
     job_id = subprocess.run(["sbatch", "--parsable", str(script)], env=cluster.env, capture_output=True, text=True,
                             check=True, timeout=60).stdout.strip()
+    submitted = time.time()
     state = cluster.wait_state(job_id, "COMPLETED", "FAILED", "CANCELLED", timeout=120)
     started = [float(m) for m in STARTED.findall(out.read_text())] if out.exists() else []
     if state != "COMPLETED" or len(started) != NODES:
         raise BenchError(f"the plain sbatch job {job_id} ended {state} with {len(started)} task(s) started")
+    phases.setdefault("plain_submit", []).append(submitted - spawned)
+    phases.setdefault("plain_tasks", []).append(max(started) - submitted)
     return max(started) - spawned
 
 
@@ -150,6 +160,13 @@ def slurm_section(cfg: Config, samples: dict[str, list[float]] | str) -> Section
     section.rows = [
         [f"launch → every task running ({NODES} nodes × 1 task)", plain.fmt(unit=" s"), tfl.fmt(unit=" s"),
          extra.fmt(1000, 0, " ms"), ratio.fmt(digits=3, unit="×"), f"≤ {TARGET}×: {section.verdict}"],
+        ["… spawn → sbatch has returned (tfl: CLI start, plan, sbatch --test-only, run record)",
+         Stats.of(samples["plain_submit"]).fmt(1000, 0, " ms"), Stats.of(samples["tfl_submit"]).fmt(1000, 0, " ms"), "", "", ""],
+        ["… sbatch returned → the tasks run (Slurm's scheduling, the batch script, srun; tfl: also the nodes step, "
+         "up to each task's driver)", Stats.of(samples["plain_tasks"]).fmt(unit=" s"),
+         Stats.of(samples["tfl_drivers"]).fmt(unit=" s"), "", "", ""],
+        ["… tfl: a task's driver → the job's first line (TF_CONFIG, log, exec of the job's python)", "",
+         Stats.of(samples["tfl_exec"]).fmt(1000, 0, " ms"), "", "", ""],
         ["a worker's SIGKILL → the other task gone (srun --kill-on-bad-exit)", "", gone.fmt(1000, 0, " ms"), "", "",
          "report"],
         ["a worker's SIGKILL → tfl has recorded the failure and exited", "", recorded.fmt(unit=" s"), "", "", "report"],

@@ -120,7 +120,6 @@ def _description(cluster: Path | None, local: int | None, slurm: bool, evaluator
     """What a launch runs: a cluster file (hosts, or a `slurm` block), --local N, or the Slurm allocation it is in."""
     import os
 
-    from launcher.slurm.settings import allocation_cluster
     from launcher.spec import load_description, local_cluster
 
     if sum((cluster is not None, local is not None, slurm)) != 1:
@@ -131,9 +130,11 @@ def _description(cluster: Path | None, local: int | None, slurm: bool, evaluator
     if slurm and detach:
         raise _fail("--detach with --slurm: the allocation ends when its command returns; run `tfl launch --slurm` in the "
                     "foreground inside it, or submit with --cluster FILE (a 'slurm' block) and --detach")
-    if cluster is not None:
-        return _core(lambda: load_description(cluster))
-    return _core(lambda: allocation_cluster(os.environ, evaluator) if slurm else local_cluster(local or 0, evaluator))
+    if slurm:
+        from launcher.slurm.settings import allocation_cluster
+
+        return _core(lambda: allocation_cluster(os.environ, evaluator))
+    return _core(lambda: load_description(cluster) if cluster is not None else local_cluster(local or 0, evaluator))
 
 
 def _detach(plan: Any, store: Any, config: Any) -> None:

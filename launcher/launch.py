@@ -12,7 +12,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import TYPE_CHECKING, Iterator, TextIO
 
 import psutil
 
@@ -26,9 +26,11 @@ from launcher.hosts import RemoteOptions
 from launcher.logstream import LogFollower, tail_lines
 from launcher.plan import LaunchPlan, build_plan, job_name
 from launcher.runstore import RunRecord, RunStore
-from launcher.slurm.settings import SlurmClusterSpec
 from launcher.spec import ClusterSpec
 from launcher.supervisor import Supervisor, SupervisorConfig, initial_record
+
+if TYPE_CHECKING:
+    from launcher.slurm.settings import SlurmClusterSpec
 
 
 def make_plan(job: str, job_args: tuple[str, ...], spec: ClusterSpec | SlurmClusterSpec, store: RunStore,

@@ -108,9 +108,9 @@ def build_plan(
     A ``slurm`` description becomes a plan with a batch script (``launcher.slurm.plan``), which
     carries the run's restart policy (``config``).
     """
-    from launcher.slurm import settings  # imported here: reading a plan needs no pydantic
+    from launcher.spec import ClusterSpec  # loaded already (spec is one); reading a plan needs no pydantic
 
-    if isinstance(spec, settings.SlurmClusterSpec):  # Slurm places the tasks
+    if not isinstance(spec, ClusterSpec):  # a `slurm` description: Slurm places the tasks
         from launcher.slurm.plan import build_slurm_plan
         from launcher.supervisor import SupervisorConfig
 
@@ -177,10 +177,10 @@ def job_name(job: str) -> str:
 def describe(spec: ClusterSpec | SlurmClusterSpec, runs_dir: str, python: str, cwd: str) -> tuple[list[str], int]:
     """``tfl validate``: each task and its address as written; for a ``slurm`` description, the
     plan of a run of a placeholder JOB: its tasks, srun lines and batch script. Also the task count."""
-    from launcher.slurm import settings
+    from launcher.spec import ClusterSpec
     from launcher.tfconfig import tasks_of
 
-    if isinstance(spec, settings.SlurmClusterSpec):
+    if not isinstance(spec, ClusterSpec):
         plan = build_plan(spec, "JOB", (), run_id="RUN", run_dir=f"{runs_dir}/RUN", python=python, cwd=cwd)
         return render_plan(plan).splitlines(), len(plan.tasks)
     tasks = tasks_of(spec.cluster)

@@ -12,7 +12,7 @@ import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -34,8 +34,11 @@ from launcher.fields import (
     valid_host,
 )
 from launcher.placement import GpuInputs, Placement, place_gpus
-from launcher.slurm.settings import SlurmClusterSpec, is_slurm_description, parse_slurm_cluster
+from launcher.slurm import is_slurm_description
 from launcher.tasks import LOCAL_HOSTS, TaskId, task_ids
+
+if TYPE_CHECKING:
+    from launcher.slurm.settings import SlurmClusterSpec
 
 MAX_GPUS = 1024  # per host; a count beyond any machine is a typo (and a huge range to build)
 MAX_GPU_MEMORY_MB = 16 * 1024 * 1024
@@ -297,7 +300,11 @@ def load_description(path: Path) -> ClusterSpec | SlurmClusterSpec:
 
 
 def parse_description(data: Any, name: str = "cluster") -> ClusterSpec | SlurmClusterSpec:
-    return parse_slurm_cluster(data, name) if is_slurm_description(data) else parse_cluster(data, name)
+    if is_slurm_description(data):
+        from launcher.slurm.settings import parse_slurm_cluster  # only then: a cluster file never builds its models
+
+        return parse_slurm_cluster(data, name)
+    return parse_cluster(data, name)
 
 
 def load_cluster(path: Path) -> ClusterSpec:

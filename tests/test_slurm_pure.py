@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from launcher.errors import ClusterFileError
+from launcher.slurm import is_slurm_description
 from launcher.slurm.errors import SlurmError, SlurmLayoutError
 from launcher.slurm.jobstate import (
     CommandResult,
@@ -50,7 +51,7 @@ from launcher.slurm.nodes import (
     training_layout,
     training_slots,
 )
-from launcher.slurm.settings import is_slurm_description, parse_slurm_cluster
+from launcher.slurm.settings import parse_slurm_cluster
 from launcher.slurm.task import main as task_main
 from launcher.slurm.task import task_start
 from launcher.spec import Topology

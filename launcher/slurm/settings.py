@@ -159,11 +159,6 @@ class SlurmClusterSpec(_Strict):
         return data
 
 
-def is_slurm_description(data: Any) -> bool:
-    """Whether parsed JSON is a Slurm description (has a ``slurm`` key)."""
-    return isinstance(data, dict) and "slurm" in data
-
-
 def parse_slurm_cluster(data: Any, name: str = "cluster") -> SlurmClusterSpec:
     """Parsed JSON -> SlurmClusterSpec, or ClusterFileError naming ``name``, the field and the fix."""
     if not isinstance(data, dict):
