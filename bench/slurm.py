@@ -151,6 +151,7 @@ def slurm_section(cfg: Config, samples: dict[str, list[float]] | str) -> Section
                       ["measure", "plain sbatch", "tfl launch", "tfl − plain", "tfl / plain (same repetition)", "target"])
     if isinstance(samples, str):
         section.verdict, section.headline, section.notes = "not measured", samples, [samples]
+        section.rows = [["launch → every task running; death → teardown", samples, "", "", "", ""]]
         return section
     tfl, plain = Stats.of(samples["tfl"]), Stats.of(samples["plain"])
     ratio = ratio_stats(samples["tfl"], samples["plain"])
