@@ -236,6 +236,23 @@ def test_stop_inside_an_allocation_stops_the_steps_not_the_allocation(
     assert_all_gone(slurm_cluster, allocation)
 
 
+def test_each_task_sees_its_own_gpus(slurm_cluster: SlurmCluster, env: dict[str, str], tfl_home: Path, tmp_path: Path) -> None:
+    if slurm_cluster.gpus_per_node < 2:
+        pytest.skip("the test cluster has no fake GPUs here (mknod needs root)")
+    job = tmp_path / "gpus.py"
+    job.write_text("import os\nprint('gpus', os.environ['TFL_TASK'], os.environ['SLURMD_NODENAME'], "
+                   "os.environ.get('CUDA_VISIBLE_DEVICES'), flush=True)\n")
+    done = tfl(env, "launch", str(job), "--cluster", str(description(tmp_path, evaluator=True, gpus_per_task=1)),
+               "--evaluator-timeout", "5")
+    assert done.returncode == 0, done.stderr
+    seen = {m[1]: (m[2], m[3]) for m in re.finditer(r"^\[\S+\] +gpus (\S+) (\S+) (\S+)$", done.stdout, re.M)}
+    assert set(seen) == {"chief:0", "worker:0", "evaluator:0"} and {g for _, g in seen.values()} <= {"0", "1"}
+    on_its_node = next(g for t, (n, g) in seen.items() if t != "evaluator:0" and n == seen["evaluator:0"][0])
+    assert on_its_node != seen["evaluator:0"][1]  # Slurm's binding (--gpus-per-task=1): one GPU each
+    assert "#SBATCH --gpus-per-task=1" in (only_run(tfl_home) / "slurm" / "job.sbatch").read_text()
+    assert_all_gone(slurm_cluster, job_id_of(only_run(tfl_home)))
+
+
 def test_failed_task_is_named_with_its_node(slurm_cluster: SlurmCluster, env: dict[str, str], tfl_home: Path,
                                             tmp_path: Path) -> None:
     done = tfl(env, "launch", sleeper(tmp_path), "--cluster", str(description(tmp_path)), "--", "fail", "300")
