@@ -50,6 +50,8 @@ class SlurmBackend:
 
     def __init__(self, notify: Callable[[], None] = lambda: None, run: Runner = run_command,
                  environ: dict[str, str] | None = None) -> None:
+        # ``notify`` is never called: nothing here learns of an exit before the supervisor's next
+        # poll (every poll_interval), which reads the run dir's files and asks Slurm at most once a second.
         self._notify, self._run = notify, run
         self._environ = dict(os.environ) if environ is None else environ
         self._job: SlurmJob | None = None
@@ -152,7 +154,7 @@ class SlurmBackend:
         events = job.events()
         if attempt + 1 in events.started:
             return True
-        if attempt >= job.plan.max_restarts or events.end is not None or events.exits.get(attempt) == 0:
+        if job.stopped or attempt >= job.plan.max_restarts or events.end is not None or events.exits.get(attempt) == 0:
             return False
         return False if job.end() is not None else None
 
