@@ -7,6 +7,7 @@ Phases (each fills some of the issue's sections):
   scaling   4. local and SSH scaling
   training  8. training throughput: the job kit against hand-written tf_keras, on Fashion-MNIST
   chaos     9. chaos: many runs, each with a random task killed at a random moment
+  slurm    10. Slurm: launch to every task running against plain sbatch, death → teardown
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from bench import chaos, cli_latency, failures, launch, restart, scaling, ssh, training, training_report
+from bench import chaos, cli_latency, failures, launch, restart, scaling, slurm, ssh, training, training_report
 from bench.common import PYTHON, ROOT, Section, Workspace, load1
 from bench.config import Config, machine, timestamp
 from bench.report import previous_report, render
 
-PHASES = ("cli", "launch", "failures", "scaling", "training", "chaos")
+PHASES = ("cli", "launch", "failures", "scaling", "training", "chaos", "slurm")
 
 
 def make_data(ws: Workspace) -> Path:
@@ -68,9 +69,13 @@ def phase_chaos(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
     return [chaos.chaos_section(cfg, trials, seed)]
 
 
+def phase_slurm(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
+    return [slurm.slurm_section(cfg, slurm.slurm_runs(cfg, ws))]
+
+
 RUNNERS: dict[str, Callable[[Config, Workspace, Path | None], list[Section]]] = {
     "cli": phase_cli, "launch": phase_launch, "failures": phase_failures, "scaling": phase_scaling,
-    "training": phase_training, "chaos": phase_chaos}
+    "training": phase_training, "chaos": phase_chaos, "slurm": phase_slurm}
 
 
 def run_phase(name: str, cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:

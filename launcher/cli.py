@@ -101,7 +101,8 @@ def launch(
     job: str = typer.Argument(..., help="the job script, e.g. jobs/mnist.py; its own arguments go after --"),
     cluster: Path | None = typer.Option(None, "--cluster", "-c", help="cluster description (JSON)"),
     local: int | None = typer.Option(None, "--local", help="emulate a cluster: a chief and N-1 workers on free localhost ports"),
-    evaluator: bool = typer.Option(False, "--evaluator", help="with --local: add a sidecar evaluator"),
+    slurm: bool = typer.Option(False, "--slurm", help="inside a Slurm allocation (salloc, sbatch): one task per allocated task"),
+    evaluator: bool = typer.Option(False, "--evaluator", help="with --local or --slurm: add a sidecar evaluator"),
     virtual_devices: int | None = typer.Option(None, "--virtual-devices", min=1,
                                                help="split each task's GPU (or its CPU) into N logical devices for its strategy"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print what would run where; start nothing, write nothing"),
@@ -120,32 +121,27 @@ def launch(
     keep_remote: bool = typer.Option(False, "--keep-remote",
                                      help="SSH hosts: keep the shipped code and job kit there after the run (default: removed)"),
 ) -> None:
-    """Launch JOB on a cluster (--cluster FILE) or on local processes (--local N)."""
+    """Launch JOB on a cluster (--cluster FILE), on local processes (--local N), or inside a Slurm allocation (--slurm)."""
     from launcher import launch as core
     from launcher.hosts import RemoteOptions
     from launcher.plan import render_plan
     from launcher.report import summary
-    from launcher.spec import load_cluster, local_cluster
     from launcher.supervisor import SupervisorConfig
 
-    if (cluster is None) == (local is None):
-        raise _fail("give exactly one of --cluster FILE or --local N (e.g. --local 2)")
-    if evaluator and cluster is not None:
-        raise _fail("--evaluator goes with --local; in a cluster file add \"evaluator\": [\"host:port\"]")
     if retry_on not in ("any", "preemption"):
         raise _fail(f"--retry-on {retry_on}: choose 'any' or 'preemption'")
     if sync and no_sync:
         raise _fail("--sync DIR and --no-sync contradict each other; give one")
+    spec = _description(cluster, local, slurm, evaluator, detach)
     store = _store()
-    spec = _core(lambda: load_cluster(cluster) if cluster is not None else local_cluster(local or 0, evaluator))
     remote = RemoteOptions(ship_code=not no_sync, sync_dirs=tuple(str(d.resolve()) for d in sync),
                            accept_new_host_keys=accept_new_host_keys, keep_remote=keep_remote)
-    plan = _core(lambda: core.make_plan(job, tuple(ctx.args), spec, store, remote, virtual_devices, max_restarts))
+    config = SupervisorConfig(max_restarts=max_restarts, retry_on=retry_on, grace_period=grace_period,
+                              evaluator_timeout=evaluator_timeout, stall_timeout=stall_timeout)
+    plan = _core(lambda: core.make_plan(job, tuple(ctx.args), spec, store, remote, virtual_devices, config))
     if dry_run:
         typer.echo(render_plan(plan))
         return
-    config = SupervisorConfig(max_restarts=max_restarts, retry_on=retry_on, grace_period=grace_period,
-                              evaluator_timeout=evaluator_timeout, stall_timeout=stall_timeout)
     if detach:
         _detach(plan, store, config)
         return
@@ -154,6 +150,27 @@ def launch(
     record = _core(lambda: core.execute(prepared, store, config, sys.stdout, colour=_colour(), verbose=verbose))
     typer.echo(summary(record), err=True)
     raise typer.Exit(record.exit_code or 0)
+
+
+def _description(cluster: Path | None, local: int | None, slurm: bool, evaluator: bool, detach: bool) -> Any:
+    """What a launch runs: a cluster file (hosts, or a `slurm` block), --local N, or the Slurm allocation it is in."""
+    import os
+
+    from launcher.spec import load_description, local_cluster
+
+    if sum((cluster is not None, local is not None, slurm)) != 1:
+        raise _fail("give exactly one of --cluster FILE, --local N (e.g. --local 2) or --slurm (inside a Slurm allocation)")
+    if evaluator and cluster is not None:
+        raise _fail("--evaluator goes with --local or --slurm; in a cluster file add \"evaluator\": [\"host:port\"] "
+                    "(or \"evaluator\": true in a slurm block)")
+    if slurm and detach:
+        raise _fail("--detach with --slurm: the allocation ends when its command returns; run `tfl launch --slurm` in the "
+                    "foreground inside it, or submit with --cluster FILE (a 'slurm' block) and --detach")
+    if slurm:
+        from launcher.slurm.settings import allocation_cluster
+
+        return _core(lambda: allocation_cluster(os.environ, evaluator))
+    return _core(lambda: load_description(cluster) if cluster is not None else local_cluster(local or 0, evaluator))
 
 
 def _detach(plan: Any, store: Any, config: Any) -> None:
@@ -188,14 +205,16 @@ def doctor(
 
 @app.command(cls=_Command)
 def validate(file: Path = typer.Argument(..., help="cluster description (JSON)")) -> None:
-    """Check a cluster description; print its tasks or the first problem with its fix."""
-    from launcher.spec import load_cluster
-    from launcher.tfconfig import tasks_of
+    """Check a cluster description; print its tasks (a slurm block: also its batch script) or the first problem with its fix."""
+    import os
 
-    spec = _core(lambda: load_cluster(file))
-    for task in tasks_of(spec.cluster):
-        typer.echo(f"{task}\t{getattr(spec.cluster, task.type)[task.index]}")
-    typer.echo(f"{file}: valid ({len(tasks_of(spec.cluster))} tasks)", err=True)
+    from launcher.plan import describe
+    from launcher.spec import load_description
+
+    spec = _core(lambda: load_description(file))
+    lines, count = _core(lambda: describe(spec, str(_store().runs_dir), sys.executable, os.getcwd()))
+    typer.echo("\n".join(lines))
+    typer.echo(f"{file}: valid ({count} tasks)", err=True)
 
 
 @app.command(cls=_Command)

@@ -41,6 +41,10 @@ GPU_MEMORY_LIMIT_MB: Final = "TFL_GPU_MEMORY_LIMIT_MB"  # per GPU the task sees
 COLLECTIVE: Final = "TFL_COLLECTIVE"  # "ring" when training tasks share a GPU (NCCL refuses that)
 HOME: Final = "TFL_HOME"  # the launcher's run store (not a task variable)
 RESERVED_PREFIX: Final = "TFL_"  # a cluster file's env may not set these, nor TF_CONFIG
+UNBUFFERED: Final = "PYTHONUNBUFFERED"  # "1": a task's output reaches its log line by line
+# Set by tfl's Slurm batch script for every step, read by its task driver (launcher.slurm.task).
+SLURM_NODES: Final = "TFL_SLURM_NODES"  # the job's nodes in Slurm's order: "n1=10.0.0.1,n2=10.0.0.2"
+SLURM_LAYOUT: Final = "TFL_SLURM_TRAINING_LAYOUT"  # training tasks per node, in Slurm's form: "2(x3),1"
 
 
 # --- the progress record -----------------------------------------------------------------
@@ -137,3 +141,27 @@ def shared_model_dir(storage: str, run_id: str) -> str:
 def task_slug(task_type: str, index: int) -> str:
     """``worker-1``: a task's name in file names (a colon is awkward in paths)."""
     return f"{task_type}-{index}"
+
+
+# --- a task's environment, as every backend builds it ------------------------------------
+def run_variables(run_id: str, run_dir: str, virtual_devices: int | None = None) -> dict[str, str]:
+    """What tfl sets for every task of a run, whatever runs it (local, SSH, Slurm)."""
+    return {
+        **({} if virtual_devices is None else {VIRTUAL_DEVICES: str(virtual_devices)}),
+        # tf_keras, not Keras 3: Keras 3 fails under MultiWorkerMirroredStrategy (keras-team/keras#20585).
+        LEGACY_KERAS: "1",
+        UNBUFFERED: "1",
+        RUN_ID: run_id,
+        RUN_DIR: run_dir,
+    }
+
+
+def task_variables(task_type: str, index: int, run_dir: str, attempt: int = 0) -> dict[str, str]:
+    """What tfl sets for one task besides ``run_variables``: its name, progress file and attempt.
+    ``run_dir`` is the run dir as the task sees it."""
+    return {
+        TASK: f"{task_type}:{index}",
+        PROGRESS_FILE: f"{run_dir}/{PROGRESS_SUBDIR}/{task_slug(task_type, index)}.json",
+        ATTEMPT: str(attempt),
+    }
+

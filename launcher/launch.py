@@ -12,7 +12,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import TYPE_CHECKING, Iterator, TextIO
 
 from launcher import backends
 from launcher.backends.base import Backend
@@ -36,9 +36,12 @@ from launcher.waker import Waker
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 KEEP_IGNORED = frozenset({signal.SIGINT, signal.SIGHUP})
 
+if TYPE_CHECKING:
+    from launcher.slurm.settings import SlurmClusterSpec
 
-def make_plan(job: str, job_args: tuple[str, ...], spec: ClusterSpec, store: RunStore,
-              remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None, max_restarts: int = 0) -> LaunchPlan:
+def make_plan(job: str, job_args: tuple[str, ...], spec: ClusterSpec | SlurmClusterSpec, store: RunStore,
+              remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None,
+              config: SupervisorConfig | None = None) -> LaunchPlan:
     path = Path(job)
     if not path.is_file():
         raise UsageError(f"{job}: no such job script (give the path of a Python file, e.g. jobs/mnist.py)")
@@ -47,9 +50,10 @@ def make_plan(job: str, job_args: tuple[str, ...], spec: ClusterSpec, store: Run
         if not os.path.isdir(folder):
             raise UsageError(f"--sync {folder}: no such directory (give a directory to copy to every SSH host)")
     plan = build_plan(spec, str(path.resolve()), job_args, run_id=run_id, run_dir=str(store.run_dir(run_id)),
-                      python=sys.executable, cwd=os.getcwd(), remote=remote, virtual_devices=virtual_devices)
+                      python=sys.executable, cwd=os.getcwd(), remote=remote, virtual_devices=virtual_devices,
+                      config=config)
     backends.name_for_plan(plan)  # one backend per run: refused here, before anything is written
-    check_sharing(plan, max_restarts)
+    check_sharing(plan, config.max_restarts if config else 0)
     return plan
 
 

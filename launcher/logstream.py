@@ -9,6 +9,7 @@ noise (``launcher.noise``) and says, once per task at the end, how many lines it
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from pathlib import Path
 from typing import TextIO
@@ -16,6 +17,11 @@ from typing import TextIO
 from launcher.noise import NoiseFilter
 
 _COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
+
+
+def attempt_banner(task: str, attempt: int) -> str:
+    """The line that opens a restarted task's output in its log (every backend writes it)."""
+    return f"--- tfl: attempt {attempt} of {task} at {time.strftime('%H:%M:%S')} ---\n"
 
 
 def tail_lines(path: str | Path, count: int = 20) -> list[str]:

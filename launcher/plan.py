@@ -17,11 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from launcher import contract
 from launcher.hosts import HOST_CACHE, HostPlan, RemoteDirs, RemoteOptions, SSHTarget, host_plan, on_host, shipping
+from launcher.slurm.batch import SlurmJobPlan
 from launcher.tasks import TaskId
 from launcher.tfconfig import tf_config_json
 
 if TYPE_CHECKING:  # a plan is read (status, the detached launcher) without pydantic
+    from launcher.slurm.settings import SlurmClusterSpec
     from launcher.spec import ClusterSpec
+    from launcher.supervisor import SupervisorConfig
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class LaunchPlan:
     job: str
     job_args: tuple[str, ...]
     tasks: tuple[TaskLaunch, ...]
+    slurm: SlurmJobPlan | None = None  # the batch script that starts the tasks (a `slurm` description)
 
     @property
     def training_tasks(self) -> tuple[TaskLaunch, ...]:
@@ -99,6 +103,7 @@ class LaunchPlan:
         return {
             "run_id": self.run_id, "run_dir": self.run_dir, "job": self.job,
             "job_args": list(self.job_args), "tasks": [t.to_dict() for t in self.tasks],
+            **({"slurm": self.slurm.to_dict()} if self.slurm else {}),
         }
 
     @classmethod
@@ -106,6 +111,7 @@ class LaunchPlan:
         return cls(
             run_id=data["run_id"], run_dir=data["run_dir"], job=data["job"],
             job_args=tuple(data["job_args"]), tasks=tuple(TaskLaunch.from_dict(t) for t in data["tasks"]),
+            slurm=SlurmJobPlan.from_dict(data["slurm"]) if data.get("slurm") else None,
         )
 
     def on_hosts(self, caches: dict[str, str]) -> LaunchPlan:
@@ -115,13 +121,24 @@ class LaunchPlan:
 
 
 def build_plan(
-    spec: ClusterSpec, job: str, job_args: tuple[str, ...], *, run_id: str, run_dir: str, python: str, cwd: str,
-    remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None,
+    spec: ClusterSpec | SlurmClusterSpec, job: str, job_args: tuple[str, ...], *, run_id: str, run_dir: str, python: str,
+    cwd: str, remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None,
+    config: SupervisorConfig | None = None,
 ) -> LaunchPlan:
     """What runs where. ``job`` is an absolute path; ``python``/``cwd`` are the local defaults.
 
     ``virtual_devices`` (``--virtual-devices N``): the job kit splits each task's device into N.
+    A ``slurm`` description becomes a plan with a batch script (``launcher.slurm.plan``), which
+    carries the run's restart policy (``config``).
     """
+    from launcher.spec import ClusterSpec  # loaded already (spec is one); reading a plan needs no pydantic
+
+    if not isinstance(spec, ClusterSpec):  # a `slurm` description: Slurm places the tasks
+        from launcher.slurm.plan import build_slurm_plan
+        from launcher.supervisor import SupervisorConfig
+
+        return build_slurm_plan(spec, job, job_args, run_id=run_id, run_dir=run_dir, python=python, cwd=cwd,
+                                virtual_devices=virtual_devices, config=config or SupervisorConfig())
     hosts: dict[str, HostPlan] = {}
     tasks = []
     for task in spec.cluster.tasks():
@@ -143,16 +160,9 @@ def task_launch(spec: ClusterSpec, task: TaskId, host: HostPlan, port: int, job:
         **spec.env,
         **spec.host(host.host).env,
         **spec.placement.env(task),
-        **({} if virtual_devices is None else {contract.VIRTUAL_DEVICES: str(virtual_devices)}),
         contract.TF_CONFIG: tf_config_json(spec.cluster, task),
-        # tf_keras, not Keras 3: Keras 3 fails under MultiWorkerMirroredStrategy (keras-team/keras#20585).
-        contract.LEGACY_KERAS: "1",
-        "PYTHONUNBUFFERED": "1",
-        contract.RUN_ID: run_id,
-        contract.TASK: str(task),
-        contract.RUN_DIR: host.run_dir,
-        contract.PROGRESS_FILE: f"{host.run_dir}/{progress_name}",
-        contract.ATTEMPT: "0",
+        **contract.run_variables(run_id, host.run_dir, virtual_devices),
+        **contract.task_variables(task.type, task.index, host.run_dir),
     }
     if spec.storage is not None:
         env[contract.MODEL_DIR] = contract.shared_model_dir(spec.storage.path, run_id)
@@ -167,6 +177,10 @@ def task_launch(spec: ClusterSpec, task: TaskId, host: HostPlan, port: int, job:
 
 def render_plan(plan: LaunchPlan) -> str:
     """Human-readable plan for ``--dry-run``: every task's host, command, env and log."""
+    if plan.slurm is not None:
+        from launcher.slurm.plan import render_slurm_plan
+
+        return render_slurm_plan(plan)
     lines = [f"run {plan.run_id}", f"  dir: {plan.run_dir}", f"  job: {plan.job} {shlex.join(plan.job_args)}".rstrip()]
     if any(HOST_CACHE in t.env.get(contract.RUN_DIR, "") for t in plan.tasks):
         lines.append(f"  {HOST_CACHE}: each remote host's $XDG_CACHE_HOME/tfl or ~/.cache/tfl (asked when the run starts)")
@@ -190,3 +204,16 @@ def render_plan(plan: LaunchPlan) -> str:
 
 def job_name(job: str) -> str:
     return PurePath(job).stem
+
+
+def describe(spec: ClusterSpec | SlurmClusterSpec, runs_dir: str, python: str, cwd: str) -> tuple[list[str], int]:
+    """``tfl validate``: each task and its address as written; for a ``slurm`` description, the
+    plan of a run of a placeholder JOB: its tasks, srun lines and batch script. Also the task count."""
+    from launcher.spec import ClusterSpec
+    from launcher.tfconfig import tasks_of
+
+    if not isinstance(spec, ClusterSpec):
+        plan = build_plan(spec, "JOB", (), run_id="RUN", run_dir=f"{runs_dir}/RUN", python=python, cwd=cwd)
+        return render_plan(plan).splitlines(), len(plan.tasks)
+    tasks = tasks_of(spec.cluster)
+    return [f"{task}\t{getattr(spec.cluster, task.type)[task.index]}" for task in tasks], len(tasks)

@@ -74,6 +74,8 @@ def run_detail(view: RunView, bar_width: int = 0) -> str:
                     f"(run `tfl status {view.run_id}` there)")
     if view.message:
         head.append(f"  {view.message}")
+    if view.backend_state:
+        head.append(f"  {view.backend}: " + ", ".join(f"{key} {value}" for key, value in view.backend_state.items()))
     head += [f"  restart {i}: {reason}" for i, reason in enumerate(view.restart_reasons, 1)]
     rows = [_task_row(t, bar_width) for t in view.tasks]
     return "\n".join(head) + "\n" + table(

@@ -29,7 +29,7 @@ from launcher.runindex import active_ids, mark_active, mark_ended, recent_ids
 from launcher.states import RunState, TaskState
 
 STATE_FILE = "state.json"
-RECORD_VERSION = 1  # bump when a record changes so that an older tfl cannot read it right
+RECORD_VERSION = 2  # bump when a record changes so that an older tfl cannot read it right (2: backend_data)
 # The latest run is the newest created among the active runs and this many whose record changed last.
 LATEST_AMONG = 20
 
@@ -97,6 +97,7 @@ class RunRecord:
     message: str | None = None
     plan: dict[str, Any] = field(default_factory=dict)
     backend: str = "local"  # what ran the tasks: `tfl status`/`stop` ask the same backend
+    backend_data: dict[str, str] = field(default_factory=dict)  # the backend's own handle on the run (Slurm: the job id)
     version: int = RECORD_VERSION
     grace_period: float = 5.0  # the launcher's SIGTERM -> SIGKILL delay: `tfl stop` waits that long for it
     launcher_start_ticks: int | None = None  # with launcher_pid: see launcher.procs.ProcessIdentity

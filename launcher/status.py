@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from launcher import backends
-from launcher.backends.base import TaskLive
+from launcher.backends.base import GroupBackend, TaskLive
 from launcher.procs import launcher_identity
 from launcher.runstore import RunRecord, RunStore, TaskRecord, UnreadableRun
 from launcher.states import RunState
@@ -47,6 +47,8 @@ class RunView:
     message: str | None
     tasks: list[TaskView]
     elsewhere: str | None = None  # the launcher's host, when not this machine: live facts only there
+    backend: str = "local"
+    backend_state: dict[str, str] = field(default_factory=dict)  # a group backend's own view (Slurm: job, state, reason)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,8 +81,11 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
     """The run as its backend sees it now. ``measure``: one run's view, which asks every host
     and samples cpu % (costly); the list of runs answers from what is at hand, and for a
     finished run that is its record (no backend to import: `tfl status` stays quick)."""
-    live = backends.get(record.backend).inspect(record, ask=measure) if measure or not record.state.is_terminal else {}
+    wanted = measure or not record.state.is_terminal
+    backend = backends.get(record.backend) if wanted else None
+    live = backend.inspect(record, ask=measure) if backend is not None else {}
     tasks = [_task_view(t, live.get(t.task, TaskLive(alive=False))) for t in record.tasks]
+    backend_state: dict[str, str] = backend.describe(record) if measure and isinstance(backend, GroupBackend) else {}
     now = time.time()
     return RunView(
         run_id=record.run_id, job=record.job, state=effective_state(record).value,
@@ -88,12 +93,13 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
         duration_s=round((record.ended or now) - record.created, 1), restarts=len(record.restarts),
         restart_reasons=[r.reason for r in record.restarts], message=record.message, tasks=tasks,
         elsewhere=None if record.state.is_terminal else launcher_identity(record).elsewhere,
+        backend=record.backend, backend_state=backend_state,
     )
 
 
 def _task_view(task: TaskRecord, live: TaskLive) -> TaskView:
     return TaskView(
-        task=task.task, host=task.host, state=live.state or task.state.value, attempt=task.attempt, pid=task.pid,
+        task=task.task, host=live.host or task.host, state=live.state or task.state.value, attempt=task.attempt, pid=task.pid,
         alive=live.alive, cpu_percent=live.cpu_percent, rss_mb=live.rss_mb, uptime_s=live.uptime_s,
         exit_code=task.exit_code, progress=read_progress(task.progress_path),
     )

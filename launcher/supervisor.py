@@ -6,6 +6,12 @@ for TensorFlow's own ~14 s heartbeat timeout. Then the group is restarted while 
 are left, else the run has failed. The evaluator never stops training: its failure is
 recorded; after training it gets ``evaluator_timeout`` to finish its last checkpoint.
 
+A backend that runs the group as one unit of its own (``backends.base.GroupBackend``:
+Slurm's batch script) applies that same policy itself, built from the same options: after a
+training failure the supervisor stops only the failed task if it is still alive, records
+the others as stopped, and follows the next attempt when the backend says it started one
+(``restarted``); the evaluator runs on across attempts.
+
 Mechanism is the backends'; clock and wait are injectable, so tests drive the state
 machine with a scripted backend in milliseconds.
 """
@@ -19,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from launcher.backends.base import Backend, TaskProcess
+from launcher.backends.base import Backend, GroupBackend, TaskProcess
 from launcher.errors import LaunchError, StateWriteError
 from launcher.logstream import tail_lines
 from launcher.plan import LaunchPlan, TaskLaunch
@@ -78,6 +84,8 @@ class Supervisor:
                  progress_time: Callable[[str], float | None] = progress_mtime) -> None:
         self.plan, self.record, self._store, self._config = plan, record, store, config
         self._backend, self._clock, self._wall = backend, clock, wall
+        # A backend that runs the group as one unit restarts it itself (see backends.base.GroupBackend).
+        self._group: GroupBackend | None = backend if isinstance(backend, GroupBackend) else None
         self._wake = wake or Waker()
         self._wait = wait or self._wait_for_event
         self._progress_time = progress_time
@@ -116,7 +124,8 @@ class Supervisor:
     def _run_attempt(self) -> bool:
         """Run one attempt of the whole group; True when the group is to be restarted."""
         self._set_state(RunState.STARTING if self.record.attempt == 0 else RunState.RESTARTING)
-        self._procs = {}
+        # A group backend restarts only the training group: its evaluator runs on.
+        self._procs = {n: p for n, p in self._procs.items() if self._group and not p.launch.task.is_training}
         self._start_group()
         self._set_state(RunState.RUNNING)
         while True:
@@ -145,8 +154,9 @@ class Supervisor:
         """Start every task: one after another, or all at once where the backend's start is a
         round trip. A task that cannot start raises, once every other start has been recorded
         (so that the teardown stops them)."""
-        concurrent = list(self.plan.tasks) if self._backend.concurrent_start and len(self.plan.tasks) > 1 else []
-        for launch in self.plan.tasks:
+        launches = [t for t in self.plan.tasks if t.name not in self._procs]
+        concurrent = launches if self._backend.concurrent_start and len(launches) > 1 else []
+        for launch in launches:
             if self._stop_requested:
                 return
             if launch not in concurrent:
@@ -174,6 +184,8 @@ class Supervisor:
         task.state, task.attempt, task.pid, task.create_time = TaskState.RUNNING, proc.attempt, proc.pid, proc.create_time
         task.start_ticks = proc.start_ticks
         task.started, task.ended, task.exit_code = self._wall(), None, None
+        if self._group:
+            self.record.backend_data.update(self._group.run_data())
         self._save()
 
     def _reap(self) -> None:
@@ -183,16 +195,27 @@ class Supervisor:
             if task.state != TaskState.RUNNING:
                 continue
             code = self._backend.poll(proc)
+            learned = self._learn_where(task, proc)
             if code is None:
+                if learned:
+                    self._save()
                 continue
             task.exit_code, task.ended = code, self._wall()
             task.state = TaskState.SUCCEEDED if code == 0 else TaskState.FAILED
             if code != 0:
                 self.record.failures.append(FailureRecord(
-                    task=name, host=task.host, pid=task.pid, exit_code=code, reason=describe_exit(code),
+                    task=name, host=task.host, pid=task.pid, exit_code=code, reason=proc.ended_by or describe_exit(code),
                     log_tail=tail_lines(proc.launch.log_path, self._config.log_tail_lines),
                     time=task.ended, attempt=self.record.attempt))
             self._save()
+
+    @staticmethod
+    def _learn_where(task: TaskRecord, proc: TaskProcess) -> bool:
+        """Record the host and pid a backend learned only once the task ran (Slurm's node)."""
+        if (proc.host or task.host, proc.pid) == (task.host, task.pid):
+            return False
+        task.host, task.pid = proc.host or task.host, proc.pid
+        return True
 
     def _check_stalls(self) -> None:
         """A training task with no progress for ``stall_timeout`` s has failed (it may hang forever)."""
@@ -219,19 +242,39 @@ class Supervisor:
                      if f.attempt == self.record.attempt and TaskId.parse(f.task).is_training), None)
 
     def _on_training_failure(self, failure: FailureRecord) -> bool:
-        running = [p for n, p in self._procs.items() if self.record.task(n).state == TaskState.RUNNING]
+        running = [p for n, p in self._procs.items()
+                   if self.record.task(n).state == TaskState.RUNNING and not (self._group and not p.launch.task.is_training)]
         self.record.stopped_because_of_failure = sorted(p.launch.name for p in running)
-        # The failed task too: a stalled one is still alive.
-        self._teardown(list(self._procs.values()), TaskState.STOPPED)
         failed = self._procs[failure.task]
+        if self._group:  # it stops the rest of its group itself: the failed task (if alive), then record them
+            self._teardown([failed], TaskState.STOPPED)
+            self._mark(running, TaskState.STOPPED)
+        else:  # the failed task too: a stalled one is still alive
+            self._teardown(list(self._procs.values()), TaskState.STOPPED)
         if self.record.task(failure.task).exit_code is None:
             self.record.task(failure.task).exit_code = self._backend.poll(failed)
-        if self._may_restart(failure):
-            reason = f"{failure.task} on {failure.host}: {failure.reason}"
-            self.record.restarts.append(RestartRecord(attempt=self.record.attempt + 1, time=self._wall(), reason=reason))
-            self._save()
+        if self._group is not None and self._group_restarted():
+            self._record_restart(failure)
+            return True
+        if self._group is None and self._may_restart(failure):
+            self._record_restart(failure)
             return True
         self._finish(RunState.FAILED, 1, f"{failure.task} on {failure.host} failed: {failure.reason}")
+        return False
+
+    def _record_restart(self, failure: FailureRecord) -> None:
+        reason = f"{failure.task} on {failure.host}: {failure.reason}"
+        self.record.restarts.append(RestartRecord(attempt=self.record.attempt + 1, time=self._wall(), reason=reason))
+        self._save()
+
+    def _group_restarted(self) -> bool:
+        """Wait for the group backend to say whether it restarts the group (its own policy)."""
+        assert self._group is not None
+        while not self._stop_requested:
+            restarted = self._group.restarted(self.record.attempt)
+            if restarted is not None:
+                return restarted
+            self._wait(self._config.poll_interval)
         return False
 
     def _may_restart(self, failure: FailureRecord) -> bool:
@@ -253,6 +296,10 @@ class Supervisor:
         """Stop ``procs`` (``launcher.teardown``: SIGTERM, grace, SIGKILL) and record them. Idempotent."""
         teardown(procs, signal=self._backend.signal, alive=self._backend.alive, grace=self._config.grace_period,
                  force=lambda: self._force, clock=self._clock, wait=self._wait)
+        self._mark(procs, state)
+
+    def _mark(self, procs: list[TaskProcess], state: TaskState) -> None:
+        """Record ``procs`` that are still recorded as running as ended in ``state``."""
         for proc in procs:
             task = self.record.task(proc.launch.name)
             if task.state == TaskState.RUNNING:

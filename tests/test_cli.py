@@ -51,7 +51,7 @@ def test_status_on_empty_store(tfl_home: Path) -> None:
 
 def test_launch_usage_errors(tfl_home: Path) -> None:
     cases = [
-        (["launch", "jobs/mnist.py"], "give exactly one of --cluster FILE or --local N"),
+        (["launch", "jobs/mnist.py"], "give exactly one of --cluster FILE, --local N (e.g. --local 2) or --slurm"),
         (["launch", "jobs/mnist.py", "--local", "2", "--cluster", "c.json"], "give exactly one of"),
         (["launch", "nope.py", "--local", "2"], "nope.py: no such job script"),
         (["launch", "jobs/mnist.py", "--cluster", "nope.json"], "nope.json: no such file"),

@@ -153,15 +153,16 @@ def submit_tfl_script(cluster: SlurmCluster, tmp_path: Path, mode: str, evaluato
                       **slurm: int) -> tuple[str, Path]:
     run_dir = tmp_path / "run"
     (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "slurm").mkdir()
     job = tmp_path / "fake_job.py"
     job.write_text(FAKE_JOB)
     settings = SlurmSettings.model_validate({"nodes": 2, "tasks_per_node": 1, "evaluator": evaluator, **slurm})
     batch = BatchJob(settings=settings, job=str(job), job_args=(mode, "with-evaluator" if evaluator else "alone"),
                      run_id="fake-1", run_dir=str(run_dir), env={"NOTE": "a 'quoted' note"},
-                     python=sys.executable, cwd=str(tmp_path), max_restarts=restarts)
+                     python=sys.executable, cwd=str(tmp_path), max_restarts=restarts, evaluator_timeout=1.0)
     script = run_dir / "job.sbatch"
     script.write_text(render_batch_script(batch))
-    return cluster.run(*sbatch_command(batch, str(script))).stdout.strip(), run_dir
+    return cluster.run(*sbatch_command(batch), str(script)).stdout.strip(), run_dir
 
 
 def records(log: Path) -> list[dict[str, object]]:
@@ -171,7 +172,7 @@ def records(log: Path) -> list[dict[str, object]]:
 def test_tfl_batch_script_gives_each_task_its_tf_config(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     job_id, run_dir = submit_tfl_script(slurm_cluster, tmp_path, "ok", evaluator=True, restarts=0)
     state = slurm_cluster.wait_state(job_id, "COMPLETED", "FAILED", "CANCELLED", timeout=120)
-    batch_log = (run_dir / f"slurm-{job_id}.out").read_text()
+    batch_log = (run_dir / "slurm" / f"batch-{job_id}.out").read_text()
     assert state == "COMPLETED", batch_log
     base = port_block(int(job_id))
     training = {"chief": [f"127.0.0.1:{base}"], "worker": [f"127.0.0.1:{base + 1}"]}
@@ -192,7 +193,7 @@ def test_tfl_batch_script_gives_each_task_its_own_gpu(slurm_cluster: SlurmCluste
         pytest.skip("the test cluster has no fake GPUs here (mknod needs root)")
     job_id, run_dir = submit_tfl_script(slurm_cluster, tmp_path, "ok", evaluator=True, restarts=0, gpus_per_task=1)
     state = slurm_cluster.wait_state(job_id, "COMPLETED", "FAILED", "CANCELLED", timeout=120)
-    assert state == "COMPLETED", (run_dir / f"slurm-{job_id}.out").read_text()
+    assert state == "COMPLETED", (run_dir / "slurm" / f"batch-{job_id}.out").read_text()
     seen = {t: records(run_dir / "logs" / f"{t}.log")[0] for t in ("chief-0", "worker-0", "evaluator-0")}
     assert {r["gpus"] for r in seen.values()} <= {"0", "1"}
     on_evaluator_node = next(r for t, r in seen.items() if t != "evaluator-0" and r["node"] == seen["evaluator-0"]["node"])
@@ -204,11 +205,12 @@ def test_tfl_batch_script_restarts_the_training_group(slurm_cluster: SlurmCluste
     started = time.monotonic()
     job_id, run_dir = submit_tfl_script(slurm_cluster, tmp_path, "fail-once", evaluator=False, restarts=1)
     state = slurm_cluster.wait_state(job_id, "COMPLETED", "FAILED", "CANCELLED", timeout=120)
-    batch_log = (run_dir / f"slurm-{job_id}.out").read_text()
+    batch_log = (run_dir / "slurm" / f"batch-{job_id}.out").read_text()
     assert state == "COMPLETED", batch_log
     assert time.monotonic() - started < 100  # the chief's 300 s sleep was cut short by --kill-on-bad-exit
     assert "tfl: training step failed (exit 143); restart 1 of 1" in batch_log  # srun's status: the largest
-    assert root_cause(parse_srun_failures(batch_log)) == SrunTaskFailure("n2", (1,), "Exited with exit code 3", 3)
+    srun_err = (run_dir / "slurm" / "training-0.err").read_text()
+    assert root_cause(parse_srun_failures(srun_err)) == SrunTaskFailure("n2", (1,), "Exited with exit code 3", 3)
     for task in ("chief-0", "worker-0"):
         assert [r["attempt"] for r in records(run_dir / "logs" / f"{task}.log")] == ["0", "1"]
     assert_job_gone(slurm_cluster, job_id)
@@ -223,7 +225,7 @@ def test_tfl_batch_script_fails_after_the_last_restart(slurm_cluster: SlurmClust
         state = parse_scontrol_job(slurm_cluster.run(*scontrol_command(job_id)).stdout)
         assert state is not None
     assert (state.exit_code, state.signal) == (143, 0)  # the training step's status is the job's (see above)
-    cause = root_cause(parse_srun_failures((run_dir / f"slurm-{job_id}.out").read_text()))
+    cause = root_cause(parse_srun_failures((run_dir / "slurm" / "training-0.err").read_text()))
     assert cause is not None and (cause.node, cause.ranks, cause.exit_code) == ("n2", (1,), 3)
     assert_job_gone(slurm_cluster, job_id)
 

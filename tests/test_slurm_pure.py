@@ -6,16 +6,15 @@ from __future__ import annotations
 import json
 import os
 import socket
-import stat
 import subprocess
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from launcher.errors import ClusterFileError
+from launcher.slurm import is_slurm_description
 from launcher.slurm.errors import SlurmError, SlurmLayoutError
 from launcher.slurm.jobstate import (
     CommandResult,
@@ -52,8 +51,7 @@ from launcher.slurm.nodes import (
     training_layout,
     training_slots,
 )
-from launcher.slurm.script import BatchJob, evaluator_srun, render_batch_script, sbatch_command, sbatch_header, training_srun
-from launcher.slurm.settings import SlurmSettings, is_slurm_description, parse_slurm_cluster
+from launcher.slurm.settings import parse_slurm_cluster
 from launcher.slurm.task import main as task_main
 from launcher.slurm.task import task_start
 from launcher.spec import Topology
@@ -395,105 +393,6 @@ def test_driver_refuses_a_taken_port(monkeypatch: pytest.MonkeyPatch, capsys: py
     assert capsys.readouterr().err == (
         f"tfl: error: chief:0 on n1: port 127.0.0.1:{port_block(job_id)} is taken (Address already in use); "
         "another job on this node may use it (ports follow the job id, see launcher/slurm/nodes.py)\n")
-
-
-# --- the batch script and the srun lines ------------------------------------------------
-
-def batch(tmp: str = "/shared/tfl/runs/mnist-1", restarts: int = 0, **slurm: Any) -> BatchJob:
-    settings = SlurmSettings.model_validate({"nodes": 2, **slurm})
-    return BatchJob(settings=settings, job="/home/u/jobs/mnist.py", job_args=("--epochs", "3"), run_id="mnist-1",
-                    run_dir=tmp, env={"TF_CPP_MIN_LOG_LEVEL": "2", "NOTE": "it's a \"test\" $HOME"},
-                    python="/opt/venv/bin/python", cwd="/home/u/my project", max_restarts=restarts)
-
-
-def test_sbatch_header_of_the_issue_example() -> None:
-    b = batch(**ISSUE_EXAMPLE["slurm"])  # type: ignore[arg-type]
-    assert sbatch_header(b) == [
-        "#SBATCH --job-name=tfl-mnist-1", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2",  # 1 + the evaluator
-        "#SBATCH --output=/shared/tfl/runs/mnist-1/slurm-%j.out", "#SBATCH --partition=debug",
-        "#SBATCH --time=01:00:00", "#SBATCH --gpus-per-task=1",
-    ]
-    assert sbatch_command(b, "/shared/tfl/runs/mnist-1/job.sbatch") == \
-        ["sbatch", "--parsable", "--account=ml", "/shared/tfl/runs/mnist-1/job.sbatch"]
-
-
-def test_srun_lines() -> None:
-    b = batch(tasks_per_node=2, evaluator=True, gpus_per_task=1, cpus_per_task=4)
-    driver = ["/opt/venv/bin/python", "-u", "-m", "launcher.slurm.task"]
-    assert training_srun(b) == ["srun", "--exact", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--distribution=block",
-                                "--kill-on-bad-exit=1", "--cpus-per-task=4", "--gpus-per-task=1", "--job-name=training",
-                                *driver, "training", "/home/u/jobs/mnist.py", "--epochs", "3"]
-    assert evaluator_srun(b) == ["srun", "--exact", "--nodes=1", "--ntasks=1", "--cpus-per-task=4", "--gpus-per-task=1",
-                                 "--job-name=evaluator", *driver, "evaluator", "/home/u/jobs/mnist.py", "--epochs", "3"]
-
-
-def test_script_without_evaluator() -> None:
-    text = render_batch_script(batch())
-    assert "#SBATCH --ntasks-per-node=1" in text and "--job-name=evaluator" not in text and "$evaluator" not in text
-    assert "TFL_ATTEMPT=$attempt srun --exact --nodes=2 --ntasks=2 --ntasks-per-node=1" in text
-    assert text.endswith("exit $status\n")
-    assert "TF_CONFIG" not in text  # built by the driver in each task, never written out
-
-
-def test_script_with_evaluator_starts_it_first_and_stops_it_after_training() -> None:
-    lines = render_batch_script(batch(evaluator=True)).splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith("srun ") and "--job-name=evaluator" in ln)
-    training = next(i for i, ln in enumerate(lines) if "--job-name=training" in ln)
-    signal = next(i for i, ln in enumerate(lines) if "scancel --signal=TERM" in ln)
-    assert "awk '$2 == \"evaluator\" {print $1}'" in lines[signal]  # its step, found by name
-    assert lines[start].endswith(" &") and lines[start + 1] == "evaluator=$!" and start < training < signal
-    assert lines[-3:] == ["kill -TERM $evaluator 2>/dev/null", "wait $evaluator", "exit $status"]
-
-
-def test_script_is_valid_bash() -> None:
-    done = subprocess.run(["bash", "-n"], input=render_batch_script(batch(evaluator=True, restarts=2)), text=True, capture_output=True)
-    assert done.returncode == 0, done.stderr
-
-
-def _fake_slurm(tmp_path: Path, srun_fails: int) -> dict[str, str]:
-    """A PATH with an `srun` that fails ``srun_fails`` times and logs its calls, and a fake python."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    scripts = {
-        "srun": f'#!/bin/bash\necho "$TFL_ATTEMPT $TFL_SLURM_NODES $*" >> {tmp_path}/calls\n'
-                f'n=$(grep -c . {tmp_path}/calls)\n[ "$n" -gt {srun_fails} ]\n',
-        "python": '#!/bin/bash\n[ "$2" = launcher.slurm.task ] && [ "$3" = nodes ] && echo n1=127.0.0.1,n2=127.0.0.1\n',
-    }
-    for name, text in scripts.items():
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(stat.S_IRWXU)
-    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
-
-
-@pytest.mark.parametrize(("fails", "restarts", "attempts", "status"), [(0, 2, ["0"], 0), (2, 2, ["0", "1", "2"], 0),
-                                                                        (5, 2, ["0", "1", "2"], 1), (1, 0, ["0"], 1)])
-def test_script_restarts_the_training_group(tmp_path: Path, fails: int, restarts: int, attempts: Sequence[str], status: int) -> None:
-    b = batch(str(tmp_path), restarts=restarts)
-    b = BatchJob(**{**b.__dict__, "python": str(tmp_path / "bin" / "python"), "cwd": str(tmp_path)})
-    env = _fake_slurm(tmp_path, fails)
-    done = subprocess.run(["bash", "-c", render_batch_script(b)], env=env, capture_output=True, text=True, timeout=30)
-    calls = (tmp_path / "calls").read_text().splitlines()
-    assert [c.split()[0] for c in calls] == list(attempts) and done.returncode == status, done.stderr
-    assert all(c.split()[1] == "n1=127.0.0.1,n2=127.0.0.1" for c in calls)
-    assert done.stderr.count("tfl: training step failed") == len(attempts) - 1
-
-
-def test_script_exports_env_exactly(tmp_path: Path) -> None:
-    b = batch(str(tmp_path))
-    b = BatchJob(**{**b.__dict__, "cwd": str(tmp_path)})
-    text = render_batch_script(b)
-    exports = "\n".join(ln for ln in text.splitlines() if ln.startswith("export ") and "TFL_SLURM_NODES" not in ln)
-    done = subprocess.run(["bash", "-c", exports + "\nprintenv NOTE TF_CPP_MIN_LOG_LEVEL TFL_RUN_ID TFL_SLURM_TRAINING_LAYOUT TF_USE_LEGACY_KERAS"],
-                          capture_output=True, text=True, env={"HOME": "/nowhere"})
-    assert done.stdout.splitlines() == ["it's a \"test\" $HOME", "2", "mnist-1", "1(x2)", "1"]
-
-
-def test_script_refuses_what_it_cannot_carry() -> None:
-    with pytest.raises(SlurmError, match="run dir '/my runs/x' has characters an #SBATCH line cannot carry"):
-        render_batch_script(batch("/my runs/x"))
-    b = batch()
-    with pytest.raises(SlurmError, match="env key 'A B' is not a variable name"):
-        render_batch_script(BatchJob(**{**b.__dict__, "env": {"A B": "1"}}))
 
 
 # --- squeue, sacct, scontrol ------------------------------------------------------------

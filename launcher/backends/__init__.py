@@ -11,18 +11,19 @@ import importlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Callable
 
-from launcher.backends.base import Backend, Cleanup, TaskLive, TaskProcess
+from launcher.backends.base import Backend, Cleanup, GroupBackend, TaskLive, TaskProcess
 from launcher.errors import UsageError
 
 if TYPE_CHECKING:
     from launcher.plan import LaunchPlan
 
-__all__ = ["BACKENDS", "Backend", "Cleanup", "TaskLive", "TaskProcess", "get", "name_for", "name_for_plan"]
+__all__ = ["BACKENDS", "Backend", "Cleanup", "GroupBackend", "TaskLive", "TaskProcess", "get", "name_for", "name_for_plan"]
 
 # name -> "module:Class"
 BACKENDS: dict[str, str] = {
     "local": "launcher.backends.local:LocalBackend",
     "ssh": "launcher.backends.ssh.backend:SSHBackend",
+    "slurm": "launcher.backends.slurm.backend:SlurmBackend",
 }
 
 
@@ -39,6 +40,9 @@ def name_for(hosts: Iterable[tuple[str, bool]]) -> str:
 
 
 def name_for_plan(plan: LaunchPlan) -> str:
+    """A plan with a batch script runs on Slurm; any other by its hosts (``name_for``)."""
+    if plan.slurm is not None:
+        return "slurm"
     return name_for((t.host, t.ssh is not None) for t in plan.tasks)
 
 

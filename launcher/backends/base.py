@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from launcher.checks import Check, HostTasks
@@ -29,11 +29,14 @@ class TaskProcess:
 
     launch: TaskLaunch
     attempt: int
-    pid: int
+    pid: int | None  # None until the backend knows it (a Slurm task before its node has started it)
     create_time: float | None
     pgid: int | None
     handle: Any = field(default=None, repr=False)  # backend-private (a Popen, a channel…)
     start_ticks: int | None = None  # clock ticks since boot at its start, on its host (``procs.start_ticks``)
+    # Filled in by ``poll`` where a backend learns them only later; the supervisor records them.
+    host: str | None = None  # where the task runs, when that is known only once it runs (Slurm: its node)
+    ended_by: str | None = None  # why it ended, when its exit code does not say (a Slurm job's NODE_FAIL, TIMEOUT…)
 
 
 @dataclass
@@ -45,6 +48,7 @@ class TaskLive:
     cpu_percent: float | None = None
     rss_mb: float | None = None
     uptime_s: float | None = None
+    host: str | None = None  # where it runs, when the record does not say yet (a Slurm task's node)
 
 
 @dataclass
@@ -120,4 +124,32 @@ class Backend(Protocol):
         SSH hosts, their run dirs), for ``tfl rm`` / ``tfl prune`` of a finished run. Only
         directories tfl made for this run; a host that cannot be reached is reported in
         ``left``, never raised. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class GroupBackend(Protocol):
+    """A backend that runs the whole group as one unit of its own, besides ``Backend``: Slurm,
+    where one job's batch script starts every task as steps, restarts the training group
+    itself (``--max-restarts``) and keeps the evaluator running across restarts.
+
+    With such a backend the supervisor stays the one state machine, but after a training
+    failure it stops nothing itself (the unit's own policy, built from the same options, ends
+    the other training tasks) and asks ``restarted`` whether a new attempt follows; the
+    evaluator is not restarted with the group. Any other signal the supervisor sends a
+    training task stops the whole unit (``signal``).
+    """
+
+    def run_data(self) -> dict[str, str]:
+        """What the run's record keeps (``RunRecord.backend_data``) to find the unit again from
+        any terminal, e.g. Slurm's job id; {} before the unit exists."""
+        ...
+
+    def restarted(self, attempt: int) -> bool | None:
+        """After a training failure in ``attempt``: whether the group was started again as
+        ``attempt + 1`` (True), will not be (False), or that is not known yet (None)."""
+        ...
+
+    def describe(self, record: RunRecord) -> dict[str, str]:
+        """The unit's own state for ``tfl status`` (Slurm: job, state, pending reason, nodes)."""
         ...

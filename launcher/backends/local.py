@@ -17,6 +17,7 @@ from launcher.backends.base import Cleanup, TaskLive, TaskProcess
 from launcher.checks import Check, HostTasks, diagnose, host_tasks, probe_request
 from launcher.errors import LaunchError
 from launcher.files import open_private
+from launcher.logstream import attempt_banner
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.runstore import RunRecord
 from launcher.states import TaskState
@@ -101,7 +102,7 @@ class LocalBackend:
             raise LaunchError(f"{launch.name}: working directory {launch.cwd} does not exist (fix hosts.{launch.host}.workdir)")
         with open_private(launch.log_path) as log:
             if attempt:
-                log.write(f"--- tfl: attempt {attempt} of {launch.name} at {time.strftime('%H:%M:%S')} ---\n".encode())
+                log.write(attempt_banner(launch.name, attempt).encode())
                 log.flush()
             try:
                 popen = subprocess.Popen(
@@ -134,7 +135,7 @@ class LocalBackend:
 
     def signal(self, proc: TaskProcess, signum: int) -> None:
         leader: Leader = proc.handle
-        if leader.reaped:
+        if leader.reaped or proc.pid is None:
             return  # its group was empty when it was reaped, and the number may be another's by now
         try:
             os.killpg(proc.pid, signum)
@@ -145,7 +146,7 @@ class LocalBackend:
         leader: Leader = proc.handle
         if leader.exit_code() is None:
             return True
-        if leader.reaped:
+        if leader.reaped or proc.pid is None:
             return False
         if procs.group_members(proc.pid, leader=proc.pid):
             return True  # the leader exited, a child it started lives on in the group

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from launcher.errors import TflError
+from launcher.errors import LaunchError
 
 
-class SlurmError(TflError):
-    """A Slurm command failed or Slurm told us something we cannot work with."""
+class SlurmError(LaunchError):
+    """A Slurm command failed or Slurm told us something we cannot work with (a launch fault:
+    the supervisor records the run as failed with this line)."""
 
 
 class SlurmLayoutError(SlurmError):

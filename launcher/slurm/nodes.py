@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.contract import CHIEF, EVALUATOR, SLURM_NODES, TRAINING_TYPES, WORKER
 from launcher.slurm.errors import SlurmLayoutError
 
 PORT_FIRST = 10000
@@ -41,11 +42,6 @@ PORT_BLOCKS = (PORT_END - PORT_FIRST) // PORT_BLOCK  # 711
 EVALUATOR_SLOT = PORT_BLOCK - 1
 MAX_TASKS_PER_ADDRESS = EVALUATOR_SLOT  # 31: slots 0..30 for training tasks
 
-# Set by the batch script for every step (see script.py), read by the task driver (task.py).
-NODES_ENV = "TFL_SLURM_NODES"  # the job's nodes in Slurm's order: "n1=10.0.0.1,n2=10.0.0.2"
-LAYOUT_ENV = "TFL_SLURM_TRAINING_LAYOUT"  # training tasks per node, in Slurm's form: "2(x3),1"
-
-TRAINING_TYPES = ("chief", "worker")  # launcher.spec's; not imported from there (see slurm_tf_config)
 _TASKS_PER_NODE = re.compile(r"(\d+)(?:\(x(\d+)\))?")
 
 
@@ -107,7 +103,7 @@ def parse_nodes(text: str) -> tuple[SlurmNode, ...]:
     for item in text.split(","):
         name, sep, addr = item.partition("=")
         if not (name and sep and addr):
-            raise SlurmLayoutError(f"{NODES_ENV}='{text}' is not name=addr,...; it is set by tfl's batch script")
+            raise SlurmLayoutError(f"{SLURM_NODES}='{text}' is not name=addr,...; it is set by tfl's batch script")
         nodes.append(SlurmNode(name, addr))
     return tuple(nodes)
 
@@ -149,11 +145,11 @@ def training_layout(nodes: Sequence[SlurmNode], counts: Sequence[int]) -> tuple[
 
 def task_of_rank(rank: int) -> tuple[str, int]:
     """Rank 0 is the chief, rank k the worker k-1."""
-    return ("chief", 0) if rank == 0 else ("worker", rank - 1)
+    return (CHIEF, 0) if rank == 0 else (WORKER, rank - 1)
 
 
 def rank_of_task(task_type: str, index: int) -> int:
-    return 0 if task_type == "chief" else index + 1
+    return 0 if task_type == CHIEF else index + 1
 
 
 def host_port(host: str, port: int) -> str:
@@ -191,9 +187,9 @@ def job_cluster(job_id: int, nodes: Sequence[SlurmNode], counts: Sequence[int],
     Task types without tasks are left out, as launcher.tfconfig.tf_config leaves them out.
     """
     addresses = training_addresses(job_id, training_layout(nodes, counts))
-    cluster = {"chief": list(addresses[:1]), "worker": list(addresses[1:])}
+    cluster = {CHIEF: list(addresses[:1]), WORKER: list(addresses[1:])}
     if evaluator_node is not None:
-        cluster["evaluator"] = [evaluator_address(job_id, evaluator_node)]
+        cluster[EVALUATOR] = [evaluator_address(job_id, evaluator_node)]
     return {kind: tasks for kind, tasks in cluster.items() if tasks}
 
 
@@ -205,11 +201,11 @@ def slurm_tf_config(job_id: int, nodes: Sequence[SlurmNode], counts: Sequence[in
     call to tf_config: that needs launcher.spec, whose pydantic import would cost every
     task's start 0.4-0.9 s on the test machine; this module is stdlib only.
     """
-    if task_type == "evaluator":
+    if task_type == EVALUATOR:
         if evaluator_node is None or index != 0:
             raise SlurmLayoutError("the evaluator is evaluator:0, and its TF_CONFIG needs the node it runs on")
         return {"cluster": job_cluster(job_id, nodes, counts, evaluator_node), "task": {"type": task_type, "index": 0}}
-    if task_type not in TRAINING_TYPES or (task_type == "chief" and index != 0):
+    if task_type not in TRAINING_TYPES or (task_type == CHIEF and index != 0):
         raise SlurmLayoutError(f"'{task_type}:{index}' is not a task of a Slurm run (chief:0, worker:N or evaluator:0)")
     if rank_of_task(task_type, index) >= sum(counts):
         raise SlurmLayoutError(f"task {task_type}:{index} is beyond the training step's {sum(counts)} tasks")

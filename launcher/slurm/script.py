@@ -1,26 +1,36 @@
-"""The sbatch script of a run and the srun lines in it. Pure functions, no I/O.
+"""The batch script of a Slurm run and the srun lines in it. Pure functions, no I/O.
 
-One allocation holds the run. The batch script resolves the nodes once (Slurm's order and
-each node's NodeAddr, see nodes.py), then starts two kinds of step, each running tfl's small
-task driver (``python -m launcher.slurm.task``), which builds the task's TF_CONFIG and
-execs the job:
+One allocation holds the run: the script is submitted with ``sbatch`` (a ``slurm`` block in
+the cluster file), or run by tfl inside an allocation that exists (``tfl launch --slurm``
+under ``salloc`` or a user's own batch script). It resolves the nodes once (Slurm's order
+and each node's NodeAddr, see nodes.py), then starts two kinds of step, each running tfl's
+small task driver (``python -m launcher.slurm.task``), which builds the task's TF_CONFIG
+and execs the job:
 
 - the **training group**: ``srun --exact --nodes=N --ntasks=N*T --ntasks-per-node=T
   --distribution=block --kill-on-bad-exit=1``; one failed task ends the step. With
-  ``max_restarts`` the script starts the group again as a new step in the same allocation,
-  and the job resumes from the shared model dir.
+  ``max_restarts`` the script starts the group again as a new step in the same allocation
+  (``TFL_ATTEMPT`` counts them), and the job resumes from the shared model dir.
 - the **evaluator** (``evaluator: true``): ``srun --exact --nodes=1 --ntasks=1``, started
   first and in the background, outside the training group. It does not decide the job's
-  result; once training has ended the script sends its task SIGTERM (``scancel --signal``
-  on its step) and aborts the step if it is still there after a grace period.
+  result; once training has ended it gets the evaluator timeout to finish its last
+  checkpoint, then its task gets SIGTERM (``scancel --signal`` on its step) and, after the
+  grace period, SIGKILL.
+
+Every step's stderr (srun's own "srun: error: n2: task 1: Exited with exit code 3" lines)
+goes to a file per step, and the script notes what it did in the events file
+(``launcher.slurm.batch``): that is how the launcher follows the run. SIGTERM to the script
+(``tfl stop`` of a run inside an allocation) is passed to its steps' tasks with ``scancel
+--signal``, never to srun, which would abort its step at once, and no restart follows.
 
 The allocation asks for ``--ntasks-per-node=T``, or ``T+1`` with an evaluator: Slurm packs
 ``--ntasks=N*T+1`` onto as few nodes' CPUs as it can (4+1 on two nodes, not 2+2 and 1 more,
 so the training step would not fit), and a heterogeneous job (``#SBATCH hetjob``) stayed
 PENDING (Resources) on the test cluster for the 40 s we waited (only the backfill scheduler
 starts those). So the evaluator's one task costs a spare task slot (with its CPUs and GPUs)
-on every node but the one it lands on. ``--exact`` lets the two steps run side by side;
-without it a step takes every CPU of the allocation on its nodes.
+on every node but the one it lands on. Inside an allocation every allocated task trains,
+and the evaluator shares the first node's resources (``srun --overlap``). ``--exact`` lets
+the steps run side by side; without it a step takes every CPU of the allocation on its nodes.
 """
 
 from __future__ import annotations
@@ -30,14 +40,28 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from launcher.contract import SLURM_LAYOUT, SLURM_NODES, run_variables
+from launcher.slurm.batch import (
+    EVALUATOR_ERR,
+    EVALUATOR_ROLE,
+    EVENT_END,
+    EVENT_EVALUATOR_EXIT,
+    EVENT_EVALUATOR_STOPPING,
+    EVENT_TRAINING,
+    EVENTS_FILE,
+    TRAINING_ERR,
+    TRAINING_ROLE,
+    RunFiles,
+    step_name,
+)
 from launcher.slurm.errors import SlurmError
-from launcher.slurm.nodes import LAYOUT_ENV, NODES_ENV, format_tasks_per_node
+from launcher.slurm.nodes import format_tasks_per_node
 from launcher.slurm.settings import SlurmSettings
 
 TASK_DRIVER = "launcher.slurm.task"
+TRAINING, EVALUATOR = TRAINING_ROLE, EVALUATOR_ROLE
 _PLAIN = re.compile(r"[A-Za-z0-9_./+@:,=-]+")  # what an #SBATCH line carries without quoting
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-EVALUATOR_GRACE_S = 30  # after SIGTERM, the evaluator's time to finish before its step is aborted
 
 
 @dataclass(frozen=True)
@@ -48,19 +72,31 @@ class BatchJob:
     job: str  # absolute path of the job script, on storage every node sees
     job_args: tuple[str, ...]
     run_id: str
-    run_dir: str  # on shared storage: logs, progress, model dir
-    env: Mapping[str, str]  # every task's environment: the description's env and tfl's values
+    run_dir: str  # on shared storage: logs, progress, model dir, the script's files
+    env: Mapping[str, str]  # the description's env; tfl's own variables are added (batch_env)
     python: str  # the python on the nodes, with tfl importable
     cwd: str  # where the tasks start
     max_restarts: int = 0
+    grace_period: float = 5.0  # SIGTERM -> SIGKILL, for the evaluator's step
+    evaluator_timeout: float = 600.0  # after training: the evaluator's time to finish
+    virtual_devices: int | None = None
+    allocation: bool = False  # True: run by tfl inside an existing allocation, not submitted
 
     @property
     def job_name(self) -> str:
         return f"tfl-{self.run_id}"
 
     @property
+    def files(self) -> RunFiles:
+        return RunFiles(self.run_dir)
+
+    @property
     def tasks_per_node_allocated(self) -> int:
         return self.settings.tasks_per_node + int(self.settings.evaluator)
+
+    def step_name(self, role: str) -> str:
+        """A step's name: its role and the run, so that two runs in one allocation never meet."""
+        return step_name(role, _plain(self.run_id, 'run id', 'use a job file name of letters, digits, - and _'))
 
 
 def _plain(value: str, what: str, fix: str) -> str:
@@ -70,13 +106,16 @@ def _plain(value: str, what: str, fix: str) -> str:
 
 
 def sbatch_header(batch: BatchJob) -> list[str]:
-    """The ``#SBATCH`` lines: what the allocation is."""
+    """The ``#SBATCH`` lines: what the allocation is. (Inside an allocation: none.)"""
+    if batch.allocation:
+        return []
     s = batch.settings
     options = [
         f"--job-name={_plain(batch.job_name, 'run id', 'use a job file name of letters, digits, - and _')}",
         f"--nodes={s.nodes}",
         f"--ntasks-per-node={batch.tasks_per_node_allocated}",
-        f"--output={_plain(batch.run_dir, 'run dir', 'set TFL_HOME to a plain path')}/slurm-%j.out",
+        f"--output={_plain(batch.run_dir, 'run dir', 'set TFL_HOME to a plain path') and batch.files.batch_output_pattern}",
+        "--no-requeue",  # a node failure ends the run, said in one line; Slurm would start it again unseen
     ]
     if s.partition:
         options.append(f"--partition={s.partition}")
@@ -95,7 +134,8 @@ def _per_task_options(s: SlurmSettings) -> list[str]:
     return options
 
 
-def _driver(batch: BatchJob, role: str) -> list[str]:
+def driver_argv(batch: BatchJob, role: str) -> list[str]:
+    """What every task of a step runs: the driver, which execs the job."""
     return [batch.python, "-u", "-m", TASK_DRIVER, role, batch.job, *batch.job_args]
 
 
@@ -104,13 +144,14 @@ def training_srun(batch: BatchJob) -> list[str]:
     s = batch.settings
     return ["srun", "--exact", f"--nodes={s.nodes}", f"--ntasks={s.training_tasks}",
             f"--ntasks-per-node={s.tasks_per_node}", "--distribution=block", "--kill-on-bad-exit=1",
-            *_per_task_options(s), "--job-name=training", *_driver(batch, "training")]
+            *_per_task_options(s), f"--job-name={batch.step_name(TRAINING)}", *driver_argv(batch, TRAINING)]
 
 
 def evaluator_srun(batch: BatchJob) -> list[str]:
     """The evaluator's step: one task on one node, outside the training group."""
-    return ["srun", "--exact", "--nodes=1", "--ntasks=1", *_per_task_options(batch.settings),
-            "--job-name=evaluator", *_driver(batch, "evaluator")]
+    share = ["--overlap"] if batch.allocation else []  # every allocated task trains: share the first node's
+    return ["srun", "--exact", *share, "--nodes=1", "--ntasks=1", *_per_task_options(batch.settings),
+            f"--job-name={batch.step_name(EVALUATOR)}", *driver_argv(batch, EVALUATOR)]
 
 
 def nodes_command(batch: BatchJob) -> list[str]:
@@ -120,65 +161,108 @@ def nodes_command(batch: BatchJob) -> list[str]:
 
 def batch_env(batch: BatchJob) -> dict[str, str]:
     """What the script exports for every step (srun passes the environment on)."""
-    env = {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1", **batch.env,
-           "TFL_RUN_ID": batch.run_id, "TFL_RUN_DIR": batch.run_dir,
-           LAYOUT_ENV: format_tasks_per_node([batch.settings.tasks_per_node] * batch.settings.nodes)}
+    env = {**batch.env, **run_variables(batch.run_id, batch.run_dir, batch.virtual_devices),
+           SLURM_LAYOUT: format_tasks_per_node([batch.settings.tasks_per_node] * batch.settings.nodes)}
     bad = sorted(k for k in env if not _ENV_NAME.fullmatch(k))
     if bad:
         raise SlurmError(f"env key '{bad[0]}' is not a variable name (letters, digits, _; not starting with a digit); rename it")
     return env
 
 
-def sbatch_command(batch: BatchJob, script_path: str) -> list[str]:
-    """``sbatch --parsable [sbatch_args] SCRIPT``: the user's options on the command line, as given."""
-    return ["sbatch", "--parsable", *batch.settings.sbatch_args, script_path]
+def sbatch_command(batch: BatchJob, *extra: str) -> list[str]:
+    """``sbatch --parsable [sbatch_args] [extra]``: the user's options on the command line, as given.
+    The script's path (or nothing: the script on stdin) follows."""
+    return ["sbatch", "--parsable", *batch.settings.sbatch_args, *extra]
 
 
-def _stop_evaluator() -> list[str]:
-    """SIGTERM to the evaluator's task, then its step aborted if it is still there after a grace
-    period. ``scancel --signal`` signals a step's tasks and nothing else; SIGTERM to srun
-    itself would abort the step with SIGKILL at once ("srun: forcing job termination")."""
-    find = "squeue -h -s -j \"$SLURM_JOB_ID\" -o '%i %j' | awk '$2 == \"evaluator\" {print $1}'"
-    ticks = EVALUATOR_GRACE_S * 10
-    return [
-        "# training has ended: stop the evaluator (it does not decide the result)",
-        f"for step in $({find}); do scancel --signal=TERM \"$step\"; done",
-        "waited=0",
-        f"while kill -0 $evaluator 2>/dev/null && [ $waited -lt {ticks} ]; do sleep 0.1; waited=$((waited + 1)); done",
-        "kill -TERM $evaluator 2>/dev/null",
-        "wait $evaluator",
-    ]
+def _steps(batch: BatchJob, *roles: str) -> str:
+    """Shell: the ids of this run's steps of the given roles (``squeue -s``, by name)."""
+    match = " || ".join(f'$2 == "{batch.step_name(r)}"' for r in roles)
+    return f"squeue -h -s -j \"$SLURM_JOB_ID\" -o '%i %j' | awk {shlex.quote(match + ' {print $1}')}"
 
 
-def render_batch_script(batch: BatchJob) -> str:
-    """The whole sbatch script (also what ``--dry-run`` shows)."""
-    s = batch.settings
+def _prologue(batch: BatchJob) -> list[str]:
     q = shlex.quote
-    lines = [
-        "#!/bin/bash",
-        f"# tfl run {batch.run_id}: {shlex.join([batch.job, *batch.job_args])}",
-        f"# training: {s.nodes} node(s) x {s.tasks_per_node} task(s), chief = first task"
-        + ("; evaluator: a separate step" if s.evaluator else ""),
-        *sbatch_header(batch),
+    roles = (TRAINING, EVALUATOR) if batch.settings.evaluator else (TRAINING,)
+    return [
         "set -u",
-        f"cd {q(batch.cwd)} || exit 1",
+        "umask 077  # what the script and its tasks write into the run dir stays the owner's",
+        f"files={q(batch.files.root)}",
+        f"note() {{ echo \"$*\" >> \"$files/{EVENTS_FILE}\"; }}",
+        f"cd {q(batch.cwd)} || {{ note {EVENT_END} 1; exit 1; }}",
         *(f"export {k}={q(v)}" for k, v in sorted(batch_env(batch).items())),
-        f"{NODES_ENV}=$({shlex.join(nodes_command(batch))}) || exit 1",
-        f"export {NODES_ENV}",
+        "# a trapped signal interrupts `wait` while the step still runs: wait again",
+        "wait_step() {",
+        "  local status",
+        "  while :; do",
+        "    wait \"$1\"; status=$?",
+        "    if [ $status -le 128 ] || ! kill -0 \"$1\" 2>/dev/null; then return $status; fi",
+        "  done",
+        "}",
+        "# SIGTERM reaches this run's tasks through scancel --signal (srun would abort its step at once)",
+        f"signal_steps() {{ for step in $({_steps(batch, *roles)}); do scancel --signal=\"$1\" \"$step\"; done; }}",
+        "stopping=",
+        "trap 'stopping=1; signal_steps TERM' TERM INT",
+        f"{SLURM_NODES}=$({shlex.join(nodes_command(batch))}) || {{ note {EVENT_END} 1; exit 1; }}",
+        f"export {SLURM_NODES}",
     ]
-    if s.evaluator:
-        lines += [f"{shlex.join(evaluator_srun(batch))} &", "evaluator=$!"]
-    lines += [
+
+
+def _training_loop(batch: BatchJob) -> list[str]:
+    err_path = f'"$files/{TRAINING_ERR.format(attempt="$attempt")}"'
+    return [
         "attempt=0",
         "while :; do",
-        f"  TFL_ATTEMPT=$attempt {shlex.join(training_srun(batch))}",
-        "  status=$?",
-        f"  if [ $status -eq 0 ] || [ $attempt -ge {batch.max_restarts} ]; then break; fi",
+        f"  note {EVENT_TRAINING} $attempt start",
+        f"  TFL_ATTEMPT=$attempt {shlex.join(training_srun(batch))} 2> {err_path} &",
+        "  wait_step $!; status=$?",
+        f"  note {EVENT_TRAINING} $attempt exit $status",
+        f"  if [ $status -eq 0 ] || [ -n \"$stopping\" ] || [ $attempt -ge {batch.max_restarts} ]; then break; fi",
         "  attempt=$((attempt + 1))",
         f"  echo \"tfl: training step failed (exit $status); restart $attempt of {batch.max_restarts}\" >&2",
         "done",
     ]
+
+
+def _wait_while(alive: str, seconds: float) -> str:
+    ticks = max(0, round(seconds * 10))
+    return f"waited=0; while {alive} && [ $waited -lt {ticks} ]; do sleep 0.1; waited=$((waited + 1)); done"
+
+
+def _evaluator_end(batch: BatchJob) -> list[str]:
+    """After training: the evaluator's time to finish its last checkpoint, then SIGTERM, grace, SIGKILL."""
+    alive = "kill -0 $evaluator 2>/dev/null"
+    find = _steps(batch, EVALUATOR)
+    return [
+        "# training has ended: the evaluator may finish its last checkpoint, then it is stopped (it does not decide the result)",
+        _wait_while(alive, batch.evaluator_timeout),
+        f"if {alive}; then",
+        f"  note {EVENT_EVALUATOR_STOPPING}",
+        f"  for step in $({find}); do scancel --signal=TERM \"$step\"; done",
+        f"  {_wait_while(alive, batch.grace_period)}",
+        f"  if {alive}; then for step in $({find}); do scancel --signal=KILL \"$step\"; done; fi",
+        "fi",
+        "wait_step $evaluator",
+    ]
+
+
+def render_batch_script(batch: BatchJob) -> str:
+    """The whole batch script (also what ``--dry-run`` shows)."""
+    s = batch.settings
+    lines = [
+        "#!/bin/bash",
+        f"# tfl run {batch.run_id}: {shlex.join([batch.job, *batch.job_args])}",
+        f"# training: {s.nodes} node(s) x {s.tasks_per_node} task(s), chief = first task"
+        + ("; evaluator: a separate step" if s.evaluator else "")
+        + ("; inside an allocation" if batch.allocation else ""),
+        *sbatch_header(batch),
+        *_prologue(batch),
+    ]
     if s.evaluator:
-        lines += _stop_evaluator()
-    lines.append("exit $status")
+        lines += [f"{{ {shlex.join(evaluator_srun(batch))} 2> \"$files/{EVALUATOR_ERR}\"; note {EVENT_EVALUATOR_EXIT} $?; }} &",
+                  "evaluator=$!"]
+    lines += _training_loop(batch)
+    if s.evaluator:
+        lines += _evaluator_end(batch)
+    lines += [f"note {EVENT_END} $status", "exit $status"]
     return "\n".join(lines) + "\n"

@@ -14,13 +14,15 @@ naming the field and the fix.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from launcher.errors import ClusterFileError
+from launcher.errors import ClusterFileError, UsageError
 from launcher.fields import describe_error
-from launcher.slurm.nodes import MAX_TASKS_PER_ADDRESS
+from launcher.slurm.errors import SlurmLayoutError
+from launcher.slurm.nodes import MAX_TASKS_PER_ADDRESS, parse_tasks_per_node
 
 _TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE|unlimited|infinite")
 _PARTITION = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
@@ -157,11 +159,6 @@ class SlurmClusterSpec(_Strict):
         return data
 
 
-def is_slurm_description(data: Any) -> bool:
-    """Whether parsed JSON is a Slurm description (has a ``slurm`` key)."""
-    return isinstance(data, dict) and "slurm" in data
-
-
 def parse_slurm_cluster(data: Any, name: str = "cluster") -> SlurmClusterSpec:
     """Parsed JSON -> SlurmClusterSpec, or ClusterFileError naming ``name``, the field and the fix."""
     if not isinstance(data, dict):
@@ -170,3 +167,36 @@ def parse_slurm_cluster(data: Any, name: str = "cluster") -> SlurmClusterSpec:
         return SlurmClusterSpec.model_validate(data)
     except ValidationError as exc:
         raise ClusterFileError(f"{name}: {describe_error(exc)}") from None
+
+
+class AllocationSpec(SlurmClusterSpec):
+    """``tfl launch --slurm``: the allocation tfl runs inside (``salloc``, a user's batch
+    script), read from Slurm's variables. Every allocated task trains."""
+
+    job_id: str = Field(description="the allocation's job id (SLURM_JOB_ID)")
+
+
+_OUTSIDE = ("--slurm runs inside a Slurm allocation, and SLURM_JOB_ID is not set; run it under salloc or in a batch "
+            "script (e.g. `salloc -N 2 --ntasks-per-node 1 tfl launch JOB --slurm`), or submit with --cluster FILE "
+            "holding a 'slurm' block")
+
+
+def allocation_cluster(environ: Mapping[str, str], evaluator: bool) -> AllocationSpec:
+    """The Slurm description of the allocation this process runs in (one-line UsageError outside one)."""
+    job_id = environ.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        raise UsageError(_OUTSIDE if not job_id else f"SLURM_JOB_ID={job_id!r} is not a job id; {_OUTSIDE}")
+    layout = environ.get("SLURM_TASKS_PER_NODE", "")
+    try:
+        counts = parse_tasks_per_node(layout)
+    except SlurmLayoutError:
+        raise UsageError(f"SLURM_TASKS_PER_NODE={layout!r} is not Slurm's tasks-per-node form; run inside an allocation "
+                         "made with --nodes and --ntasks-per-node") from None
+    if len(set(counts)) != 1:
+        raise UsageError(f"the allocation has {layout} tasks per node; --slurm needs the same number on every node "
+                         "(allocate with --ntasks-per-node, e.g. `salloc -N 2 --ntasks-per-node 1`)")
+    data = {"slurm": {"nodes": len(counts), "tasks_per_node": counts[0], "evaluator": evaluator}, "job_id": job_id}
+    try:
+        return AllocationSpec.model_validate(data)
+    except ValidationError as exc:
+        raise UsageError(f"the allocation (SLURM_TASKS_PER_NODE={layout}): {describe_error(exc)}") from None

@@ -4,10 +4,12 @@
   NodeAddr (``scontrol show hostnames`` and ``scontrol show node -o``), for ``TFL_SLURM_NODES``.
 - ``training JOB [ARGS]`` / ``evaluator JOB [ARGS]``: run in every task of a step; builds
   the task's TF_CONFIG from Slurm's variables (SLURM_JOB_ID, SLURM_PROCID, SLURMD_NODENAME)
-  and the batch script's, sends the task's output to its log in the run dir, and execs the
-  job with TF_CONFIG in its environment (never on a command line).
+  and the batch script's, notes where it runs (node, address, pid) in the run dir for the
+  launcher, sends the task's output to its log in the run dir, and execs the job with
+  TF_CONFIG in its environment (never on a command line).
 
-Errors are one line on stderr (which srun passes to the batch output) and exit status 2.
+Errors are one line on stderr (srun passes it to the step's stderr file in the run dir) and
+exit status 2.
 """
 
 from __future__ import annotations
@@ -17,16 +19,18 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.contract import ATTEMPT, EVALUATOR, LOGS_SUBDIR, RUN_DIR, SLURM_LAYOUT, SLURM_NODES, TF_CONFIG, task_slug, task_variables
 from launcher.errors import TflError
+from launcher.logstream import attempt_banner
+from launcher.slurm.batch import EVALUATOR_ROLE, TRAINING_ROLE, RunFiles, TaskInfo, write_task_info
 from launcher.slurm.errors import SlurmError, SlurmLayoutError
 from launcher.slurm.nodes import (
     EVALUATOR_SLOT,
-    LAYOUT_ENV,
-    NODES_ENV,
     format_nodes,
     host_port,
     nodes_in_order,
@@ -42,7 +46,7 @@ from launcher.slurm.nodes import (
     training_slots,
 )
 
-ROLES = ("training", "evaluator")
+ROLES = (TRAINING_ROLE, EVALUATOR_ROLE)
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,8 @@ class TaskStart:
     argv: tuple[str, ...]
     env: dict[str, str]
     log_path: str
+    run_dir: str
+    attempt: int
 
 
 def _need(environ: Mapping[str, str], name: str) -> str:
@@ -77,13 +83,13 @@ def task_start(role: str, job: str, job_args: Sequence[str], environ: Mapping[st
     if role not in ROLES:
         raise SlurmError(f"unknown role '{role}'; use one of {', '.join(ROLES)}")
     job_id = _number(environ, "SLURM_JOB_ID")
-    nodes = parse_nodes(_need(environ, NODES_ENV))
-    counts = parse_tasks_per_node(_need(environ, LAYOUT_ENV))
+    nodes = parse_nodes(_need(environ, SLURM_NODES))
+    counts = parse_tasks_per_node(_need(environ, SLURM_LAYOUT))
     node_name = _need(environ, "SLURMD_NODENAME")
     here = next((n for n in nodes if n.name == node_name), None)
     if here is None:
         raise SlurmLayoutError(f"this task runs on {node_name}, which is not among the job's nodes ({format_nodes(nodes)})")
-    if role == "training":
+    if role == TRAINING_ROLE:
         task_type, index = task_of_rank(_number(environ, "SLURM_PROCID"))
         placed = training_layout(nodes, counts)
         rank = rank_of_task(task_type, index)
@@ -93,13 +99,17 @@ def task_start(role: str, job: str, job_args: Sequence[str], environ: Mapping[st
                                    "start the training step with --distribution=block over every node of the job")
         port = slot_port(job_id, training_slots(placed)[rank])
     else:
-        task_type, index, port = "evaluator", 0, slot_port(job_id, EVALUATOR_SLOT)
+        task_type, index, port = EVALUATOR, 0, slot_port(job_id, EVALUATOR_SLOT)
     config = slurm_tf_config(job_id, nodes, counts, task_type, index, evaluator_node=here)
-    run_dir = _need(environ, "TFL_RUN_DIR")
-    task, slug = f"{task_type}:{index}", f"{task_type}-{index}"
-    env = {**environ, "TF_CONFIG": json.dumps(config, separators=(",", ":")), "TFL_TASK": task,
-           "TFL_PROGRESS_FILE": f"{run_dir}/progress/{slug}.json", "TFL_ATTEMPT": environ.get("TFL_ATTEMPT", "0")}
-    return TaskStart(task, node_name, here.addr, port, (python, "-u", job, *job_args), env, f"{run_dir}/logs/{slug}.log")
+    run_dir = _need(environ, RUN_DIR)
+    attempt = environ.get(ATTEMPT, "0")
+    if not attempt.isdigit():
+        raise SlurmLayoutError(f"{ATTEMPT}={attempt!r} is not a number; it is set by tfl's batch script")
+    env = {**environ, TF_CONFIG: json.dumps(config, separators=(",", ":")),
+           **task_variables(task_type, index, run_dir, int(attempt))}
+    log_path = f"{run_dir}/{LOGS_SUBDIR}/{task_slug(task_type, index)}.log"
+    return TaskStart(f"{task_type}:{index}", node_name, here.addr, port, (python, "-u", job, *job_args), env, log_path,
+                     run_dir, int(attempt))
 
 
 def resolve_nodes(environ: Mapping[str, str]) -> str:
@@ -131,10 +141,25 @@ def _check_port_free(start: TaskStart) -> None:
                              "job on this node may use it (ports follow the job id, see launcher/slurm/nodes.py)") from None
 
 
+def _record(start: TaskStart, environ: Mapping[str, str]) -> None:
+    """Where this task runs, for the launcher (``RunFiles.task_info``): the pid stays the job's after exec."""
+    task_type, _, index = start.task.partition(":")
+    info = TaskInfo(task=start.task, node=start.node, addr=start.host, port=start.port, pid=os.getpid(),
+                    attempt=start.attempt, step=f"{environ.get('SLURM_JOB_ID')}.{environ.get('SLURM_STEP_ID')}",
+                    time=time.time())
+    try:
+        write_task_info(RunFiles(start.run_dir), task_slug(task_type, int(index)), info)
+    except OSError as exc:
+        raise SlurmError(f"{start.task} on {start.node}: cannot write to the run dir {start.run_dir} ({exc.strerror}); "
+                         "it must lie on storage every node shares (set TFL_HOME there)") from None
+
+
 def _exec(start: TaskStart) -> None:
     log = Path(start.log_path)
     log.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    if start.attempt:
+        os.write(fd, attempt_banner(start.task, start.attempt).encode())
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(fd, 1)
@@ -155,6 +180,7 @@ def main(argv: Sequence[str]) -> int:
             raise SlurmError("usage: python -m launcher.slurm.task {nodes | training JOB [ARGS] | evaluator JOB [ARGS]}")
         start = task_start(argv[0], argv[1], argv[2:], os.environ, sys.executable)
         _check_port_free(start)
+        _record(start, os.environ)
         _exec(start)
     except TflError as exc:
         print(f"tfl: error: {exc}", file=sys.stderr)

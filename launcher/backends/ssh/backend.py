@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +31,7 @@ from launcher.checks import Check, HostTasks
 from launcher.contract import ATTEMPT, PROGRESS_FILE
 from launcher.files import open_private, write_atomic
 from launcher.hosts import SSHTarget
+from launcher.logstream import attempt_banner
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.runstore import RunRecord
 
@@ -128,7 +128,7 @@ class RemoteTask:
         self._send_lock = threading.Lock()
         self._log = open_private(launch.log_path)
         if attempt:
-            self._write(f"--- tfl: attempt {attempt} of {launch.name} at {time.strftime('%H:%M:%S')} ---\n".encode())
+            self._write(attempt_banner(launch.name, attempt).encode())
         threading.Thread(target=self._read, name=f"ssh-{launch.name}", daemon=True).start()
 
     def send(self, message: dict[str, Any]) -> None:

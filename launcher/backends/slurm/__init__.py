@@ -1,0 +1,1 @@
+"""The Slurm backend: a run as one Slurm job (see backend.py)."""

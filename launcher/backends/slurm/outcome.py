@@ -1,0 +1,127 @@
+"""How each task of a Slurm run ended, from what the run left in its run dir and Slurm's
+word on the job. Pure: the backend reads the files and asks Slurm, this module decides.
+
+Slurm keeps no exit code per task without accounting, but the batch script notes how each
+step ended (``launcher.slurm.batch``: the events file) and keeps srun's stderr, whose
+``srun: error: n2: task 1: Exited with exit code 3`` lines name the task that ended the
+step. With ``--kill-on-bad-exit`` srun then ends the others and reports them too
+("Terminated"); those were *stopped because of it*, as in a local run, so only the root
+cause's tasks get an exit code here. When the whole job ended under the tasks (a node
+failure, the time limit, a cancellation outside tfl, the batch script failing before
+training) the chief takes the failure, or the first task on the failed node, with one line
+that says what happened (``Outcome.ended_by``).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from launcher.slurm.batch import StepEvents
+from launcher.slurm.jobstate import SrunTaskFailure, parse_srun_failures, root_cause
+
+# srun names a signalled task by strsignal(): "Killed", "Terminated", "Segmentation fault"...
+_SIGNAL_WORDS = {signal.strsignal(s) or s.name: -int(s) for s in signal.Signals}
+_NODE_FAILURE = re.compile(r"srun: error: Node failure on (\S+)")
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """The whole unit has ended: a submitted job is in a terminal state (or Slurm forgot it),
+    or the batch script tfl ran inside an allocation has exited."""
+
+    job_id: str
+    state: str  # Slurm's (COMPLETED, FAILED, CANCELLED, NODE_FAIL, TIMEOUT...), UNKNOWN, or EXITED (the script)
+    exit_code: int | None
+    by_tfl: bool  # tfl stopped it (the supervisor's teardown, tfl stop)
+    allocation: bool = False
+    batch_tail: str = ""  # the last line of the batch script's output
+
+
+@dataclass(frozen=True)
+class Outcome:
+    code: int  # as poll() reports it: 0, the exit status, or -signal
+    ended_by: str | None = None  # why, when the code does not say
+
+
+def failure_code(failure: SrunTaskFailure) -> int:
+    if failure.exit_code is not None:
+        return failure.exit_code
+    return _SIGNAL_WORDS.get(failure.what, 1)
+
+
+def failed_node(srun_err: str) -> str | None:
+    match = _NODE_FAILURE.search(srun_err)
+    return match[1] if match else None
+
+
+def training_outcome(rank: int, attempt: int, events: StepEvents, srun_err: str, end: JobEnd | None,
+                     nodes: Mapping[int, str], *, job_id: str, stopped: bool = False) -> Outcome | None:
+    """The training task of ``rank`` in ``attempt``: its outcome, or None while it runs (or
+    when srun stopped it because another task failed: see ``training_alive``).
+    ``srun_err``: the attempt's srun stderr; ``nodes``: each rank's node, where known;
+    ``stopped``: tfl has stopped the job (then a failed step is tfl's doing)."""
+    status = events.exits.get(attempt)
+    if status == 0:
+        return Outcome(0)
+    if status is None and end is None:
+        return None
+    if stopped or (end is not None and end.by_tfl):
+        return Outcome(-signal.SIGTERM)
+    node = failed_node(srun_err)
+    if node is not None or (end is not None and end.state == "NODE_FAIL"):
+        victim = next((r for r, n in sorted(nodes.items()) if n == node), 0)
+        return Outcome(status or 1, node_failure(job_id, node)) if rank == victim else None
+    if status is not None:
+        cause = root_cause(parse_srun_failures(srun_err))
+        if cause is None:  # srun failed without naming a task (e.g. it could not start the step)
+            return Outcome(status, f"the training step ended with status {status}: {_last_line(srun_err)}") if rank == 0 else None
+        return Outcome(failure_code(cause)) if rank in cause.ranks else None
+    assert end is not None
+    return Outcome(end.exit_code or 1, describe_end(end)) if rank == 0 else None
+
+
+def node_failure(job_id: str, node: str | None) -> str:
+    return f"node {node or '(unknown)'} failed: Slurm ended job {job_id} (NODE_FAIL); `sinfo -R` says why"
+
+
+def training_alive(attempt: int, events: StepEvents, end: JobEnd | None) -> bool:
+    """Whether a training task of ``attempt`` may still run (also while the job is pending)."""
+    return attempt not in events.exits and end is None
+
+
+def evaluator_outcome(events: StepEvents, end: JobEnd | None) -> Outcome | None:
+    """The evaluator's outcome; None while it runs, or once the script or tfl stopped it."""
+    if events.evaluator_exit is not None and not events.evaluator_stopping:
+        return Outcome(events.evaluator_exit)
+    if end is not None and end.by_tfl and events.evaluator_exit is None:
+        return Outcome(-signal.SIGTERM)
+    return None
+
+
+def evaluator_alive(events: StepEvents, end: JobEnd | None) -> bool:
+    return events.evaluator_exit is None and end is None
+
+
+def describe_end(end: JobEnd) -> str:
+    """One line: how the job ended under its tasks, and what to do about it."""
+    job = f"allocation {end.job_id}" if end.allocation else f"Slurm job {end.job_id}"
+    if end.state == "NODE_FAIL":
+        return node_failure(end.job_id, None)
+    if end.state == "CANCELLED":
+        return f"{job} was cancelled outside tfl (scancel)"
+    if end.state == "TIMEOUT":
+        return f"{job} reached its time limit (TIMEOUT); give the slurm block a longer \"time\""
+    if end.state == "UNKNOWN":
+        return f"Slurm no longer knows job {end.job_id}: it ended unseen (MinJobAge passed)"
+    if end.state in ("COMPLETED", "FAILED", "EXITED"):
+        code = "" if end.exit_code is None else f" with status {end.exit_code}"
+        return f"tfl's batch script for {job} ended{code} before training did: {end.batch_tail or 'no output'}"
+    return f"Slurm ended job {end.job_id}: {end.state}"
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else "no output"

@@ -1,0 +1,86 @@
+"""A Slurm run's plan: the tasks Slurm will place, and the batch script that places them.
+
+Built once, like every plan (``launcher.plan.build_plan`` hands a ``slurm`` description
+here). The tasks are known before the job exists (chief:0, worker:0.., evaluator:0); their
+nodes and ports are not: Slurm picks the nodes, the task driver builds each TF_CONFIG once
+the job runs (``launcher.slurm.nodes``). So a task's host is ``slurm`` until the run's
+record names its node, and its argv is the driver's. The restart policy goes into the
+script (``--max-restarts``: the script relaunches the training group), so the options it
+cannot carry are refused here, in one line.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING
+
+from launcher.contract import EVALUATOR, LOGS_SUBDIR, PROGRESS_SUBDIR, task_variables
+from launcher.errors import UsageError
+from launcher.plan import LaunchPlan, TaskLaunch
+from launcher.slurm.batch import EVALUATOR_ROLE, TRAINING_ROLE, RunFiles, SlurmJobPlan
+from launcher.slurm.script import BatchJob, batch_env, driver_argv, evaluator_srun, render_batch_script, sbatch_command, training_srun
+from launcher.slurm.settings import AllocationSpec, SlurmClusterSpec
+from launcher.tasks import TaskId, task_ids
+
+if TYPE_CHECKING:
+    from launcher.supervisor import SupervisorConfig
+
+SLURM_HOST = "slurm"  # a task's host until its node is known
+
+
+def refuse_unsupported(config: SupervisorConfig) -> None:
+    """The supervisor options a batch script cannot honour."""
+    if config.retry_on != "any":
+        raise UsageError("--retry-on preemption: on Slurm the batch script restarts the training group after any failure "
+                         "(srun reports 143 for every task it ended, so a preemption cannot be told apart); drop the option")
+    if config.stall_timeout:
+        raise UsageError("--stall-timeout is not supported on Slurm (a job may pend for any time before its tasks run); "
+                         "bound the run with the slurm block's \"time\" instead")
+
+
+def build_slurm_plan(spec: SlurmClusterSpec, job: str, job_args: tuple[str, ...], *, run_id: str, run_dir: str,
+                     python: str, cwd: str, virtual_devices: int | None, config: SupervisorConfig) -> LaunchPlan:
+    """What would run: every task, and the batch script with its sbatch command (pure)."""
+    refuse_unsupported(config)
+    allocation = spec.job_id if isinstance(spec, AllocationSpec) else None
+    batch = BatchJob(settings=spec.slurm, job=job, job_args=job_args, run_id=run_id, run_dir=run_dir, env=spec.env,
+                     python=python, cwd=cwd, max_restarts=config.max_restarts, grace_period=config.grace_period,
+                     evaluator_timeout=config.evaluator_timeout, virtual_devices=virtual_devices,
+                     allocation=allocation is not None)
+    counts = {"chief": 1, "worker": spec.slurm.training_tasks - 1, EVALUATOR: int(spec.slurm.evaluator)}
+    tasks = tuple(_task(batch, task) for task in task_ids(counts))
+    steps = [(TRAINING_ROLE, shlex.join(training_srun(batch)))]
+    if spec.slurm.evaluator:
+        steps.append((EVALUATOR, shlex.join(evaluator_srun(batch))))
+    slurm = SlurmJobPlan(script=render_batch_script(batch), sbatch=() if allocation else tuple(sbatch_command(batch)),
+                         job_name=batch.job_name, allocation=allocation,
+                         test_only=() if allocation else tuple(sbatch_command(batch, "--test-only")), steps=tuple(steps),
+                         max_restarts=config.max_restarts)
+    return LaunchPlan(run_id=run_id, run_dir=run_dir, job=job, job_args=job_args, tasks=tasks, slurm=slurm)
+
+
+def _task(batch: BatchJob, task: TaskId) -> TaskLaunch:
+    env = {**batch_env(batch), **task_variables(task.type, task.index, batch.run_dir)}
+    role = EVALUATOR_ROLE if task.type == EVALUATOR else TRAINING_ROLE
+    return TaskLaunch(task=task, host=SLURM_HOST, port=0, argv=tuple(driver_argv(batch, role)), env=env, cwd=batch.cwd,
+                      log_path=f"{batch.run_dir}/{LOGS_SUBDIR}/{task.slug}.log",
+                      progress_path=f"{batch.run_dir}/{PROGRESS_SUBDIR}/{task.slug}.json")
+
+
+def render_slurm_plan(plan: LaunchPlan) -> str:
+    """``--dry-run`` (and ``tfl validate``): the tasks, the srun lines and the whole batch script."""
+    assert plan.slurm is not None
+    slurm, files = plan.slurm, RunFiles(plan.run_dir)
+    how = (f"run inside allocation {slurm.allocation}: bash {files.script}" if slurm.allocation
+           else f"submitted: {shlex.join([*slurm.sbatch, files.script])}")
+    lines = [f"run {plan.run_id}", f"  dir: {plan.run_dir} (on storage every node shares)",
+             f"  job: {shlex.join([plan.job, *plan.job_args])}", f"  slurm: {how}", "", "tasks:"]
+    rank = 0
+    for t in plan.tasks:
+        where = "a step of its own" if t.task.type == EVALUATOR else f"rank {rank} of the training step"
+        rank += t.task.is_training
+        lines.append(f"  {t.name}  {where}; log {t.log_path}")
+    lines += ["  (each task's TF_CONFIG is built when it starts, from Slurm's node order and NodeAddr)", "", "srun lines:"]
+    lines += [f"  {role}: {line}" for role, line in slurm.steps]
+    lines += ["", f"batch script ({files.script}):", *(f"  {line}" for line in slurm.script.splitlines())]
+    return "\n".join(lines)
