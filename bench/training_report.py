@@ -155,6 +155,7 @@ def _notes(cfg: Config, runs: TrainingRuns) -> list[str]:
     if cfg.quick:
         return ["Quick mode: the rounds ran the TF-free stand-in (bench/jobs/fake_train.py) for every kind; its numbers "
                 "only show that the section's code works."]
+    chosen = sorted({int(line.split("; ", 1)[-1].split(" steps per call")[0]) for line in runs.chosen_spe})
     return [
         f"Data: Fashion-MNIST from Debian's dataset-fashion-mnist (60,000 training images). Model: jobs/mnist.py's MLP "
         f"(784-256-256-10, Adam 1e-3), global batch {GLOBAL_BATCH} (per-replica {GLOBAL_BATCH} / N), "
@@ -162,18 +163,51 @@ def _notes(cfg: Config, runs: TrainingRuns) -> list[str]:
         "The hand-written script (bench/jobs/handwritten_mnist.py) is plain tf_keras with the same model, data, input "
         "pipeline (uint8 arrays, cast per batch) and the same work per epoch: a checkpoint (CheckpointManager), "
         "TensorBoard epoch summaries and a BackupAndRestore backup, at 16 steps per call (issue 14's best of 1–20). "
-        "The kit chose its steps per call from the measured step time: "
-        + ("; ".join(sorted(set(line.split("; ", 1)[-1].split(" steps per call")[0] for line in runs.chosen_spe)))
-           or "—") + " steps per call in the kit's runs.",
-        "Where the time of 2 workers goes (profiled with the kit's own switches): every step all-reduces the "
-        "gradients (one pack: CommunicationOptions' default bytes_per_pack=0 already puts them in one all-reduce), "
-        "and keras' stock step also reads every metric, which all-reduces its two variables (4 more per step for "
-        "loss and accuracy); each call of the train function adds its host-side cost. 'Before' pays all of it on "
-        "every step; the kit reads the metrics once per call and runs many steps per call.",
+        f"The kit chose its steps per call from the measured step time: {', '.join(map(str, chosen)) or '—'} in its runs "
+        "(the measured step time follows the machine's load).",
+        _speed_note(runs),
+        "Where the time of 2 workers goes: the table above, from bench/jobs/mwms_profile.py. Every step all-reduces "
+        "the gradients (one pack: CommunicationOptions' default bytes_per_pack=0 already puts them all in one "
+        "all-reduce, so packing has nothing left to merge), and keras' stock step also reads every metric, which "
+        "all-reduces its two variables; each call of the train function adds its host-side cost. The kit reads the "
+        "metrics once per call and runs many steps per call; what remains is the gradients' all-reduce" + _remains(runs),
         f"**This machine has {os.cpu_count()} cores**, shared with other work while this ran (see the load figures): "
         "2 workers share the cores a single process has alone, so 2 workers / 1 process shows the cost of "
         "MultiWorkerMirroredStrategy on one small machine, not a speed-up.",
+        _accuracy_note(runs),
         "Fidelity in float32 is reported, not judged: 2 workers sum each gradient in another order than one process, "
         "the last bits differ, and training magnifies that. One process against itself with oneDNN off and on (another "
         "summation order) was 3.8e-4 apart after 300 steps, the same size; in float64 the two agree.",
     ]
+
+
+def _remains(runs: TrainingRuns) -> str:
+    if not runs.profile:
+        return "."
+    grad_ms = runs.profile["gradient_all_reduce_s"] * 1000
+    step_ms = 1000 * GLOBAL_BATCH / Stats.of(runs.rate["kit"][1]).median
+    return (f": {grad_ms:.1f} ms over loopback gRPC on these cores, against {step_ms:.1f} ms for a whole 1-process step "
+            f"({grad_ms / step_ms:.1f}×).")
+
+
+def _speed_note(runs: TrainingRuns) -> str:
+    def median(kind: str, n: int) -> float:
+        return Stats.of(runs.rate[kind][n]).median
+
+    text = ("2 workers / 1 process is a ratio of two rates that both changed: ")
+    if "old" in runs.rate:
+        text += (f"since the kit before issue 14, 1 process went {median('old', 1):.0f} → {median('kit', 1):.0f} ex/s and "
+                 f"2 workers {median('old', 2):.0f} → {median('kit', 2):.0f} ex/s, so the ratio can fall while both "
+                 "sides got faster. ")
+    return text + ("Whole-process wall time adds TensorFlow's start-up and its teardown at exit, which varied by "
+                   "seconds from one process to the next under this load, whatever the job; over 3 epochs that "
+                   "variation outweighs the training.")
+
+
+def _accuracy_note(runs: TrainingRuns) -> str:
+    if runs.skipped or "float32" not in runs.accuracy:
+        return ""
+    f32, f64 = runs.test_accuracy["float32"], runs.test_accuracy.get("float64", {})
+    return (f"Test accuracy after the last epoch: float32 1 process {f32[1]:.4f}, 2 workers {f32[2]:.4f}; float64 (where "
+            f"the two runs are the same computation) {f64.get(1, float('nan')):.4f} and {f64.get(2, float('nan')):.4f}. "
+            "The float32 pair differ by where rounding led each run, not by what the kit does.")

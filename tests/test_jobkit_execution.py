@@ -33,12 +33,14 @@ def test_steps_per_execution_keeps_a_call_near_the_target() -> None:
     assert choose_steps_per_execution(1e-6, steps_per_epoch=40, backup_every_steps=None) == 40
 
 
-def test_steps_per_execution_divides_the_backup_interval() -> None:
-    # Backups land only at the end of a call, so a call must end on every backup step.
-    assert choose_steps_per_execution(0.002, steps_per_epoch=468, backup_every_steps=150) == 75
-    assert choose_steps_per_execution(0.002, steps_per_epoch=468, backup_every_steps=97) == 97
-    assert choose_steps_per_execution(0.002, steps_per_epoch=468, backup_every_steps=101) == 1  # a prime above the ideal
+def test_steps_per_execution_divides_the_backup_interval_and_the_epoch() -> None:
+    # Backups land only at the end of a call, so a call must end on every backup step, in
+    # every epoch: the value divides both (calls start afresh at each epoch).
+    assert choose_steps_per_execution(0.002, steps_per_epoch=500, backup_every_steps=150) == 50
+    assert choose_steps_per_execution(0.002, steps_per_epoch=468, backup_every_steps=150) == 6
+    assert choose_steps_per_execution(0.002, steps_per_epoch=468, backup_every_steps=97) == 1
     assert choose_steps_per_execution(0.01, steps_per_epoch=None, backup_every_steps=10) == 10
+    assert choose_steps_per_execution(0.0001, steps_per_epoch=60, backup_every_steps=10) == 10
 
 
 def test_largest_divisor_and_bad_measures() -> None:

@@ -159,6 +159,21 @@ def test_importing_the_kit_does_not_load_tensorflow() -> None:
     assert out.stdout.split() == ["None", "1"]
 
 
+TF_FREE = ("args", "context", "datasets", "devices", "execution", "finish", "layout", "progress", "reuters")
+
+
+def test_the_kits_tensorflow_free_modules_import_without_effects() -> None:
+    """Each of them: no TensorFlow (nor tf_keras) loaded, no environment variable written, no output."""
+    code = ("import importlib, os, sys; before = dict(os.environ); "
+            f"[importlib.import_module('launcher.jobkit.' + m) for m in {TF_FREE!r}]; "
+            "loaded = sorted(m for m in ('tensorflow', 'tf_keras', 'keras') if m in sys.modules); "
+            "changed = sorted(k for k in set(os.environ) | set(before) if os.environ.get(k) != before.get(k)); "
+            "print(loaded, changed)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin"})
+    assert out.stdout == "[] []\n" and out.stderr == ""
+
+
 def test_select_tf_keras_after_tensorflow_is_refused() -> None:
     code = "import tensorflow, launcher.jobkit as k; k.select_tf_keras()"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})

@@ -149,3 +149,61 @@ def test_linear_scaling_warms_up_from_the_one_replica_rate() -> None:
     assert [float(schedule(step)) for step in (0, 1, 5, 50)] == pytest.approx([1e-3, 1.6e-3, 4e-3, 4e-3])
     assert learning_rate(1e-3, FourReplicas(), scaling="linear") == pytest.approx(4e-3)
     assert learning_rate(1e-3, FourReplicas()) == 1e-3
+
+
+def test_a_custom_train_step_runs_several_steps_per_call_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """keras' own train function then; built so that it follows later changes of steps per call."""
+    import tf_keras as keras
+
+    class Custom(keras.Sequential):  # type: ignore[misc]
+        def train_step(self, data: Any) -> Any:
+            return super().train_step(data)
+
+    model = Custom([keras.Input(shape=(4,)), keras.layers.Dense(3)])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    jobkit.fit(model, batches(), context=context(tmp_path), model_dir=tmp_path / "model", epochs=1,
+               global_batch_size=BATCH, steps_per_epoch=12, steps_per_execution=3)
+    train = [r for r in records(tmp_path) if r["phase"] == "train"]
+    assert [(r["step"], r["global_step"]) for r in train] == [(3, 3), (6, 6), (9, 9), (12, 12), (12, 12)]
+    assert "steps per call of the train function: 3 (keras' train function)" in capsys.readouterr().out
+
+
+def test_the_chosen_steps_per_call_keep_backups_every_n_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Chosen after 35 one-step calls, it divides the backup interval and the epoch, and takes
+    effect on a multiple of itself: every backup still falls on a multiple of 10 steps."""
+    import re
+
+    from launcher.jobkit.backup import StepBackup
+
+    backed_up: list[int] = []
+    original = StepBackup._backup
+
+    def spy(self: StepBackup, epoch: int, batch: int = 0) -> None:
+        backed_up.append(epoch * 60 + batch + 1)
+        original(self, epoch=epoch, batch=batch)
+
+    monkeypatch.setattr(StepBackup, "_backup", spy)
+    jobkit.fit(build(), batches(), context=context(tmp_path), model_dir=tmp_path / "model", epochs=2,
+               global_batch_size=BATCH, steps_per_epoch=60, backup_every_steps=10)
+    chosen = int(re.search(r"; (\d+) steps per call", capsys.readouterr().out)[1])  # type: ignore[index]
+    assert chosen > 1 and 10 % chosen == 0
+    assert backed_up == list(range(10, 121, 10))
+    late = [r["step"] for r in records(tmp_path) if r["phase"] == "train" and r["epoch"] == 2]
+    assert late and all(step % chosen == 0 for step in late), late
+
+
+def test_examples_per_sec_leave_out_the_time_of_callbacks(tmp_path: Path) -> None:
+    """A callback that takes 50 ms per call (a backup, say) does not count: the rate is the train function's.
+    (The second epoch's: the first one's includes tracing the function.)"""
+    import time
+
+    import tf_keras as keras
+
+    slow = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: time.sleep(0.05))
+    jobkit.fit(build(), batches(), context=context(tmp_path), model_dir=tmp_path / "model", epochs=2,
+               global_batch_size=BATCH, steps_per_epoch=12, steps_per_execution=1, callbacks=[slow])
+    done = records(tmp_path)[-1]
+    with_callbacks = 12 * BATCH / (12 * 0.05)  # what the whole epoch's time would give, at best
+    assert done["phase"] == "done" and done["examples_per_sec"] > 3 * with_callbacks, done

@@ -26,9 +26,10 @@ def choose_steps_per_execution(step_s: float, *, steps_per_epoch: int | None, ba
                                limit: int = MAX_STEPS_PER_EXECUTION) -> int:
     """Steps per call so that one call takes about `target_s`, given the measured `step_s`.
 
-    With backups every N steps it divides N, so every backup falls at the end of a call
-    (keras runs callbacks only there). Otherwise it prefers a divisor of the epoch, so
-    no epoch ends with a short call, unless the best divisor is less than half the ideal.
+    With backups every N steps it divides N and the epoch, so every call starts on a
+    multiple of itself and every backup falls at the end of a call (keras runs callbacks
+    only there). Otherwise it prefers a divisor of the epoch, so no epoch ends with a
+    short call, unless the best divisor is less than half the ideal.
     """
     if step_s <= 0 or math.isnan(step_s):
         raise JobKitError(f"measured step time is {step_s!r}; expected a positive number of seconds")
@@ -36,7 +37,8 @@ def choose_steps_per_execution(step_s: float, *, steps_per_epoch: int | None, ba
     if steps_per_epoch is not None:
         ideal = min(ideal, steps_per_epoch)
     if backup_every_steps is not None:
-        return largest_divisor_at_most(backup_every_steps, ideal)
+        unit = math.gcd(backup_every_steps, steps_per_epoch) if steps_per_epoch else backup_every_steps
+        return largest_divisor_at_most(unit, ideal)
     if steps_per_epoch is None:
         return ideal
     divisor = largest_divisor_at_most(steps_per_epoch, ideal)

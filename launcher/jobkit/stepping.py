@@ -92,7 +92,9 @@ class AutoStepsPerExecution(keras.callbacks.Callback):  # type: ignore[misc]  # 
 
     The median call: on a shared machine other work stretches some calls, never shortens
     them. It decides after a fixed number of calls, so every worker of a group decides at
-    the same point; `agree` makes them take the same value (the chief's).
+    the same point; `agree` makes them take the same value (the chief's). The value takes
+    effect after a step of the epoch that is a multiple of it, so that calls start on
+    multiples of it (backups every N steps fall at the end of a call; see `execution`).
     """
 
     def __init__(self, clock: StepClock, *, backup_every_steps: int | None, agree: Callable[[int], int]) -> None:
@@ -103,12 +105,16 @@ class AutoStepsPerExecution(keras.callbacks.Callback):  # type: ignore[misc]  # 
         self._agree = agree
         self._samples: list[float] = []  # seconds per step of each measured call
         self.chosen: int | None = None
+        self._applied = False
 
     def _implements_train_batch_hooks(self) -> bool:
-        return self.chosen is None
+        return not self._applied
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.chosen is not None:
+            if not self._applied and (int(batch) + 1) % self.chosen == 0:
+                self.model.steps_per_execution.assign(self.chosen)
+                self._applied = True
             return
         if self._clock.calls <= WARMUP_CALLS:
             return
@@ -120,10 +126,10 @@ class AutoStepsPerExecution(keras.callbacks.Callback):  # type: ignore[misc]  # 
         mine = choose_steps_per_execution(step_s, steps_per_epoch=self.params.get("steps"),
                                           backup_every_steps=self._backup_every_steps)
         self.chosen = self._agree(mine)
-        self.model.steps_per_execution.assign(self.chosen)
         print(f"jobkit: {step_s * 1000:.2f} ms per step (median of {len(self._samples)} steps); "
-              f"{self.chosen} steps per call of the train function from now on "
+              f"{self.chosen} steps per call of the train function from the next step that is a multiple of it "
               "(progress is recorded once per call)", flush=True)
+        self.on_train_batch_end(batch, logs)
 
 
 def chief_decides(strategy: tf.distribute.Strategy, is_chief: bool) -> Callable[[int], int]:

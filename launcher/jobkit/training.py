@@ -106,6 +106,10 @@ def _steps_per_execution(model: keras.Model, fixed: int | None, clock: StepClock
     """Set steps_per_execution, or return the callback that will choose it."""
     compiled = int(model.steps_per_execution.numpy())
     auto = fixed is None and compiled == 1 and not model.autotune_steps_per_execution
+    if fixed is not None and backup_every_steps is not None and backup_every_steps % fixed:
+        print(f"jobkit: {fixed} steps per call do not divide the backup interval ({backup_every_steps} steps): "
+              "backups happen at the end of the call that passes it, up to "
+              f"{fixed - 1} steps late", flush=True)
     if not model.autotune_steps_per_execution:
         model.steps_per_execution.assign(fixed or compiled)
         how = install_train_function(model)
