@@ -143,7 +143,7 @@ def test_mnist_on_two_nodes_with_an_evaluator_survives_a_killed_task(
     assert "MultiWorkerMirroredStrategy replicas=2" in second
     evaluator = (logs / "evaluator-0.log").read_text()
     assert "eval checkpoint=" in evaluator and evaluator.count("jobkit: task=evaluator:0") == 1  # not restarted
-    assert list((run / "model" / "eval").rglob("events.out.tfevents*"))
+    assert list((run / "model" / "tensorboard" / "eval").rglob("events.out.tfevents*"))
     for task in ("chief:0", "worker:0", "evaluator:0"):  # streamed to the console with the usual prefixes
         assert re.search(rf"^\[{task}\] +", out, re.M), task
     view = status(env, run.name)

@@ -122,7 +122,7 @@ def test_an_evaluator_on_the_workers_host_evaluates_the_chiefs_checkpoints(
     run = only_run(tfl_home)
     evaluated = (tfl_home / "runs" / run / "logs" / "evaluator-0.log").read_text()
     assert "eval checkpoint=ckpt-2" in evaluated, evaluated[-2000:]
-    assert list((shared / run / "model" / "eval").rglob("events.out.tfevents*"))
+    assert list((shared / run / "model" / "tensorboard" / "eval").rglob("events.out.tfevents*"))
 
 
 @pytest.mark.parametrize("needs", ["restarts", "evaluator"])
