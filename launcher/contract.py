@@ -46,6 +46,13 @@ UNBUFFERED: Final = "PYTHONUNBUFFERED"  # "1": a task's output reaches its log l
 SLURM_NODES: Final = "TFL_SLURM_NODES"  # the job's nodes in Slurm's order: "n1=10.0.0.1,n2=10.0.0.2"
 SLURM_LAYOUT: Final = "TFL_SLURM_TRAINING_LAYOUT"  # training tasks per node, in Slurm's form: "2(x3),1"
 
+# --- preemption --------------------------------------------------------------------------
+# A training task that got a preemption notice (SIGTERM, or one tfl forwards), agreed on a
+# step with the others, saved the full training state there and left, exits with this code.
+# In 128-255 because Kubernetes' ExitCode restart policy retries only those; 128+42 is not
+# a signal anyone sends, so it is never mistaken for "killed by a signal" (143 = SIGTERM).
+PREEMPTED_EXIT_CODE: Final = 170
+
 
 # --- the progress record -----------------------------------------------------------------
 PHASES: Final = ("train", "eval", "done")
