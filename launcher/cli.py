@@ -125,8 +125,8 @@ def launch(
     from launcher import launch as core
     from launcher.hosts import RemoteOptions
     from launcher.plan import render_plan
+    from launcher.policy import SupervisorConfig
     from launcher.report import summary
-    from launcher.supervisor import SupervisorConfig
 
     if retry_on not in ("any", "preemption"):
         raise _fail(f"--retry-on {retry_on}: choose 'any' or 'preemption'")
@@ -156,7 +156,8 @@ def _description(cluster: Path | None, local: int | None, slurm: bool, evaluator
     """What a launch runs: a cluster file (hosts, or a `slurm` block), --local N, or the Slurm allocation it is in."""
     import os
 
-    from launcher.spec import load_description, local_cluster
+    from launcher.descriptions import load_description
+    from launcher.spec import local_cluster
 
     if sum((cluster is not None, local is not None, slurm)) != 1:
         raise _fail("give exactly one of --cluster FILE, --local N (e.g. --local 2) or --slurm (inside a Slurm allocation)")
@@ -208,8 +209,8 @@ def validate(file: Path = typer.Argument(..., help="cluster description (JSON)")
     """Check a cluster description; print its tasks (a slurm block: also its batch script) or the first problem with its fix."""
     import os
 
+    from launcher.descriptions import load_description
     from launcher.plan import describe
-    from launcher.spec import load_description
 
     spec = _core(lambda: load_description(file))
     lines, count = _core(lambda: describe(spec, str(_store().runs_dir), sys.executable, os.getcwd()))
