@@ -30,7 +30,6 @@ import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Callable
 
 from launcher.backends.base import Backend, GroupBackend, TaskProcess
@@ -38,32 +37,13 @@ from launcher.contract import PREEMPTED_EXIT_CODE
 from launcher.errors import LaunchError, StateWriteError
 from launcher.logstream import tail_lines
 from launcher.plan import LaunchPlan, TaskLaunch
+from launcher.policy import PREEMPTION_EXIT_CODES, SupervisorConfig
 from launcher.preemption import ended_state, preemption_reason, saved_note
 from launcher.runstore import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
 from launcher.states import RunState, TaskState
 from launcher.tasks import TaskId
 from launcher.teardown import teardown
 from launcher.waker import Waker
-
-# A SIGTERM from outside tfl that the task did not save on: --retry-on preemption retries it
-# (counted against --max-restarts); a task that saved exits PREEMPTED_EXIT_CODE instead.
-PREEMPTION_EXIT_CODES = frozenset({143, -signal.SIGTERM, PREEMPTED_EXIT_CODE})
-# Between a notice (SIGTERM) and SIGKILL: TensorFlow's agreement on a step and the save of a
-# checkpoint take seconds (docs/benchmarks.md); 30 s is also Kubernetes' default termination
-# grace and a spot VM's notice on GCE.
-DEFAULT_GRACE_S = 30.0
-
-
-@dataclass(frozen=True)
-class SupervisorConfig:
-    max_restarts: int = 0
-    retry_on: str = "any"  # "any": every failure; "preemption": only PREEMPTION_EXIT_CODES
-    grace_period: float = DEFAULT_GRACE_S
-    max_preemptions: int = 100  # restarts after a preemption, counted apart from max_restarts
-    poll_interval: float = 0.5  # an upper bound: local exits wake the supervisor at once
-    evaluator_timeout: float = 600.0
-    stall_timeout: float | None = None  # no progress from a training task for this long = failure
-    log_tail_lines: int = 20
 
 
 def progress_mtime(path: str) -> float | None:
