@@ -31,8 +31,9 @@ from typing import NoReturn
 from launcher.contract import PREEMPTED_EXIT_CODE
 from launcher.jobkit.context import TaskContext
 
-STALL_FLOOR_S = 4.0  # inside training: no progress for this long after a notice ends the task
-STALL_FACTOR = 3.0  # ... or for this many times the longest gap between calls seen so far
+STALL_FLOOR_S = 5.0  # inside training: no progress for this long after a notice ends the task,
+STALL_FACTOR = 3.0  # or for this many times the longest gap between calls seen so far,
+FIRST_CALLS_S = 60.0  # or, before two calls have ended (the first traces the function), this long
 
 
 class _Notice:
@@ -44,6 +45,7 @@ class _Notice:
         self.saving = False  # the agreed save has begun: never cut it short
         self.last_progress = time.monotonic()
         self.longest_gap = 0.0
+        self.steps = 0  # calls ended since training began
         self.installed = False
         self.lock = threading.Lock()
 
@@ -68,14 +70,16 @@ def training_begins() -> None:
     with _NOTICE.lock:
         _NOTICE.outside = None
         _NOTICE.last_progress = time.monotonic()
+        _NOTICE.steps = 0
 
 
 def step_done() -> None:
     """A call of the train function ended: the group is making progress."""
     now = time.monotonic()
     with _NOTICE.lock:
-        if _NOTICE.last_progress:
+        if _NOTICE.steps:  # not the first call's gap: it includes tracing the function
             _NOTICE.longest_gap = max(_NOTICE.longest_gap, now - _NOTICE.last_progress)
+        _NOTICE.steps += 1
         _NOTICE.last_progress = now
 
 
@@ -136,7 +140,7 @@ def _guard(at: float) -> None:
     """End the task if the group stops making progress before the agreed save begins."""
     while not _NOTICE.saving:
         with _NOTICE.lock:
-            limit = max(STALL_FLOOR_S, STALL_FACTOR * _NOTICE.longest_gap)
+            limit = max(STALL_FLOOR_S, STALL_FACTOR * _NOTICE.longest_gap) if _NOTICE.steps >= 2 else FIRST_CALLS_S
             idle = time.monotonic() - max(at, _NOTICE.last_progress)
         if _NOTICE.outside is not None:  # training ended meanwhile: nothing to save
             _act(at)
