@@ -11,8 +11,9 @@ same. They get up to ``grace_period`` to leave on their own before the usual tea
 the group restarts without counting against ``max_restarts``, up to ``max_preemptions``
 times (a run over that cap ends PREEMPTED, to be resumed). A task killed by a bare SIGTERM
 without saving stays a failure. A stop with ``notice`` (the launcher's own SIGTERM) ends
-the run PREEMPTED, unless ``tfl stop`` asked for it (``RunStore.stop_requested``). The evaluator never stops training: its failure is
-recorded; after training it gets ``evaluator_timeout`` to finish its last checkpoint.
+the run PREEMPTED, unless ``tfl stop`` asked for it (``RunStore.stop_requested``).
+
+The evaluator never stops training: its failure is recorded; after training it gets ``evaluator_timeout`` to finish its last checkpoint.
 
 A backend that runs the group as one unit of its own (``backends.base.GroupBackend``:
 Slurm's batch script) applies that same policy itself, built from the same options: after a
@@ -277,7 +278,9 @@ class Supervisor:
         if self._group is None and (self._may_restart_preempted() if preempted else self._may_restart(failure)):
             self._record_restart(failure, preempted)
             return True
-        if preempted and not self._stop_requested:
+        if preempted and self._stop_requested:  # a stop came during the agreement: it decides how the run ends
+            self._stop()
+        elif preempted:
             self._finish(RunState.PREEMPTED, PREEMPTED_EXIT_CODE,
                          f"{failure.task} on {failure.host} was {failure.reason}; no preemption restart left "
                          f"(--max-preemptions {self._config.max_preemptions})")
@@ -348,7 +351,8 @@ class Supervisor:
             task = self.record.task(proc.launch.name)
             if task.state == TaskState.RUNNING:
                 code = self._backend.poll(proc)
-                task.state, task.exit_code, task.ended = ended_state(code, state), code, self._wall()
+                task.state = TaskState.PREEMPTED if code == PREEMPTED_EXIT_CODE else state  # it saved on our notice
+                task.exit_code, task.ended = code, self._wall()
         self._save()
 
     # --- small helpers ------------------------------------------------------------------
