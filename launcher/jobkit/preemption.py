@@ -64,7 +64,7 @@ def preemption_handler(
     leave, the chief last, with PREEMPTED_EXIT_CODE). The notice is SIGTERM, as the kit
     sees it (`notice.py`); no grace-period countdown: every task saves at the end of the
     next call and goes. A custom loop calls `handler.run(train_step, ...)` for each step
-    and starts from `handler.total_run_calls` (see the README).
+    and starts its input where the restored checkpoint left it (`jobs/custom_loop.py`).
     """
     context = context or task_context(os.environ)
     exit_on_notice(context, "before training began")  # takes SIGTERM back if anything took it since
