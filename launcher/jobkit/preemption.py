@@ -39,6 +39,7 @@ import tf_keras as keras
 from launcher.contract import PREEMPTED_BARRIER, PREEMPTED_EXIT_CODE, ModelDirLayout, PreemptedRecord
 from launcher.jobkit import notice
 from launcher.jobkit.backup import StepBackup
+from launcher.jobkit.callbacks import ProgressCallback
 from launcher.jobkit.context import TaskContext, task_context
 from launcher.jobkit.layout import write_json_atomically
 from launcher.jobkit.notice import exit_on_notice, leave_now
@@ -115,10 +116,11 @@ def leave_preempted(context: TaskContext) -> NoReturn:
 class PreemptionCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]  # tf_keras is untyped
     """The agreed checkpoint on a notice, inside `jobkit.fit`; after `StepBackup` in the list."""
 
-    def __init__(self, context: TaskContext, backup: StepBackup, model_dir: Path) -> None:
+    def __init__(self, context: TaskContext, backup: StepBackup, model_dir: Path, progress: ProgressCallback) -> None:
         super().__init__()
         self._supports_tf_logs = True
         self._context, self._backup, self._layout = context, backup, ModelDirLayout(model_dir)
+        self._progress = progress
         self._handler: Any = None
         self._epoch = 0
         self._batch = -1
@@ -166,6 +168,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]  # t
         return int(self.model.optimizer.iterations.numpy())
 
     def _exit(self) -> NoReturn:
+        self._progress.preempted(self._batch + 1)  # phase "preempted" at the agreed step, on every task
         if self._context.is_chief:
             record = PreemptedRecord(
                 run_id=self._context.run_id, attempt=self._context.attempt, global_step=self._global_step(),
