@@ -51,7 +51,9 @@ def refusal(record: RunRecord) -> str | None:
     launcher = launcher_identity(record)
     if not record.state.is_terminal and launcher.elsewhere:
         return f"run {run}: its launcher runs on host {launcher.elsewhere}; resume it there once it has ended"
-    if not record.state.is_terminal and launcher.find() is not None:
+    if launcher.find() is not None:
+        if record.state.is_terminal:  # its last save and the hosts' clean-up are under way: it would overwrite the claim
+            return f"run {run} has ended but its launcher (pid {record.launcher_pid}) is still finishing: resume it in a moment"
         return (f"run {run} is still running (launcher pid {record.launcher_pid}): stop it first with "
                 f"`tfl stop {run}`, or follow it with `tfl logs {run} --follow`")
     live = backends.get(record.backend).inspect(record, ask=True)
