@@ -92,6 +92,9 @@ NODES = ("n1", "n2")
 CPUS_PER_NODE = 4
 GPUS_PER_NODE = 2  # fake ones (see fake_gpus); 0 when they cannot be made
 PARTITION = "debug"
+URGENT = "urgent"  # with preemption: a partition of a higher PriorityTier whose jobs preempt debug's
+PREEMPT_GRACE = 20
+REQUEUE_DELAY = 5  # a requeued job waits the credential lifetime (+1 s) before it may start again (120 s by default)  # GraceTime of the debug partition (seconds from the notice to SIGKILL)
 
 
 @dataclass
@@ -224,9 +227,15 @@ def fake_gpus(directory: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def slurm_conf(directory: Path, host: str, user: str, ctld_port: int, node_ports: dict[str, int], gpus: bool) -> str:
+def slurm_conf(directory: Path, host: str, user: str, ctld_port: int, node_ports: dict[str, int], gpus: bool,
+               preemption: bool = False) -> str:
     """The slurm.conf of the test cluster (see the module docstring for why each line)."""
     d = directory
+    partitions = [f"PartitionName={PARTITION} Nodes={','.join(node_ports)} Default=YES MaxTime=INFINITE State=UP"]
+    if preemption:
+        partitions[0] += f" PriorityTier=1 GraceTime={PREEMPT_GRACE}"
+        partitions.append(f"PartitionName={URGENT} Nodes={','.join(node_ports)} MaxTime=INFINITE State=UP "
+                          "PriorityTier=2 PreemptMode=OFF")
     gres = f"Gres=gpu:{GPUS_PER_NODE} " if gpus else ""
     nodes = [f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={p} CPUs={CPUS_PER_NODE} {gres}"
              "RealMemory=1000 State=UNKNOWN" for n, p in node_ports.items()]
@@ -259,13 +268,17 @@ def slurm_conf(directory: Path, host: str, user: str, ctld_port: int, node_ports
         f"SlurmdPidFile={d}/run/slurmd-%n.pid",
         f"SlurmctldLogFile={d}/log/slurmctld.log",
         f"SlurmdLogFile={d}/log/slurmd-%n.log",
+        *(["PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE", f"AuthInfo=cred_expire={REQUEUE_DELAY}"]
+          if preemption else []),
         *nodes,
-        f"PartitionName={PARTITION} Nodes={','.join(node_ports)} Default=YES MaxTime=INFINITE State=UP",
+        *partitions,
         "",
     ])
 
 
-def start_cluster(directory: Path) -> SlurmCluster:
+def start_cluster(directory: Path, preemption: bool = False) -> SlurmCluster:
+    """``preemption``: a second partition (URGENT) whose jobs preempt the default one's, which
+    are requeued (see the module docstring)."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     for sub in ("state", "run", "log", *(f"spool/{n}" for n in NODES)):
         (directory / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -275,7 +288,8 @@ def start_cluster(directory: Path) -> SlurmCluster:
     node_ports = dict(zip(NODES, ports, strict=True))
     gres = fake_gpus(directory)
     (directory / "gres.conf").write_text(gres)
-    conf.write_text(slurm_conf(directory, host, pwd.getpwuid(os.getuid()).pw_name, ctld_port, node_ports, bool(gres)))
+    conf.write_text(slurm_conf(directory, host, pwd.getpwuid(os.getuid()).pw_name, ctld_port, node_ports, bool(gres),
+                               preemption))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     cluster = SlurmCluster(directory, conf, env, host, ctld_port, node_ports, gpus_per_node=GPUS_PER_NODE if gres else 0)
     try:

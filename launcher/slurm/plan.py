@@ -5,8 +5,9 @@ here). The tasks are known before the job exists (chief:0, worker:0.., evaluator
 nodes and ports are not: Slurm picks the nodes, the task driver builds each TF_CONFIG once
 the job runs (``launcher.slurm.nodes``). So a task's host is ``slurm`` until the run's
 record names its node, and its argv is the driver's. The restart policy goes into the
-script (``--max-restarts``: the script relaunches the training group), so the options it
-cannot carry are refused here, in one line.
+script (``--max-restarts``, and ``--max-preemptions`` for groups that ended preempted: the
+script relaunches the training group), so the options it cannot carry are refused here, in
+one line.
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ from launcher.contract import EVALUATOR, LOGS_SUBDIR, PROGRESS_SUBDIR, task_vari
 from launcher.errors import UsageError
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.slurm.batch import EVALUATOR_ROLE, TRAINING_ROLE, RunFiles, SlurmJobPlan
-from launcher.slurm.script import BatchJob, batch_env, driver_argv, evaluator_srun, render_batch_script, sbatch_command, training_srun
+from launcher.slurm.script import (
+    DEFAULT_MAX_PREEMPTIONS,
+    BatchJob,
+    batch_env,
+    driver_argv,
+    evaluator_srun,
+    render_batch_script,
+    sbatch_command,
+    training_srun,
+)
 from launcher.slurm.settings import AllocationSpec, SlurmClusterSpec
 from launcher.tasks import TaskId, task_ids
 
@@ -38,13 +48,21 @@ def refuse_unsupported(config: SupervisorConfig) -> None:
                          "bound the run with the slurm block's \"time\" instead")
 
 
+def max_preemptions_of(config: SupervisorConfig) -> int:
+    """``--max-preemptions`` (its default where the supervisor's config has no such field yet)."""
+    value = getattr(config, "max_preemptions", DEFAULT_MAX_PREEMPTIONS)
+    return value if isinstance(value, int) else DEFAULT_MAX_PREEMPTIONS
+
+
 def build_slurm_plan(spec: SlurmClusterSpec, job: str, job_args: tuple[str, ...], *, run_id: str, run_dir: str,
                      python: str, cwd: str, virtual_devices: int | None, config: SupervisorConfig) -> LaunchPlan:
     """What would run: every task, and the batch script with its sbatch command (pure)."""
     refuse_unsupported(config)
     allocation = spec.job_id if isinstance(spec, AllocationSpec) else None
+    max_preemptions = max_preemptions_of(config)
     batch = BatchJob(settings=spec.slurm, job=job, job_args=job_args, run_id=run_id, run_dir=run_dir, env=spec.env,
-                     python=python, cwd=cwd, max_restarts=config.max_restarts, grace_period=config.grace_period,
+                     python=python, cwd=cwd, max_restarts=config.max_restarts, max_preemptions=max_preemptions,
+                     grace_period=config.grace_period,
                      evaluator_timeout=config.evaluator_timeout, virtual_devices=virtual_devices,
                      allocation=allocation is not None)
     counts = {"chief": 1, "worker": spec.slurm.training_tasks - 1, EVALUATOR: int(spec.slurm.evaluator)}
@@ -55,7 +73,8 @@ def build_slurm_plan(spec: SlurmClusterSpec, job: str, job_args: tuple[str, ...]
     slurm = SlurmJobPlan(script=render_batch_script(batch), sbatch=() if allocation else tuple(sbatch_command(batch)),
                          job_name=batch.job_name, allocation=allocation,
                          test_only=() if allocation else tuple(sbatch_command(batch, "--test-only")), steps=tuple(steps),
-                         max_restarts=config.max_restarts)
+                         max_restarts=config.max_restarts, max_preemptions=max_preemptions,
+                         requeue=spec.slurm.requeue and allocation is None)
     return LaunchPlan(run_id=run_id, run_dir=run_dir, job=job, job_args=job_args, tasks=tasks, slurm=slurm)
 
 

@@ -12,7 +12,8 @@ The protocol, honestly fitted to a whole-run backend (``base.GroupBackend``):
   driver has noted them.
 - ``signal``: a training task is signalled through its job, which stops the run (the script
   would otherwise start the group again); the evaluator through its own step.
-- ``restarted``: the script's policy, written into it from ``--max-restarts``.
+- ``restarted``: the script's policy, written into it from ``--max-restarts`` and
+  ``--max-preemptions`` (a step that ended preempted, 170, does not count as a failure).
 - ``inspect`` / ``stop_recorded`` / ``describe``: ``launcher.backends.slurm.recorded``.
 
 Logs and progress need nothing: the tasks write them into the run dir, on storage every node
@@ -30,7 +31,14 @@ from typing import Callable
 from launcher.backends.base import Cleanup, TaskLive, TaskProcess
 from launcher.backends.slurm import recorded
 from launcher.backends.slurm.job import SlurmJob, sbatch_message
-from launcher.backends.slurm.outcome import Outcome, evaluator_alive, evaluator_outcome, training_alive, training_outcome
+from launcher.backends.slurm.outcome import (
+    Outcome,
+    evaluator_alive,
+    evaluator_outcome,
+    preemption_counts,
+    training_alive,
+    training_outcome,
+)
 from launcher.checks import Check, HostTasks
 from launcher.errors import LaunchError
 from launcher.plan import LaunchPlan, TaskLaunch
@@ -157,8 +165,12 @@ class SlurmBackend:
         events = job.events()
         if attempt + 1 in events.started:
             return True
-        if job.stopped or attempt >= job.plan.max_restarts or events.end is not None or events.exits.get(attempt) == 0:
+        if job.stopped or events.end is not None or events.exits.get(attempt) == 0:
             return False
+        if attempt in events.exits:  # the script's policy: preemptions and failures have their own caps
+            preempted, failed = preemption_counts(events, job.srun_err, attempt)
+            if preempted > job.plan.max_preemptions or failed > job.plan.max_restarts:
+                return False
         return False if job.end() is not None else None
 
     # --- a recorded run, from any terminal ------------------------------------------------

@@ -8,8 +8,10 @@ outcome is from the run dir's files and the job's state (``outcome``), asking sl
 most once a second.
 
 Stopping: a submitted job is cancelled (``scancel JOB``: Slurm sends its tasks SIGTERM and,
-after its KillWait, SIGKILL); inside an allocation, which is the user's, tfl's batch script
-gets SIGTERM, passes it to this run's steps with ``scancel --signal`` and restarts nothing.
+after its KillWait, SIGKILL; the job kit's tasks save the agreed checkpoint in that time and
+the script, seeing the job no longer RUNNING, restarts nothing); inside an allocation, which
+is the user's, tfl's batch script gets SIGINT, passes SIGTERM to this run's steps with
+``scancel --signal`` and restarts nothing.
 SIGKILL: ``scancel --signal=KILL`` (the whole job, or this run's steps) and then the script.
 """
 
@@ -124,7 +126,9 @@ def stop_job(ref: JobRef, run: Runner, signum: int) -> None:
             if signum == signal.SIGKILL:
                 os.killpg(ref.script_pid, signum)  # the script leads its own group (with its sruns)
             else:
-                os.kill(ref.script_pid, signum)  # the script alone: it passes SIGTERM on to its steps' tasks
+                # The script alone, with SIGINT: it stops the run and passes SIGTERM on to its steps'
+                # tasks (SIGTERM to the script is a preemption notice, after which it would restart them).
+                os.kill(ref.script_pid, signal.SIGINT)
         except (ProcessLookupError, PermissionError):
             pass
 
@@ -224,6 +228,8 @@ class SlurmJob:
         state = self.state()
         if (state is not None and not state.is_terminal) or (state is None and self.unsure):
             return None
+        if state is not None and state.state == "PREEMPTED" and self.plan.requeue:
+            return None  # Slurm requeues it: pending again, then the script goes on with the next attempt
         return JobEnd(self.ref.job_id, state.state if state else "UNKNOWN", state.exit_code if state else None,
                       self.stopped, batch_tail=batch_tail(self.ref))
 
