@@ -134,6 +134,8 @@ def sbatch_header(batch: BatchJob) -> list[str]:
         # starts the script again and the attempts go on (see the module docstring).
         "--requeue" if s.requeue else "--no-requeue",
     ]
+    if s.requeue:
+        options.append("--open-mode=append")  # the requeued job's output follows the first run's
     if s.preemption_notice is not None:
         options.append(f"--signal=B:TERM@{s.preemption_notice}")  # the batch shell only: it passes it on
     if s.partition:
