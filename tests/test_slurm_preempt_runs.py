@@ -1,0 +1,134 @@
+"""Preemption of a tfl run on the private Slurm cluster (tests/slurm_cluster.py), end to end
+through ``tfl launch``: the notice from ``scancel --signal=TERM --batch`` (what
+``slurm.preemption_notice`` makes Slurm send before the time limit), and Slurm's own
+preemption (partition_prio, PreemptMode=REQUEUE, GraceTime) with the job requeued.
+
+The job is a stand-in for the job kit: on SIGTERM it notes the signal and exits 170, as the
+kit does after the agreed checkpoint. Each test proves that nothing of its job is left.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.slurm_cluster import URGENT, SlurmCluster, start_cluster, stop_cluster
+from tests.test_slurm_runs import assert_all_gone, job_id_of, only_run, status
+
+pytestmark = pytest.mark.slurm
+
+# Attempt 0 waits for the notice (SIGTERM), notes it and leaves with the preempted code;
+# later attempts note that they run and end well.
+NOTICED = """\
+import os, signal, sys, time
+task, attempt, run_dir = os.environ["TFL_TASK"], os.environ["TFL_ATTEMPT"], os.environ["TFL_RUN_DIR"]
+print(f"{task} attempt {attempt} on {os.environ['SLURMD_NODENAME']}", flush=True)
+if attempt != "0":
+    sys.exit(0)
+def noticed(signum, frame):
+    with open(os.path.join(run_dir, f"noticed-{task.replace(':', '-')}"), "a") as f:
+        f.write(f"{signal.Signals(signum).name} {time.time()}\\n")
+    sys.exit(170)
+signal.signal(signal.SIGTERM, noticed)
+open(os.path.join(run_dir, f"waiting-{task.replace(':', '-')}"), "w").close()
+time.sleep(300)
+sys.exit(1)
+"""
+
+
+def launch(env: dict[str, str], tmp_path: Path, **slurm: Any) -> subprocess.Popen[str]:
+    job = tmp_path / "noticed.py"
+    job.write_text(NOTICED)
+    desc = tmp_path / "slurm.json"
+    desc.write_text(json.dumps({"slurm": {"nodes": 2, "tasks_per_node": 1, **slurm}}))
+    return subprocess.Popen([sys.executable, "-m", "launcher", "launch", str(job), "--cluster", str(desc),
+                             "--max-restarts", "0"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT)
+
+
+def wait_both_waiting(cluster: SlurmCluster, home: Path, launcher: subprocess.Popen[str]) -> Path:
+    def ready() -> bool:
+        assert launcher.poll() is None, launcher.communicate()
+        return len(list(home.glob("runs/*/waiting-*"))) == 2
+    cluster.wait_for("both training tasks", ready, timeout=120)
+    return only_run(home)
+
+
+def finish(launcher: subprocess.Popen[str], timeout: float = 240) -> tuple[str, str]:
+    try:
+        return launcher.communicate(timeout=timeout)
+    finally:
+        if launcher.poll() is None:
+            launcher.send_signal(signal.SIGINT)
+            launcher.communicate(timeout=60)
+
+
+def test_notice_to_the_batch_script_reaches_every_task_and_the_group_goes_on(
+        slurm_cluster: SlurmCluster, tfl_home: Path, tmp_path: Path) -> None:
+    env = {**slurm_cluster.env, "TFL_HOME": str(tfl_home), "PYTHONUNBUFFERED": "1"}
+    launcher = launch(env, tmp_path, preemption_notice=60)
+    try:
+        run = wait_both_waiting(slurm_cluster, tfl_home, launcher)
+        job_id = job_id_of(run)
+        noticed_at = time.time()
+        slurm_cluster.run("scancel", "--signal=TERM", "--batch", job_id)  # the batch shell only, as --signal=B:TERM@60
+    finally:
+        out, err = finish(launcher)
+    assert launcher.returncode == 0, err  # --max-restarts 0: a preemption is no failure
+    for task in ("chief-0", "worker-0"):  # every training task got SIGTERM, once, from the script
+        (line,) = (run / f"noticed-{task}").read_text().splitlines()
+        assert line.startswith("SIGTERM ") and float(line.split()[1]) >= noticed_at
+    events = (run / "slurm" / "events").read_text().splitlines()
+    assert events[:4] == ["training 0 start", "training 0 exit 170", "training 1 start", "training 1 exit 0"]
+    assert "tfl: training preempted; restart without counting (1 of at most 100 preemptions)" in \
+        (run / "slurm" / f"batch-{job_id}.out").read_text()
+    assert "#SBATCH --signal=B:TERM@60" in (run / "slurm" / "job.sbatch").read_text()
+    view = status(env, run.name)
+    assert view["state"] == "succeeded" and [t["attempt"] for t in view["tasks"]] == [1, 1]
+    assert "preempted" in err  # the restart's reason: the task saved and left with 170
+    assert_all_gone(slurm_cluster, job_id)
+
+
+@pytest.mark.slow
+def test_slurm_preempts_the_job_which_is_requeued_and_goes_on(slurm_cluster: SlurmCluster, tfl_home: Path,
+                                                              tmp_path: Path) -> None:
+    """On a cluster of its own (``slurm_cluster`` only for its skip/fail rule), with two
+    partitions: a job in URGENT (PriorityTier 2) preempts tfl's in the default one."""
+    cluster = start_cluster(tmp_path / "slurm", preemption=True)
+    env = {**cluster.env, "TFL_HOME": str(tfl_home), "PYTHONUNBUFFERED": "1"}
+    try:
+        launcher = launch(env, tmp_path, requeue=True)
+        try:
+            run = wait_both_waiting(cluster, tfl_home, launcher)
+            job_id = job_id_of(run)
+            preempted_at = time.time()
+            urgent = cluster.sbatch(f"--partition={URGENT}", "--nodes=2", "--exclusive", "--output=/dev/null",
+                                    "--wrap", "sleep 2")
+        finally:
+            out, err = finish(launcher)
+        assert launcher.returncode == 0, err
+        for task in ("chief-0", "worker-0"):  # Slurm's SIGTERM, straight to the tasks, at preemption
+            (line,) = (run / f"noticed-{task}").read_text().splitlines()
+            assert line.startswith("SIGTERM ") and float(line.split()[1]) >= preempted_at
+        events = (run / "slurm" / "events").read_text().splitlines()
+        assert events[:5] == ["training 0 start", "training 0 exit 170", "requeued 1", "training 1 start",
+                              "training 1 exit 0"], events
+        batch_out = (run / "slurm" / f"batch-{job_id}.out").read_text()
+        assert f"tfl: Slurm preempts job {job_id}; it will be requeued" in batch_out  # appended to, not replaced
+        assert "DUE TO PREEMPTION" in batch_out
+        assert cluster.job_field(urgent, "%T") in ("COMPLETED", "")
+        view = status(env, run.name)
+        assert view["state"] == "succeeded" and [t["attempt"] for t in view["tasks"]] == [1, 1]
+        logs = (run / "logs" / "chief-0.log").read_text()
+        assert "chief:0 attempt 0 on" in logs and "chief:0 attempt 1 on" in logs
+        assert_all_gone(cluster, job_id)
+    finally:
+        stop_cluster(cluster)
