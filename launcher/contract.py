@@ -52,10 +52,13 @@ SLURM_LAYOUT: Final = "TFL_SLURM_TRAINING_LAYOUT"  # training tasks per node, in
 # In 128-255 because Kubernetes' ExitCode restart policy retries only those; 128+42 is not
 # a signal anyone sends, so it is never mistaken for "killed by a signal" (143 = SIGTERM).
 PREEMPTED_EXIT_CODE: Final = 170
+# Its last progress record says so: phase PREEMPTED_PHASE, ``global_step`` the agreed step (the
+# step its checkpoint holds). `tfl status`, the restart reasons and the summary show that step.
+PREEMPTED_PHASE: Final = "preempted"
 
 
 # --- the progress record -----------------------------------------------------------------
-PHASES: Final = ("train", "eval", "done")
+PHASES: Final = ("train", "eval", "done", PREEMPTED_PHASE)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ class RunView:
     elsewhere: str | None = None  # the launcher's host, when not this machine: live facts only there
     backend: str = "local"
     backend_state: dict[str, str] = field(default_factory=dict)  # a group backend's own view (Slurm: job, state, reason)
+    preemptions: int = 0  # among the restarts: those after a preemption (not counted against --max-restarts)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,6 +95,7 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
         restart_reasons=[r.reason for r in record.restarts], message=record.message, tasks=tasks,
         elsewhere=None if record.state.is_terminal else launcher_identity(record).elsewhere,
         backend=record.backend, backend_state=backend_state,
+        preemptions=sum(r.kind == "preemption" for r in record.restarts),
     )
 
 

@@ -3,7 +3,15 @@
 Policy (all-or-nothing, see ``states``): the first training task to fail stops every
 other task at once (SIGTERM to its group, ``grace_period``, then SIGKILL), without waiting
 for TensorFlow's own ~14 s heartbeat timeout. Then the group is restarted while restarts
-are left, else the run has failed. The evaluator never stops training: its failure is
+are left, else the run has failed.
+
+A training task that exits ``PREEMPTED_EXIT_CODE`` was *preempted*, not failed: it got a
+notice, agreed on a step with the others and saved there, and the others are doing the
+same. They get up to ``grace_period`` to leave on their own before the usual teardown; then
+the group restarts without counting against ``max_restarts``, up to ``max_preemptions``
+times (a run over that cap ends PREEMPTED, to be resumed). A task killed by a bare SIGTERM
+without saving stays a failure. A stop with ``notice`` (the launcher's own SIGTERM) ends
+the run PREEMPTED, unless ``tfl stop`` asked for it (``RunStore.stop_requested``). The evaluator never stops training: its failure is
 recorded; after training it gets ``evaluator_timeout`` to finish its last checkpoint.
 
 A backend that runs the group as one unit of its own (``backends.base.GroupBackend``:
@@ -25,10 +33,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from launcher.backends.base import Backend, GroupBackend, TaskProcess
+from launcher.contract import PREEMPTED_EXIT_CODE
 from launcher.errors import LaunchError, StateWriteError
 from launcher.logstream import tail_lines
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.policy import PREEMPTION_EXIT_CODES, SupervisorConfig
+from launcher.preemption import ended_state, preemption_reason, saved_note
 from launcher.runstore import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
 from launcher.states import RunState, TaskState
 from launcher.tasks import TaskId
@@ -78,17 +88,21 @@ class Supervisor:
         self._procs: dict[str, TaskProcess] = {}
         self._stop_requested = False
         self._force = False
+        self._notice = False  # the stop came as a notice (the launcher's SIGTERM): a preemption unless `tfl stop` asked
+        self._restarts = self._preemptions = 0  # this launcher's restarts (a resumed run counts anew)
         self._save_error: StateWriteError | None = None
 
     # --- called from signal handlers / other threads ------------------------------------
     def notify(self) -> None:
         self._wake.wake()
 
-    def request_stop(self, force: bool = False) -> None:
-        """First call: graceful stop of every task. ``force``: SIGKILL without grace.
-        Safe in a signal handler: it sets two flags and wakes the loop, taking no lock."""
+    def request_stop(self, force: bool = False, notice: bool = False) -> None:
+        """First call: graceful stop of every task. ``force``: SIGKILL without grace. ``notice``:
+        the launcher got SIGTERM: recorded as a preemption unless ``tfl stop`` sent it.
+        Safe in a signal handler: it sets flags and wakes the loop, taking no lock."""
         self._stop_requested = True
         self._force = self._force or force
+        self._notice = self._notice or notice
         self.notify()
 
     # --- the state machine --------------------------------------------------------------
@@ -116,12 +130,7 @@ class Supervisor:
         self._set_state(RunState.RUNNING)
         while True:
             if self._stop_requested:
-                self._set_state(RunState.STOPPING)
-                self._teardown(list(self._procs.values()), TaskState.STOPPED)
-                if self._save_error is not None:
-                    self._finish(RunState.FAILED, 1, f"tasks stopped: {self._save_error}")
-                else:
-                    self._finish(RunState.STOPPED, 130, "stopped by the user")
+                self._stop()
                 return False
             self._reap()
             self._check_stalls()
@@ -135,6 +144,18 @@ class Supervisor:
                     return False
                 continue
             self._wait(self._config.poll_interval)
+
+    def _stop(self) -> None:
+        """Every task gets the notice (SIGTERM) and the grace to save the agreed checkpoint, then SIGKILL."""
+        self._set_state(RunState.STOPPING)
+        self._teardown(list(self._procs.values()), TaskState.STOPPED)
+        saved = saved_note(self.record, self._config.grace_period)
+        if self._save_error is not None:
+            self._finish(RunState.FAILED, 1, f"tasks stopped: {self._save_error}")
+        elif self._notice and not self._store.stop_requested(self.record):
+            self._finish(RunState.PREEMPTED, PREEMPTED_EXIT_CODE, f"preempted: tfl got SIGTERM{saved}")
+        else:
+            self._finish(RunState.STOPPED, 130, f"stopped by the user{saved}")
 
     def _start_group(self) -> None:
         """Start every task: one after another, or all at once where the backend's start is a
@@ -187,10 +208,12 @@ class Supervisor:
                     self._save()
                 continue
             task.exit_code, task.ended = code, self._wall()
-            task.state = TaskState.SUCCEEDED if code == 0 else TaskState.FAILED
+            task.state = ended_state(code, TaskState.FAILED)
             if code != 0:
+                reason = (preemption_reason(proc.launch.progress_path) if code == PREEMPTED_EXIT_CODE
+                          else proc.ended_by or describe_exit(code))
                 self.record.failures.append(FailureRecord(
-                    task=name, host=task.host, pid=task.pid, exit_code=code, reason=proc.ended_by or describe_exit(code),
+                    task=name, host=task.host, pid=task.pid, exit_code=code, reason=reason,
                     log_tail=tail_lines(proc.launch.log_path, self._config.log_tail_lines),
                     time=task.ended, attempt=self.record.attempt))
             self._save()
@@ -223,11 +246,17 @@ class Supervisor:
                     attempt=self.record.attempt))
                 self._save()
 
-    def _first_training_failure(self) -> FailureRecord | None:
+    def _first_training_failure(self, preempted: bool | None = None) -> FailureRecord | None:
+        """The first training task of this attempt that ended other than with 0; ``preempted``:
+        only one that was (True) or was not (False) preempted."""
         return next((f for f in self.record.failures
-                     if f.attempt == self.record.attempt and TaskId.parse(f.task).is_training), None)
+                     if f.attempt == self.record.attempt and TaskId.parse(f.task).is_training
+                     and (preempted is None or (f.exit_code == PREEMPTED_EXIT_CODE) == preempted)), None)
 
     def _on_training_failure(self, failure: FailureRecord) -> bool:
+        if failure.exit_code == PREEMPTED_EXIT_CODE and self._group is None:
+            self._await_agreement()
+            failure = self._first_training_failure(preempted=False) or failure  # mixed: the other failure counts
         running = [p for n, p in self._procs.items()
                    if self.record.task(n).state == TaskState.RUNNING and not (self._group and not p.launch.task.is_training)]
         self.record.stopped_because_of_failure = sorted(p.launch.name for p in running)
@@ -239,18 +268,42 @@ class Supervisor:
             self._teardown(list(self._procs.values()), TaskState.STOPPED)
         if self.record.task(failure.task).exit_code is None:
             self.record.task(failure.task).exit_code = self._backend.poll(failed)
+        preempted = failure.exit_code == PREEMPTED_EXIT_CODE
         if self._group is not None and self._group_restarted():
-            self._record_restart(failure)
+            self._record_restart(failure, preempted)
             return True
-        if self._group is None and self._may_restart(failure):
-            self._record_restart(failure)
+        if self._group is None and (self._may_restart_preempted() if preempted else self._may_restart(failure)):
+            self._record_restart(failure, preempted)
             return True
-        self._finish(RunState.FAILED, 1, f"{failure.task} on {failure.host} failed: {failure.reason}")
+        if preempted and not self._stop_requested:
+            self._finish(RunState.PREEMPTED, PREEMPTED_EXIT_CODE,
+                         f"{failure.task} on {failure.host} was {failure.reason}; no preemption restart left "
+                         f"(--max-preemptions {self._config.max_preemptions})")
+        else:
+            self._finish(RunState.FAILED, 1, f"{failure.task} on {failure.host} failed: {failure.reason}")
         return False
 
-    def _record_restart(self, failure: FailureRecord) -> None:
+    def _await_agreement(self) -> None:
+        """A training task was preempted: the others reach the same agreed checkpoint and leave
+        on their own. Wait for that, up to the grace, or until one of them fails otherwise."""
+        deadline = self._clock() + self._config.grace_period
+        training = [p for p in self._procs.values() if p.launch.task.is_training]
+        while not self._stop_requested and self._clock() < deadline:
+            self._reap()
+            if self._first_training_failure(preempted=False) is not None:
+                return
+            if all(self.record.task(p.launch.name).state != TaskState.RUNNING for p in training):
+                return
+            self._wait(min(self._config.poll_interval, max(0.0, deadline - self._clock())))
+
+    def _record_restart(self, failure: FailureRecord, preempted: bool) -> None:
         reason = f"{failure.task} on {failure.host}: {failure.reason}"
-        self.record.restarts.append(RestartRecord(attempt=self.record.attempt + 1, time=self._wall(), reason=reason))
+        if preempted:
+            self._preemptions += 1
+        else:
+            self._restarts += 1
+        self.record.restarts.append(RestartRecord(attempt=self.record.attempt + 1, time=self._wall(), reason=reason,
+                                                  kind="preemption" if preempted else "failure"))
         self._save()
 
     def _group_restarted(self) -> bool:
@@ -264,9 +317,12 @@ class Supervisor:
         return False
 
     def _may_restart(self, failure: FailureRecord) -> bool:
-        if self._stop_requested or len(self.record.restarts) >= self._config.max_restarts:
+        if self._stop_requested or self._restarts >= self._config.max_restarts:
             return False
         return self._config.retry_on == "any" or failure.exit_code in PREEMPTION_EXIT_CODES
+
+    def _may_restart_preempted(self) -> bool:
+        return not self._stop_requested and self._preemptions < self._config.max_preemptions
 
     def _finish_evaluator(self) -> None:
         deadline = self._clock() + self._config.evaluator_timeout
@@ -290,7 +346,7 @@ class Supervisor:
             task = self.record.task(proc.launch.name)
             if task.state == TaskState.RUNNING:
                 code = self._backend.poll(proc)
-                task.state, task.exit_code, task.ended = state, code, self._wall()
+                task.state, task.exit_code, task.ended = ended_state(code, state), code, self._wall()
         self._save()
 
     # --- small helpers ------------------------------------------------------------------
@@ -315,3 +371,4 @@ class Supervisor:
             if self._save_error is None:
                 self._save_error = exc
                 self.request_stop()
+

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from launcher import control
+from launcher.contract import PREEMPTED_EXIT_CODE
 from launcher.runstore import RunStore
 from launcher.waker import Waker
 from tests.procs import tfl_processes
@@ -68,7 +69,7 @@ def test_waker_wait_times_out_then_a_wake_from_another_thread_ends_it() -> None:
     assert waker.wait(0.05) is False and time.monotonic() - start >= 0.04
     threading.Timer(0.05, waker.wake).start()
     start = time.monotonic()
-    assert waker.wait(10) is True and time.monotonic() - start < 5
+    assert waker.wait(10) is True  # woken, not timed out
 
 
 def test_waker_wakes_before_the_wait_count_once_and_never_block() -> None:
@@ -84,8 +85,7 @@ def test_waker_wake_from_a_signal_handler_ends_the_wait() -> None:
     previous = signal.signal(signal.SIGUSR1, lambda *_: waker.wake())
     try:
         threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGUSR1)).start()
-        start = time.monotonic()
-        assert waker.wait(10) is True and time.monotonic() - start < 5
+        assert waker.wait(10) is True  # woken, not timed out
     finally:
         signal.signal(signal.SIGUSR1, previous)
 
@@ -104,8 +104,10 @@ def test_a_storm_of_sigterm_neither_hangs_nor_crashes_nor_cuts_the_grace(sleeper
         sent += 1
     _, err = launcher.communicate(timeout=30)
     took = time.monotonic() - start
-    assert launcher.returncode == 130, err[-2000:]
-    assert "stopped by the user" in err and "Traceback" not in err
+    # The launcher's own SIGTERM (not `tfl stop`'s) is its machine going away: a preemption.
+    assert launcher.returncode == PREEMPTED_EXIT_CODE, err[-2000:]
+    assert "preempted after" in err and "tfl got SIGTERM" in err and "Traceback" not in err
+    assert f"tfl resume {only_run(tfl_home)}" in err
     assert took >= grace * 0.9, f"SIGTERM forced the kill: ended after {took:.1f} s of a {grace} s grace ({sent} signals)"
     assert tfl_processes(home=str(tfl_home)) == []
 
