@@ -132,3 +132,32 @@ def test_slurm_preempts_the_job_which_is_requeued_and_goes_on(slurm_cluster: Slu
         assert_all_gone(cluster, job_id)
     finally:
         stop_cluster(cluster)
+
+
+def test_stop_then_resume_submits_the_next_attempt(slurm_cluster: SlurmCluster, tfl_home: Path, tmp_path: Path) -> None:
+    env = {**slurm_cluster.env, "TFL_HOME": str(tfl_home), "PYTHONUNBUFFERED": "1"}
+    launcher = launch(env, tmp_path)
+    try:
+        run = wait_both_waiting(slurm_cluster, tfl_home, launcher)
+        first_job = job_id_of(run)
+        stopped = subprocess.run([sys.executable, "-m", "launcher", "stop", run.name], env=env, capture_output=True,
+                                 text=True, timeout=120, cwd=ROOT)
+        assert stopped.returncode == 0, stopped.stderr
+    finally:
+        _, err = finish(launcher)
+    assert launcher.returncode != 0 and status(env, run.name)["state"] == "stopped", err
+    for task in ("chief-0", "worker-0"):  # tfl stop's SIGTERM reached the job's own handler
+        assert (run / f"noticed-{task}").read_text().startswith("SIGTERM ")
+    assert_all_gone(slurm_cluster, first_job)
+    resumed = subprocess.run([sys.executable, "-m", "launcher", "resume", run.name], env=env, capture_output=True,
+                             text=True, timeout=240, cwd=ROOT)
+    assert resumed.returncode == 0, resumed.stderr
+    second_job = job_id_of(run)
+    assert second_job != first_job  # a new job, the same run dir
+    assert (run / "slurm" / "first-attempt").read_text() == "1\n"
+    assert (run / "slurm" / "events").read_text().splitlines()[:2] == ["training 1 start", "training 1 exit 0"]
+    assert (run / "slurm" / "events-before-1").read_text().startswith("training 0 start\n")
+    view = status(env, run.name)
+    assert view["state"] == "succeeded" and [t["attempt"] for t in view["tasks"]] == [1, 1]
+    assert "chief:0 attempt 1 on n1" in (run / "logs" / "chief-0.log").read_text()
+    assert_all_gone(slurm_cluster, second_job)

@@ -190,3 +190,20 @@ def test_preemptions_and_failures_are_counted_apart() -> None:
     assert preemption_counts(evs, lambda a: errs.get(a, ""), 2) == (2, 1)
     assert preemption_counts(evs, lambda a: errs.get(a, ""), 0) == (1, 0)
     assert json.dumps(PREEMPTED)  # one line for the record
+
+
+def test_a_resumed_job_begins_at_the_next_attempt_and_counts_from_there(tmp_path: Path) -> None:
+    """``tfl resume``: the backend writes the first attempt and moves the last job's events aside."""
+    env = preemptible(tmp_path)
+    Path(RunFiles(str(tmp_path)).first_attempt).write_text("3\n")
+    Path(RunFiles(str(tmp_path)).events).write_text("training 3 start\n")  # e.g. a requeue of the resumed job
+    err = finish(start_script(tmp_path, batch(str(tmp_path)), env))
+    assert events(tmp_path)[-3:] == ["training 4 start", "training 4 exit 0", "end 0"], err
+    Path(RunFiles(str(tmp_path)).events).unlink()
+    (tmp_path / "calls").unlink()
+    script = start_script(tmp_path, batch(str(tmp_path), restarts=0), {**env, "PREEMPT_ATTEMPTS": "3"})
+    notice_when_waiting(tmp_path, script, 3)
+    err = finish(script)
+    assert script.returncode == 0 and events(tmp_path) == [
+        "training 3 start", "training 3 exit 170", "training 4 start", "training 4 exit 0", "end 0"], err
+    assert [line.split()[0] for line in (tmp_path / "calls").read_text().splitlines()] == ["3", "4"]  # TFL_ATTEMPT

@@ -8,6 +8,8 @@ and progress there, and the launcher reads them). Its ``slurm/`` folder::
     job.sbatch         the batch script (what ``--dry-run`` shows)
     batch-<job>.out    the batch script's own output (``sbatch --output``); batch.out inside an allocation
     events             what the batch script did, one line each (``EVENT_*`` below)
+    first-attempt      the attempt the job starts with: 0, or the next one for ``tfl resume``
+                       (whose start moves the last job's events to events-before-<attempt>)
     training-<a>.err   srun's stderr for the training step of attempt a: its ``srun: error: NODE:
                        task N: ...`` lines say which task ended the step, on which node
     evaluator.err      srun's stderr for the evaluator's step
@@ -30,6 +32,7 @@ from typing import Any, ClassVar
 
 SLURM_SUBDIR = "slurm"
 EVENTS_FILE = "events"
+FIRST_ATTEMPT_FILE = "first-attempt"
 TRAINING_ERR = "training-{attempt}.err"
 EVALUATOR_ERR = "evaluator.err"
 TRAINING_ROLE, EVALUATOR_ROLE = "training", "evaluator"  # the task driver's roles: one step each
@@ -63,6 +66,10 @@ class RunFiles:
     @property
     def events(self) -> str:
         return f"{self.root}/{EVENTS_FILE}"
+
+    @property
+    def first_attempt(self) -> str:
+        return f"{self.root}/{FIRST_ATTEMPT_FILE}"
 
     @property
     def batch_output_pattern(self) -> str:

@@ -21,7 +21,6 @@ from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.policy import SupervisorConfig
 from launcher.slurm.batch import EVALUATOR_ROLE, TRAINING_ROLE, RunFiles, SlurmJobPlan
 from launcher.slurm.script import (
-    DEFAULT_MAX_PREEMPTIONS,
     BatchJob,
     batch_env,
     driver_argv,
@@ -46,12 +45,6 @@ def refuse_unsupported(config: SupervisorConfig) -> None:
                          "bound the run with the slurm block's \"time\" instead")
 
 
-def max_preemptions_of(config: SupervisorConfig) -> int:
-    """``--max-preemptions`` (its default where the supervisor's config has no such field yet)."""
-    value = getattr(config, "max_preemptions", DEFAULT_MAX_PREEMPTIONS)
-    return value if isinstance(value, int) else DEFAULT_MAX_PREEMPTIONS
-
-
 def build_slurm_plan(spec: SlurmClusterSpec, job: str, job_args: tuple[str, ...], *, run_id: str, run_dir: str,
                      python: str, cwd: str, remote: RemoteOptions, virtual_devices: int | None,
                      config: SupervisorConfig) -> LaunchPlan:
@@ -59,7 +52,7 @@ def build_slurm_plan(spec: SlurmClusterSpec, job: str, job_args: tuple[str, ...]
     is the SSH backend's: Slurm's nodes share the run dir, nothing is shipped to them."""
     refuse_unsupported(config)
     allocation = spec.job_id if isinstance(spec, AllocationSpec) else None
-    max_preemptions = max_preemptions_of(config)
+    max_preemptions = config.max_preemptions
     batch = BatchJob(settings=spec.slurm, job=job, job_args=job_args, run_id=run_id, run_dir=run_dir, env=spec.env,
                      python=python, cwd=cwd, max_restarts=config.max_restarts, max_preemptions=max_preemptions,
                      grace_period=config.grace_period,

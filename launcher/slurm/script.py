@@ -62,6 +62,7 @@ from launcher.slurm.batch import (
     EVENT_REQUEUED,
     EVENT_TRAINING,
     EVENTS_FILE,
+    FIRST_ATTEMPT_FILE,
     TRAINING_ERR,
     TRAINING_ROLE,
     RunFiles,
@@ -242,12 +243,15 @@ def _policy_functions() -> list[str]:
         f"[ \"${{first##* }}\" = {PREEMPTED_EXIT_CODE} ]; }}",
         "job_running() { [ \"$(squeue -h -j \"$SLURM_JOB_ID\" -o %T 2>/dev/null)\" = RUNNING ]; }",
         "slurm_preempts() { scontrol show job -o \"$SLURM_JOB_ID\" 2>/dev/null | grep -q ' PreemptTime=[0-9]'; }",
-        "# after a requeue the attempts go on from the events file: next attempt, preemptions, failures",
-        "counts=$(awk '$1 == \"training\" && $3 == \"start\" { n = $2 + 1 } "
-        f"$1 == \"training\" && $3 == \"exit\" && $4 == {PREEMPTED_EXIT_CODE} {{ p++ }} "
-        f"$1 == \"training\" && $3 == \"exit\" && $4 != 0 && $4 != {PREEMPTED_EXIT_CODE} {{ f++ }} "
+        "# the first attempt: 0, or the next one after `tfl resume`; after a requeue the attempts go on from",
+        "# the events file: next attempt, preemptions, failures (those since the first attempt)",
+        f"first=$(cat \"$files/{FIRST_ATTEMPT_FILE}\" 2>/dev/null); case $first in ''|*[!0-9]*) first=0 ;; esac",
+        "counts=$(awk -v first=\"$first\" '$1 == \"training\" && $3 == \"start\" { n = $2 + 1 } "
+        f"$1 == \"training\" && $3 == \"exit\" && $2 >= first && $4 == {PREEMPTED_EXIT_CODE} {{ p++ }} "
+        f"$1 == \"training\" && $3 == \"exit\" && $2 >= first && $4 != 0 && $4 != {PREEMPTED_EXIT_CODE} {{ f++ }} "
         "END { print n + 0, p + 0, f + 0 }' \"$files/events\" 2>/dev/null)",
         "read -r attempt preempted failed <<< \"${counts:-0 0 0}\"",
+        "if [ $attempt -lt $first ]; then attempt=$first; fi",
         f"if [ \"${{SLURM_RESTART_COUNT:-0}}\" -gt 0 ] && [ $attempt -gt 0 ]; then note {EVENT_REQUEUED} \"$SLURM_RESTART_COUNT\"; fi",
     ]
 

@@ -7,6 +7,8 @@ The protocol, honestly fitted to a whole-run backend (``base.GroupBackend``):
 - ``start``: the first task's start submits the job (``sbatch --parsable``), or starts tfl's
   batch script inside the allocation; the job starts every task, so the other starts (and
   those of a restarted attempt, which the script made) only hand out the task's handle.
+  ``tfl resume`` starts at the run's next attempt: the script begins there (``first-attempt``
+  in the run dir), after the last job's events were moved aside.
 - ``poll`` / ``alive``: from the batch script's events and srun's stderr in the run dir, and
   the job's state (``outcome``); ``poll`` also fills in the task's node and pid once its
   driver has noted them.
@@ -108,10 +110,8 @@ class SlurmBackend:
     def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
         if self._job is None:
             raise LaunchError(f"{launch.name}: the slurm backend was not prepared with this run's plan")
-        if not self._job.started:
-            if attempt:
-                raise LaunchError(f"{launch.name}: attempt {attempt} before the job started")
-            self._job.start(self._environ)
+        if not self._job.started:  # at attempt 0, or at the next one for `tfl resume`
+            self._job.start(self._environ, attempt)
         return TaskProcess(launch=launch, attempt=attempt, pid=None, create_time=None, pgid=None, handle=self._job)
 
     def poll(self, proc: TaskProcess) -> int | None:
@@ -167,7 +167,7 @@ class SlurmBackend:
         if job.stopped or events.end is not None or events.exits.get(attempt) == 0:
             return False
         if attempt in events.exits:  # the script's policy: preemptions and failures have their own caps
-            preempted, failed = preemption_counts(events, job.srun_err, attempt)
+            preempted, failed = preemption_counts(events, job.srun_err, attempt, job.first_attempt)
             if preempted > job.plan.max_preemptions or failed > job.plan.max_restarts:
                 return False
         return False if job.end() is not None else None

@@ -151,15 +151,22 @@ class SlurmJob:
         self._state_at = float("-inf")
         self.stopped = False  # tfl has stopped the unit
         self.started = False
+        self.first_attempt = 0  # the attempt the script starts with (the next one, for `tfl resume`)
         self.unsure = False  # the last question to Slurm got no answer
 
     # --- starting ---------------------------------------------------------------------------
-    def start(self, environ: Mapping[str, str]) -> None:
-        """Write the batch script into the run dir and start it: ``sbatch`` or, inside an allocation, ``bash``."""
+    def start(self, environ: Mapping[str, str], attempt: int = 0) -> None:
+        """Write the batch script into the run dir and start it: ``sbatch`` or, inside an allocation, ``bash``.
+        ``attempt`` > 0 (``tfl resume``): the script begins there, and the last job's events are
+        kept as ``events-before-<attempt>`` (they would end this one's before it began)."""
         files = self.ref.files
         try:
             private_dir(files.root, exist_ok=True)
             write_atomic(files.script, self.plan.script)
+            if attempt and os.path.exists(files.events):
+                os.replace(files.events, f"{files.events}-before-{attempt}")
+            write_atomic(files.first_attempt, f"{attempt}\n")
+            self.first_attempt = attempt
         except OSError as exc:
             raise SlurmError(f"cannot write the batch script to {files.script}: {exc.strerror}") from None
         if self.plan.allocation:

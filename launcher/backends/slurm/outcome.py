@@ -67,11 +67,12 @@ def preempted_step(status: int | None, srun_err: str) -> bool:
     return status == PREEMPTED_EXIT_CODE and cause is not None and cause.exit_code == PREEMPTED_EXIT_CODE
 
 
-def preemption_counts(events: StepEvents, srun_err: Callable[[int], str], upto: int) -> tuple[int, int]:
-    """(preempted steps, failed steps) among the training attempts up to ``upto``, as the script counts them."""
+def preemption_counts(events: StepEvents, srun_err: Callable[[int], str], upto: int, since: int = 0) -> tuple[int, int]:
+    """(preempted steps, failed steps) among the training attempts from ``since`` (the job's first:
+    0, or the one ``tfl resume`` started it with) up to ``upto``, as the script counts them."""
     preempted = failed = 0
     for attempt, status in events.exits.items():
-        if attempt > upto or status == 0:
+        if attempt > upto or attempt < since or status == 0:
             continue
         if status == PREEMPTED_EXIT_CODE and preempted_step(status, srun_err(attempt)):
             preempted += 1
