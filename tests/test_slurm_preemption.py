@@ -207,3 +207,17 @@ def test_a_resumed_job_begins_at_the_next_attempt_and_counts_from_there(tmp_path
     assert script.returncode == 0 and events(tmp_path) == [
         "training 3 start", "training 3 exit 170", "training 4 start", "training 4 exit 0", "end 0"], err
     assert [line.split()[0] for line in (tmp_path / "calls").read_text().splitlines()] == ["3", "4"]  # TFL_ATTEMPT
+
+
+@pytest.mark.parametrize(("left", "restarted"), [("UNLIMITED", True), ("1-00:00:00", True), ("10:00", True),
+                                                  ("2:59", False), ("45", False), ("0:01:30", False)])
+def test_a_notice_near_the_time_limit_ends_the_run_preempted(tmp_path: Path, left: str, restarted: bool) -> None:
+    """preemption_notice 120: after a notice with at most 120 + 60 s left, no restart."""
+    script = start_script(tmp_path, batch(str(tmp_path), preemption_notice=120),
+                          preemptible(tmp_path, PREEMPT_ATTEMPTS="0", TIME_LEFT=left))
+    notice_when_waiting(tmp_path, script, 0)
+    err = finish(script)
+    assert ("training 1 start" in events(tmp_path)) is restarted, err
+    assert script.returncode == (0 if restarted else PREEMPTED_EXIT_CODE)
+    if not restarted:
+        assert "before the time limit: too little to restart; tfl resume continues the run" in err

@@ -126,6 +126,7 @@ exit 0
 """
 FAKE_SQUEUE = """#!/bin/bash
 case "$*" in *%T*) echo "${JOB_STATE:-RUNNING}"; exit 0 ;; esac  # the job's state (job_running)
+case "$*" in *%L*) echo "${TIME_LEFT:-UNLIMITED}"; exit 0 ;; esac  # its time left (time_left)
 echo "7.0 training.mnist-1"; echo "7.1 evaluator.mnist-1"; echo "7.2 training.other-run"
 """
 FAKE_SCONTROL = '#!/bin/bash\necho "JobId=7 JobState=RUNNING PreemptTime=${PREEMPT_TIME:-None} SuspendTime=None"\n'

@@ -243,6 +243,15 @@ def _policy_functions() -> list[str]:
         f"[ \"${{first##* }}\" = {PREEMPTED_EXIT_CODE} ]; }}",
         "job_running() { [ \"$(squeue -h -j \"$SLURM_JOB_ID\" -o %T 2>/dev/null)\" = RUNNING ]; }",
         "slurm_preempts() { scontrol show job -o \"$SLURM_JOB_ID\" 2>/dev/null | grep -q ' PreemptTime=[0-9]'; }",
+        "# the job's time left in seconds (squeue %L: [D-]H:MM:SS, M:SS or S), -1 without a limit",
+        "time_left() {",
+        "  local t d=0 a b c; t=$(squeue -h -j \"$SLURM_JOB_ID\" -o %L 2>/dev/null)",
+        "  case $t in *[0-9]*) ;; *) echo -1; return ;; esac",
+        "  case $t in *-*) d=${t%%-*}; t=${t#*-} ;; esac",
+        "  IFS=: read -r a b c <<< \"$t\"",
+        "  if [ -z \"$b\" ]; then c=$a a=0 b=0; elif [ -z \"$c\" ]; then c=$b b=$a a=0; fi",
+        "  echo $(( ((10#$d * 24 + 10#$a) * 60 + 10#$b) * 60 + 10#$c ))",
+        "}",
         "# the first attempt: 0, or the next one after `tfl resume`; after a requeue the attempts go on from",
         "# the events file: next attempt, preemptions, failures (those since the first attempt)",
         f"first=$(cat \"$files/{FIRST_ATTEMPT_FILE}\" 2>/dev/null); case $first in ''|*[!0-9]*) first=0 ;; esac",
@@ -254,6 +263,19 @@ def _policy_functions() -> list[str]:
         "if [ $attempt -lt $first ]; then attempt=$first; fi",
         f"if [ \"${{SLURM_RESTART_COUNT:-0}}\" -gt 0 ] && [ $attempt -gt 0 ]; then note {EVENT_REQUEUED} \"$SLURM_RESTART_COUNT\"; fi",
     ]
+
+
+def _time_limit_check(batch: BatchJob) -> list[str]:
+    """After a notice before the time limit, a restart would have only the notice's time: the run
+    ends preempted instead (the agreed checkpoint is on disk; ``tfl resume`` goes on)."""
+    notice = batch.settings.preemption_notice
+    if notice is None or batch.allocation:
+        return []
+    # Slurm may send the signal up to 60 s before the asked time.
+    return [f"    left=$(time_left); if [ $left -ge 0 ] && [ $left -le {notice + 60} ]; then",
+            "      echo \"tfl: training preempted $left s before the time limit: too little to restart; "
+            "tfl resume continues the run\" >&2; break",
+            "    fi"]
 
 
 def _training_loop(batch: BatchJob) -> list[str]:
@@ -279,6 +301,7 @@ def _training_loop(batch: BatchJob) -> list[str]:
           ["      echo \"tfl: Slurm preempts job $SLURM_JOB_ID (not requeued: the slurm block has no \\\"requeue\\\": true)\" >&2",
            "      break"]),
         "    fi",
+        *_time_limit_check(batch),
         f"    why=\"training preempted; restart without counting ($preempted of at most {batch.max_preemptions} preemptions)\"",
         "  else",
         "    failed=$((failed + 1))",
