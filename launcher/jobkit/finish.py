@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from launcher.contract import TRAINING_TYPES
 from launcher.jobkit.context import TaskContext, task_context
+from launcher.jobkit.notice import exit_on_notice
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -55,20 +56,23 @@ def finish(strategy: tf.distribute.Strategy, barrier_timeout_s: float = 60.0, co
     import tensorflow as tf
     from tensorflow.python.eager import context as tf_context  # the coordination service
 
+    context = context or task_context(os.environ)
+    exit_on_notice(context, "after training ended")  # a custom loop's training ends here
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return
-    leave_together(context or task_context(os.environ), tf_context.context(), barrier_timeout_s=barrier_timeout_s,
+    leave_together(context, tf_context.context(), barrier_timeout_s=barrier_timeout_s,
                    errors=(tf.errors.OpError, AttributeError))
 
 
 def leave_together(context: TaskContext, coordination: Coordination, *, barrier_timeout_s: float,
                    errors: tuple[type[BaseException], ...] = (Exception,),
-                   leave: Callable[[], NoReturn] | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+                   leave: Callable[[], NoReturn] | None = None, sleep: Callable[[float], None] = time.sleep,
+                   barrier: str = BARRIER) -> None:
     """Meet the other training tasks at the barrier, then leave, the chief after the rest."""
     leave = leave or _leave
     started = time.monotonic()
     try:
-        coordination.wait_at_barrier(BARRIER, int(barrier_timeout_s * 1000))
+        coordination.wait_at_barrier(barrier, int(barrier_timeout_s * 1000))
     except errors as exc:
         print(f"jobkit: not every training task reached the end ({type(exc).__name__}); exiting the slow way", flush=True)
         return
