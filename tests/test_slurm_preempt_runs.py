@@ -10,6 +10,7 @@ kit does after the agreed checkpoint. Each test proves that nothing of its job i
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -21,7 +22,9 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.slurm_cluster import URGENT, SlurmCluster, start_cluster, stop_cluster
-from tests.test_slurm_runs import assert_all_gone, job_id_of, only_run, status
+from tests.test_slurm_runs import MNIST, TF_ENV, assert_all_gone, epochs, job_id_of, mnist_data, only_run, status
+
+__all__ = ["mnist_data"]  # the module's data fixture, shared
 
 pytestmark = pytest.mark.slurm
 
@@ -161,3 +164,39 @@ def test_stop_then_resume_submits_the_next_attempt(slurm_cluster: SlurmCluster, 
     assert view["state"] == "succeeded" and [t["attempt"] for t in view["tasks"]] == [1, 1]
     assert "chief:0 attempt 1 on n1" in (run / "logs" / "chief-0.log").read_text()
     assert_all_gone(slurm_cluster, second_job)
+
+
+@pytest.mark.slow
+def test_real_tensorflow_saves_at_the_agreed_step_and_resumes_after_it(
+        slurm_cluster: SlurmCluster, tfl_home: Path, tmp_path: Path, mnist_data: Path) -> None:
+    """jobs/mnist.py on both nodes: the notice to the batch script mid-training; the job kit's
+    agreed checkpoint, exit 170, the group again in the allocation, and no step lost."""
+    env = {**slurm_cluster.env, "TFL_HOME": str(tfl_home), "PYTHONUNBUFFERED": "1"}
+    desc = tmp_path / "slurm.json"
+    desc.write_text(json.dumps({"slurm": {"nodes": 2, "tasks_per_node": 1, "preemption_notice": 60}, "env": TF_ENV}))
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "launcher", "launch", MNIST, "--cluster", str(desc), "--max-restarts", "0", "--",
+         "--epochs", "3", "--steps-per-epoch", "12", "--batch-size", "16", "--dtype", "float64", "--seed", "7",
+         "--backup-every-steps", "4", "--data", str(mnist_data)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        def epoch_1_done() -> bool:
+            assert launcher.poll() is None, launcher.communicate()
+            logs = list(tfl_home.glob("runs/*/logs/chief-0.log"))
+            return bool(logs) and bool(epochs(logs[0]))
+        slurm_cluster.wait_for("epoch 1 of the chief", epoch_1_done, timeout=240)
+        run = only_run(tfl_home)
+        slurm_cluster.run("scancel", "--signal=TERM", "--batch", job_id_of(run))
+    finally:
+        out, err = finish(launcher, timeout=300)
+    assert launcher.returncode == 0, err[-3000:]
+    first, second = (run / "logs" / "chief-0.log").read_text().split("--- tfl: attempt 1 of chief:0")
+    saved = re.search(r"jobkit: preempted; every training task saved at global step (\d+)", first)
+    assert saved, first[-3000:]
+    assert f"jobkit: resuming at global step {saved[1]}:" in second  # the next step is the agreed one + 1: none lost
+    assert json.loads((run / "model" / "training_done.json").read_text())["global_step"] == 36
+    assert (run / "slurm" / "events").read_text().splitlines()[:3] == ["training 0 start", "training 0 exit 170",
+                                                                       "training 1 start"]
+    view = status(env, run.name)
+    assert view["state"] == "succeeded" and [t["attempt"] for t in view["tasks"]] == [1, 1]
+    assert_all_gone(slurm_cluster, job_id_of(run))
