@@ -39,7 +39,8 @@ def refuse_unsupported(config: SupervisorConfig) -> None:
     """The supervisor options a batch script cannot honour."""
     if config.retry_on != "any":
         raise UsageError("--retry-on preemption: on Slurm the batch script restarts the training group after any failure "
-                         "(srun reports 143 for every task it ended, so a preemption cannot be told apart); drop the option")
+                         "(--max-restarts), and a group that saved on a preemption notice (exit 170) apart from those "
+                         "(--max-preemptions); drop the option")
     if config.stall_timeout:
         raise UsageError("--stall-timeout is not supported on Slurm (a job may pend for any time before its tasks run); "
                          "bound the run with the slurm block's \"time\" instead")
