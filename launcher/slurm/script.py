@@ -30,7 +30,9 @@ allocation): SIGTERM to every step's tasks, and no restart follows.
 
 A training step that ends preempted (status 170, and srun's first failed task exited 170) is
 started again without counting against ``max_restarts``, at most ``max_preemptions`` times,
-while the job still runs. When Slurm itself preempts the job (``PreemptTime`` set: its tasks
+while the job still runs and, after a notice before the time limit, more than
+``preemption_notice`` + 60 s are left (else the run ends preempted: ``tfl resume`` goes on).
+When Slurm itself preempts the job (``PreemptTime`` set: its tasks
 got SIGTERM from Slurm with the partition's GraceTime) the script starts nothing: with
 ``requeue`` it waits for Slurm to end and requeue the job, whose next run of this script
 continues the attempts from the events file (``SLURM_RESTART_COUNT`` > 0 is noted).

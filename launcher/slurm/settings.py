@@ -3,7 +3,8 @@
 A Slurm description has a ``slurm`` block where an SSH/local one has ``cluster``::
 
     {"slurm": {"nodes": 2, "tasks_per_node": 1, "evaluator": true, "partition": "debug",
-               "time": "01:00:00", "gpus_per_task": 1, "sbatch_args": ["--account=ml"]},
+               "time": "01:00:00", "gpus_per_task": 1, "sbatch_args": ["--account=ml"],
+               "preemption_notice": 120, "requeue": true},
      "env": {"TF_CPP_MIN_LOG_LEVEL": "2"}}
 
 Slurm decides the hosts, so there are no ``hosts``, ``ssh`` or ``devices`` keys. Values are
