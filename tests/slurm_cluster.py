@@ -62,6 +62,18 @@ What works here, and what does not (Slurm 22.05.8 in this container, found by tr
 - ``srun --kill-on-bad-exit=1``: when one task exits 3, srun terminates the others and
   exits with the largest status (143 for the terminated ones), not 3; the failed task is in
   srun's stderr: "srun: error: n2: task 1: Exited with exit code 3".
+- Preemption (``start_cluster(..., preemption=True)``: ``PreemptType=preempt/partition_prio``,
+  ``PreemptMode=REQUEUE``, the default partition at PriorityTier 1 with ``GraceTime``, a
+  second partition URGENT at PriorityTier 2): an URGENT job that needs the nodes
+  (``--exclusive``; without it, it fits beside a small job and preempts nothing) makes
+  slurmctld set the running job's ``PreemptTime`` (``scontrol show job``) and send SIGTERM
+  to its steps' tasks at once ("STEP CANCELLED"), not to the batch shell; the batch shell
+  gets SIGTERM only at the end of GraceTime ("CANCELLED ... DUE TO PREEMPTION"), then
+  SIGKILL. A job submitted with ``--requeue`` is then PENDING, Reason=BeginTime, for the
+  credential lifetime + 1 s (120 s by default; ``AuthInfo=cred_expire=5`` here), and runs
+  its batch script again with ``SLURM_RESTART_COUNT=1``; ``--open-mode=append`` keeps the
+  first run's output. ``scancel --signal=TERM --batch JOB`` signals the batch shell only,
+  as ``sbatch --signal=B:TERM@N`` does before the time limit.
 - ``slurmstepd`` processes are re-parented to init; they (and the daemons) have their cwd
   in the cluster's log dir, which is how teardown tells them from anybody else's. The
   daemons get PR_SET_PDEATHSIG, so a test run killed with SIGKILL leaves none behind.
