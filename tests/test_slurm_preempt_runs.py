@@ -97,6 +97,8 @@ def test_notice_to_the_batch_script_reaches_every_task_and_the_group_goes_on(
     view = status(env, run.name)
     assert view["state"] == "succeeded" and [t["attempt"] for t in view["tasks"]] == [1, 1]
     assert "preempted" in err  # the restart's reason: the task saved and left with 170
+    restarts = json.loads((run / "state.json").read_text())["restarts"]
+    assert [r["kind"] for r in restarts] == ["preemption"], restarts  # not counted against --max-restarts
     assert_all_gone(slurm_cluster, job_id)
 
 
@@ -130,6 +132,9 @@ def test_slurm_preempts_the_job_which_is_requeued_and_goes_on(slurm_cluster: Slu
         assert cluster.job_field(urgent, "%T") in ("COMPLETED", "")
         view = status(env, run.name)
         assert view["state"] == "succeeded" and [t["attempt"] for t in view["tasks"]] == [1, 1]
+        assert view["backend_state"]["requeued"] == "1 time(s) by Slurm", view["backend_state"]
+        record = json.loads((run / "state.json").read_text())
+        assert [r["kind"] for r in record["restarts"]] == ["preemption"], record["restarts"]
         logs = (run / "logs" / "chief-0.log").read_text()
         assert "chief:0 attempt 0 on" in logs and "chief:0 attempt 1 on" in logs
         assert_all_gone(cluster, job_id)

@@ -92,6 +92,9 @@ def describe(record: RunRecord, run: Runner) -> dict[str, str]:
         facts["reason"] = state.reason
     if state.nodelist:
         facts["nodes"] = state.nodelist
+    requeued = read_events(ref.files).requeued
+    if requeued:
+        facts["requeued"] = f"{requeued} time(s) by Slurm"
     return facts
 
 
