@@ -106,18 +106,17 @@ def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: 
     return supervise(prepared, store, record, config, out, colour=colour, verbose=verbose)
 
 
-def resume(run_id: str, store: RunStore, config: SupervisorConfig, out: TextIO | None, *, colour: bool = False,
-           verbose: bool = False) -> RunRecord:
-    """``tfl resume``: the recorded run's plan on its backend again, as its next attempt (``launcher.resume``)."""
+def resume(run_id: str, store: RunStore, config: SupervisorConfig) -> tuple[Prepared, RunRecord]:
+    """``tfl resume``: the recorded run's plan, prepared on its backend again, and its record
+    claimed for the next attempt (``launcher.resume``); ``supervise`` runs it."""
     record = store.load(run_id)
     check_resumable(record)  # before the hosts are reached: a live run's ports would only confuse
     prepared = prepare(recorded_plan(record))
     try:
-        record = claim(store, run_id, config)
+        return prepared, claim(store, run_id, config)
     except BaseException:
         prepared.backend.close()
         raise
-    return supervise(prepared, store, record, config, out, colour=colour, verbose=verbose)
 
 
 def supervise(prepared: Prepared, store: RunStore, record: RunRecord, config: SupervisorConfig, out: TextIO | None, *,
@@ -182,7 +181,9 @@ def supervise_detached(plan_file: Path, config_json: str, store: RunStore) -> Ru
 
 def resume_detached(run_id: str, config_json: str, store: RunStore) -> RunRecord:
     """The body of a detached resume (``tfl _resume``)."""
-    return resume(run_id, store, SupervisorConfig(**json.loads(config_json)), None)
+    config = SupervisorConfig(**json.loads(config_json))
+    prepared, record = resume(run_id, store, config)
+    return supervise(prepared, store, record, config, None)
 
 
 @contextmanager

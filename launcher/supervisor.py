@@ -38,7 +38,7 @@ from launcher.errors import LaunchError, StateWriteError
 from launcher.logstream import tail_lines
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.policy import PREEMPTION_EXIT_CODES, SupervisorConfig
-from launcher.preemption import ended_state, preemption_reason, saved_note
+from launcher.preemption import ended_state, preempted_file, preemption_reason, saved_note
 from launcher.runstore import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
 from launcher.states import RunState, TaskState
 from launcher.tasks import TaskId
@@ -90,6 +90,7 @@ class Supervisor:
         self._force = False
         self._notice = False  # the stop came as a notice (the launcher's SIGTERM): a preemption unless `tfl stop` asked
         self._restarts = self._preemptions = 0  # this launcher's restarts (a resumed run counts anew)
+        self._preempted_file = preempted_file(record)  # where the chief says at which step it saved
         self._save_error: StateWriteError | None = None
 
     # --- called from signal handlers / other threads ------------------------------------
@@ -210,7 +211,8 @@ class Supervisor:
             task.exit_code, task.ended = code, self._wall()
             task.state = ended_state(code, TaskState.FAILED)
             if code != 0:
-                reason = (preemption_reason(proc.launch.progress_path) if code == PREEMPTED_EXIT_CODE
+                reason = (preemption_reason(proc.launch.progress_path, self._preempted_file, self.record.attempt)
+                          if code == PREEMPTED_EXIT_CODE
                           else proc.ended_by or describe_exit(code))
                 self.record.failures.append(FailureRecord(
                     task=name, host=task.host, pid=task.pid, exit_code=code, reason=reason,

@@ -105,8 +105,9 @@ def resume(
         typer.echo(f"tfl: run {record.run_id} resumed in the background (pid {pid}); follow it with "
                    f"`tfl logs {record.run_id} --follow`, end it with `tfl stop {record.run_id}`", err=True)
         return
-    typer.echo(f"tfl: resuming run {record.run_id} (attempt {record.attempt + 1}); logs in {record.run_dir}/logs", err=True)
-    done = _core(lambda: core.resume(record.run_id, store, config, sys.stdout, colour=_colour(), verbose=verbose))
+    prepared, claimed = _core(lambda: core.resume(record.run_id, store, config))
+    typer.echo(f"tfl: resuming run {record.run_id} (attempt {claimed.attempt}); logs in {record.run_dir}/logs", err=True)
+    done = _core(lambda: core.supervise(prepared, store, claimed, config, sys.stdout, colour=_colour(), verbose=verbose))
     typer.echo(summary(done), err=True)
     raise typer.Exit(done.exit_code or 0)
 
