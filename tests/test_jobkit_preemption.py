@@ -75,6 +75,7 @@ def test_inside_training_a_group_that_stops_progressing_ends_as_sigterm_would(tm
         for _ in range(3):
             time.sleep(0.05)
             notice.step_done()
+        notice.epoch_done()
     """)
     assert code == -signal.SIGTERM
     assert "stopping without a checkpoint" in out
@@ -85,7 +86,7 @@ def test_inside_training_the_notice_is_recorded_and_the_save_is_never_cut_short(
     code, out, _ = run_with_notice(tmp_path, setup="""
         import threading
         notice.training_begins()
-        notice.step_done(); notice.step_done(); notice.step_done()
+        notice.step_done(); notice.step_done(); notice.epoch_done()
         def agreed_save():
             while not notice.received():
                 time.sleep(0.01)
