@@ -7,7 +7,7 @@ Phases (each fills some of the issue's sections):
   scaling   4. local and SSH scaling
   training  8. training throughput: the job kit against hand-written tf_keras, on Fashion-MNIST
   chaos     9. chaos: many runs, each with a random task killed at a random moment
-  slurm    10. Slurm: launch to every task running against plain sbatch, death → teardown
+  slurm    10. Slurm: launch to every task running against plain sbatch, death → teardown, notice → tasks
   preemption 11. preemption in the job: the notice watch's and input position's cost, notice → checkpoint
 """
 

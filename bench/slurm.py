@@ -1,5 +1,7 @@
 """10. Slurm: from `tfl launch` to every task running, against a plain `sbatch` of an
-equivalent script; and a task's death → the rest of its run gone.
+equivalent script; a task's death → the rest of its run gone; and a preemption notice to
+the batch script (``scancel --signal=TERM --batch``, what ``preemption_notice`` makes Slurm
+send) → every training task has it, and → the group running again in the allocation.
 
 On a private two-node cluster (tests/slurm_cluster.py: one slurmctld and two slurmd on this
 machine, stopped by pid at the end), one tiny task per node. The plain script is what one
@@ -39,6 +41,21 @@ PLAIN = """#!/bin/bash
 export HOSTS=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed 's/$/:23456/' | paste -sd, | sed 's/,/","/g')
 srun --nodes={nodes} --ntasks={nodes} bash -c {task}
 """
+# Attempt 0 waits for the notice and leaves as the job kit does after its checkpoint (170);
+# attempt 1 notes its start and ends. Both write wall times into the run dir.
+NOTICED = """\
+import os, signal, sys, time
+run_dir, task = os.environ["TFL_RUN_DIR"], os.environ["TFL_TASK"].replace(":", "-")
+def note(kind):
+    with open(os.path.join(run_dir, f"{kind}-{task}"), "w") as f:
+        f.write(repr(time.time()))
+if os.environ["TFL_ATTEMPT"] != "0":
+    note("again")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, lambda *_: (note("noticed"), sys.exit(170)))
+note("waiting")
+time.sleep(300)
+"""
 TASK = ('export TF_CONFIG="{\\"cluster\\": {\\"worker\\": [\\"$HOSTS\\"]}, '
         '\\"task\\": {\\"type\\": \\"worker\\", \\"index\\": $SLURM_PROCID}}"; exec PYTHON -u TINY --sleep 0.5')
 
@@ -54,7 +71,7 @@ def slurm_runs(cfg: Config, ws: Workspace) -> dict[str, list[float]] | str:
     if why:
         return why
     cluster = start_cluster(ws.root / "slurm")
-    samples: dict[str, list[float]] = {"tfl": [], "plain": [], "teardown": [], "recorded": []}
+    samples: dict[str, list[float]] = {"tfl": [], "plain": [], "teardown": [], "recorded": [], "noticed": [], "again": []}
     try:
         for rep in range(cfg.reps + 1):  # the first repetition warms both up and is not recorded
             order = ("tfl", "plain") if rep % 2 else ("plain", "tfl")
@@ -67,6 +84,9 @@ def slurm_runs(cfg: Config, ws: Workspace) -> dict[str, list[float]] | str:
             gone, recorded = _teardown(cluster, ws, rep)
             samples["teardown"].append(gone)
             samples["recorded"].append(recorded)
+            noticed, again = _notice(cluster, ws, rep)
+            samples["noticed"].append(noticed)
+            samples["again"].append(again)
     finally:
         stop_cluster(cluster)
     return samples
@@ -137,6 +157,31 @@ def _teardown(cluster: SlurmCluster, ws: Workspace, rep: int) -> tuple[float, fl
     return gone, recorded
 
 
+def _notice(cluster: SlurmCluster, ws: Workspace, rep: int) -> tuple[float, float]:
+    """The notice to the batch script: to every training task's handler, and to the group running again."""
+    home = ws.home(f"slurm-notice-{rep}")
+    job = home / "noticed.py"
+    job.write_text(NOTICED)
+    desc = home / "slurm.json"
+    desc.write_text(json.dumps({"slurm": {"nodes": NODES, "tasks_per_node": 1, "preemption_notice": 60}}))
+    launcher = spawn([*tfl_command(), "launch", str(job), "--cluster", str(desc)], ws.env(home, SLURM_CONF=str(cluster.conf)))
+    try:
+        wait_for(lambda: len(list(home.glob("runs/*/waiting-*"))) == NODES, 120, "both tasks waiting for the notice")
+        (run,) = home.glob("runs/*")
+        job_id = json.loads((run / "state.json").read_text())["backend_data"]["job_id"]
+        sent = time.time()
+        subprocess.run(["scancel", "--signal=TERM", "--batch", job_id], env=cluster.env, check=True, timeout=60)
+        code = launcher.wait(120)
+    finally:
+        if launcher.poll() is None:
+            kill_group(launcher)
+    assert_none_left(home)
+    times = {kind: [float(p.read_text()) for p in run.glob(f"{kind}-*")] for kind in ("noticed", "again")}
+    if code != 0 or any(len(t) != NODES for t in times.values()):
+        raise BenchError(f"Slurm notice run {rep}: tfl exited {code}; {times}")
+    return max(times["noticed"]) - sent, max(times["again"]) - sent
+
+
 def _both_started(home: Path) -> dict[str, psutil.Process] | None:
     logs = list(home.glob("runs/*/logs/*.log"))
     if len(logs) < NODES or not all(STARTED.search(p.read_text()) for p in logs):
@@ -171,6 +216,7 @@ def slurm_section(cfg: Config, samples: dict[str, list[float]] | str) -> Section
         ["a worker's SIGKILL → the other task gone (srun --kill-on-bad-exit)", "", gone.fmt(1000, 0, " ms"), "", "",
          "report"],
         ["a worker's SIGKILL → tfl has recorded the failure and exited", "", recorded.fmt(unit=" s"), "", "", "report"],
+        *_notice_rows(samples),
     ]
     section.headline = (f"{ratio.median:.2f}× ({extra.median * 1000:.0f} ms more than plain sbatch); "
                         f"death → teardown {gone.median * 1000:.0f} ms, tfl exits after {recorded.median:.1f} s")
@@ -194,5 +240,21 @@ def slurm_section(cfg: Config, samples: dict[str, list[float]] | str) -> Section
         "from the batch script's events file and srun's stderr (its poll is 0.5 s) and waits for the job to leave the "
         "queue before it exits.",
     ]
+    if samples.get("noticed"):
+        section.notes.append(
+            "Notice: `scancel --signal=TERM --batch` (what `preemption_notice` makes Slurm send before the time limit) "
+            "reaches tfl's batch script, which finds the training step (`squeue -s`) and passes SIGTERM to its tasks "
+            "(`scancel --signal`); a stand-in job notes the signal and exits 170 as the job kit does once the agreed "
+            "checkpoint is on disk (the kit's own notice → checkpoint time is §11's), then the script starts the group "
+            "again in the allocation, not counted against --max-restarts.")
     section.raw = samples
     return section
+
+
+def _notice_rows(samples: dict[str, list[float]]) -> list[list[str]]:
+    if not samples.get("noticed"):
+        return []
+    return [["a notice to the batch script → every training task has SIGTERM", "",
+             Stats.of(samples["noticed"]).fmt(1000, 0, " ms"), "", "", "report"],
+            ["a notice to the batch script → the group running again (the tasks left with 170 at once)", "",
+             Stats.of(samples["again"]).fmt(unit=" s"), "", "", "report"]]

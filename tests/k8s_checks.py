@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ KUBERNETES_VERSION = "1.31"  # JobSet v0.9 and training-operator v1.9 both run o
 TFJOB_RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 TFJOB_CLEAN_POD_POLICIES = ("All", "Running", "None")
 TFJOB_SUCCESS_POLICIES = ("", "AllWorkers")
+JOBSET_RULE_NAME = re.compile(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?")  # the CRD's description of a rule's name
 
 
 def need_crds() -> Path:
@@ -116,6 +118,35 @@ def jobset_rule_violations(jobset: dict[str, Any]) -> list[str]:
         host = f"{jobset['metadata']['name']}-{rjob['name']}-{rjob.get('replicas', 1) - 1}-{job['parallelism'] - 1}"
         if len(host) > 63:
             problems.append(f"{rjob['name']}: pod hostname {host!r} is longer than 63")
+        problems += pod_failure_policy_violations(rjob["name"], job)
+    for rule in jobset["spec"].get("failurePolicy", {}).get("rules", []):
+        if not JOBSET_RULE_NAME.fullmatch(rule["name"]):
+            problems.append(f"failurePolicy rule name {rule['name']!r} is not allowed")
+        problems += [f"failurePolicy rule {rule['name']} names {t!r}, not one of {names}"
+                     for t in rule.get("targetReplicatedJobs", []) if t not in names]
+    return problems
+
+
+def pod_failure_policy_violations(name: str, job: dict[str, Any]) -> list[str]:
+    """What the API server's Job validation refuses in a podFailurePolicy (batch/v1, Kubernetes 1.31)."""
+    policy = job.get("podFailurePolicy")
+    if policy is None:
+        return []
+    pod = job["template"]["spec"]
+    problems = [] if pod.get("restartPolicy") == "Never" else [f"{name}: a podFailurePolicy needs restartPolicy Never"]
+    containers = [c["name"] for c in pod["containers"]]
+    for rule in policy["rules"]:
+        exits = rule.get("onExitCodes")
+        if (exits is None) == (rule.get("onPodConditions") is None):
+            problems.append(f"{name}: a rule needs exactly one of onExitCodes and onPodConditions")
+        if exits is not None:
+            if exits.get("containerName") not in (None, *containers):
+                problems.append(f"{name}: onExitCodes names container {exits['containerName']!r}, not one of {containers}")
+            if exits["operator"] == "In" and 0 in exits["values"]:
+                problems.append(f"{name}: onExitCodes In may not hold 0")
+        for condition in rule.get("onPodConditions") or []:
+            if condition.get("status") not in ("True", "False", "Unknown"):
+                problems.append(f"{name}: onPodConditions {condition['type']} needs a status")
     return problems
 
 

@@ -62,6 +62,18 @@ What works here, and what does not (Slurm 22.05.8 in this container, found by tr
 - ``srun --kill-on-bad-exit=1``: when one task exits 3, srun terminates the others and
   exits with the largest status (143 for the terminated ones), not 3; the failed task is in
   srun's stderr: "srun: error: n2: task 1: Exited with exit code 3".
+- Preemption (``start_cluster(..., preemption=True)``: ``PreemptType=preempt/partition_prio``,
+  ``PreemptMode=REQUEUE``, the default partition at PriorityTier 1 with ``GraceTime``, a
+  second partition URGENT at PriorityTier 2): an URGENT job that needs the nodes
+  (``--exclusive``; without it, it fits beside a small job and preempts nothing) makes
+  slurmctld set the running job's ``PreemptTime`` (``scontrol show job``) and send SIGTERM
+  to its steps' tasks at once ("STEP CANCELLED"), not to the batch shell; the batch shell
+  gets SIGTERM only at the end of GraceTime ("CANCELLED ... DUE TO PREEMPTION"), then
+  SIGKILL. A job submitted with ``--requeue`` is then PENDING, Reason=BeginTime, for the
+  credential lifetime + 1 s (120 s by default; ``AuthInfo=cred_expire=5`` here), and runs
+  its batch script again with ``SLURM_RESTART_COUNT=1``; ``--open-mode=append`` keeps the
+  first run's output. ``scancel --signal=TERM --batch JOB`` signals the batch shell only,
+  as ``sbatch --signal=B:TERM@N`` does before the time limit.
 - ``slurmstepd`` processes are re-parented to init; they (and the daemons) have their cwd
   in the cluster's log dir, which is how teardown tells them from anybody else's. The
   daemons get PR_SET_PDEATHSIG, so a test run killed with SIGKILL leaves none behind.
@@ -92,6 +104,9 @@ NODES = ("n1", "n2")
 CPUS_PER_NODE = 4
 GPUS_PER_NODE = 2  # fake ones (see fake_gpus); 0 when they cannot be made
 PARTITION = "debug"
+URGENT = "urgent"  # with preemption: a partition of a higher PriorityTier whose jobs preempt debug's
+PREEMPT_GRACE = 20
+REQUEUE_DELAY = 5  # a requeued job waits the credential lifetime (+1 s) before it may start again (120 s by default)  # GraceTime of the debug partition (seconds from the notice to SIGKILL)
 
 
 @dataclass
@@ -224,9 +239,15 @@ def fake_gpus(directory: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def slurm_conf(directory: Path, host: str, user: str, ctld_port: int, node_ports: dict[str, int], gpus: bool) -> str:
+def slurm_conf(directory: Path, host: str, user: str, ctld_port: int, node_ports: dict[str, int], gpus: bool,
+               preemption: bool = False) -> str:
     """The slurm.conf of the test cluster (see the module docstring for why each line)."""
     d = directory
+    partitions = [f"PartitionName={PARTITION} Nodes={','.join(node_ports)} Default=YES MaxTime=INFINITE State=UP"]
+    if preemption:
+        partitions[0] += f" PriorityTier=1 GraceTime={PREEMPT_GRACE}"
+        partitions.append(f"PartitionName={URGENT} Nodes={','.join(node_ports)} MaxTime=INFINITE State=UP "
+                          "PriorityTier=2 PreemptMode=OFF")
     gres = f"Gres=gpu:{GPUS_PER_NODE} " if gpus else ""
     nodes = [f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={p} CPUs={CPUS_PER_NODE} {gres}"
              "RealMemory=1000 State=UNKNOWN" for n, p in node_ports.items()]
@@ -259,13 +280,17 @@ def slurm_conf(directory: Path, host: str, user: str, ctld_port: int, node_ports
         f"SlurmdPidFile={d}/run/slurmd-%n.pid",
         f"SlurmctldLogFile={d}/log/slurmctld.log",
         f"SlurmdLogFile={d}/log/slurmd-%n.log",
+        *(["PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE", f"AuthInfo=cred_expire={REQUEUE_DELAY}"]
+          if preemption else []),
         *nodes,
-        f"PartitionName={PARTITION} Nodes={','.join(node_ports)} Default=YES MaxTime=INFINITE State=UP",
+        *partitions,
         "",
     ])
 
 
-def start_cluster(directory: Path) -> SlurmCluster:
+def start_cluster(directory: Path, preemption: bool = False) -> SlurmCluster:
+    """``preemption``: a second partition (URGENT) whose jobs preempt the default one's, which
+    are requeued (see the module docstring)."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     for sub in ("state", "run", "log", *(f"spool/{n}" for n in NODES)):
         (directory / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -275,7 +300,8 @@ def start_cluster(directory: Path) -> SlurmCluster:
     node_ports = dict(zip(NODES, ports, strict=True))
     gres = fake_gpus(directory)
     (directory / "gres.conf").write_text(gres)
-    conf.write_text(slurm_conf(directory, host, pwd.getpwuid(os.getuid()).pw_name, ctld_port, node_ports, bool(gres)))
+    conf.write_text(slurm_conf(directory, host, pwd.getpwuid(os.getuid()).pw_name, ctld_port, node_ports, bool(gres),
+                               preemption))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     cluster = SlurmCluster(directory, conf, env, host, ctld_port, node_ports, gpus_per_node=GPUS_PER_NODE if gres else 0)
     try:

@@ -23,6 +23,7 @@ import yaml
 from typer.testing import CliRunner
 
 from launcher.cli import app
+from launcher.contract import PREEMPTED_EXIT_CODE
 from launcher.k8s import jobset
 from launcher.plan import build_plan
 from launcher.spec import parse_cluster
@@ -219,3 +220,46 @@ def test_the_shim_spells_the_contracts_names() -> None:
     source = Path(entry.__file__).read_text()
     assert f'"{contract.TF_CONFIG}"' in source and f'"{contract.TASK}"' in source
     assert "from launcher" not in source and "import launcher" not in source
+
+
+# A stand-in for a job kit task on a preemption notice: its own SIGTERM handler notes the
+# signal and the process that got it, then the task leaves with the preempted code.
+NOTICED_JOB = """\
+import os, signal, sys, time
+def noticed(signum, frame):
+    with open(sys.argv[1], "w") as f:
+        f.write(f"{signal.Signals(signum).name} {os.getpid()}")
+    sys.exit(170)
+signal.signal(signal.SIGTERM, noticed)
+print(os.getpid(), flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("sidecar", [False, True], ids=["training", "evaluator"])
+def test_sigterm_to_the_pod_reaches_the_jobs_own_handler(shim: Path, tmp_path: Path, sidecar: bool) -> None:
+    """As the kubelet does on eviction or preemption: SIGTERM to the container's process. A
+    training pod's exit code is the job's (170, for the failure policy); the evaluator's is 0."""
+    job, record = tmp_path / "noticed.py", tmp_path / "noticed.txt"
+    job.write_text(NOTICED_JOB)
+    env = {"PATH": "/usr/bin:/bin", "TFL_K8S_ROLE": "worker", "JOB_COMPLETION_INDEX": "0"}
+    shim_proc = subprocess.Popen([sys.executable, str(shim), *(["--sidecar"] if sidecar else []), "--", sys.executable,
+                                  str(job), str(record)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, start_new_session=True)
+    try:
+        assert shim_proc.stdout is not None
+        job_pid = int(shim_proc.stdout.readline())
+        assert (job_pid == shim_proc.pid) is not sidecar  # a training task's shim execs: the job is the pod's process
+        shim_proc.send_signal(signal.SIGTERM)
+        code = shim_proc.wait(timeout=120)
+        err = shim_proc.stderr.read()  # type: ignore[union-attr]
+    finally:
+        if shim_proc.poll() is None:
+            shim_proc.kill()
+        shim_proc.wait(timeout=10)
+    assert record.read_text() == f"SIGTERM {job_pid}"  # the job's handler got it (forwarded, for the sidecar)
+    if sidecar:
+        assert code == 0 and "worker:0 exited with 170" in err
+    else:
+        assert code == PREEMPTED_EXIT_CODE, err  # 170 reaches Kubernetes as the container's exit code
+    assert not psutil.pid_exists(job_pid) or psutil.Process(job_pid).status() == psutil.STATUS_ZOMBIE

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from launcher import contract
 from launcher.cli import app
 from launcher.errors import ClusterFileError, ExportError
 from launcher.k8s import entry, jobset
@@ -79,7 +80,7 @@ def test_jobset_one_indexed_job_per_role_with_the_group_policies() -> None:
     assert [(r["name"], r["replicas"], r["template"]["spec"]["parallelism"], r["template"]["spec"]["completions"])
             for r in spec["replicatedJobs"]] == [("chief", 1, 1, 1), ("worker", 1, 3, 3), ("evaluator", 1, 1, 1)]
     assert {r["template"]["spec"]["completionMode"] for r in spec["replicatedJobs"]} == {"Indexed"}
-    assert spec["failurePolicy"] == {"maxRestarts": 4}
+    assert spec["failurePolicy"]["maxRestarts"] == 4
     assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["chief"]}
     assert spec["network"]["enableDNSHostnames"] is True
     backoff = {r["name"]: r["template"]["spec"]["backoffLimit"] for r in spec["replicatedJobs"]}
@@ -87,6 +88,58 @@ def test_jobset_one_indexed_job_per_role_with_the_group_policies() -> None:
     commands = {r["name"]: pod_spec(r)["containers"][0]["command"] for r in spec["replicatedJobs"]}
     assert commands["worker"] == ["python3", "/etc/tfl/entry.py", "--", "python3", "-u", "jobs/mnist.py", "--epochs", "2"]
     assert commands["evaluator"][:4] == ["python3", "/etc/tfl/entry.py", "--sidecar", "--"]
+
+
+def test_jobset_restarts_a_preempted_group_without_counting() -> None:
+    spec = by_kind(export(cluster(1, 3, 1), max_restarts=4))["JobSet"]["spec"]
+    assert spec["failurePolicy"]["rules"] == [{
+        "name": "preempted", "action": "RestartJobSetAndIgnoreMaxRestarts", "onJobFailureReasons": ["PodFailurePolicy"],
+        "targetReplicatedJobs": ["chief", "worker"]}]
+    policies = {r["name"]: r["template"]["spec"].get("podFailurePolicy") for r in spec["replicatedJobs"]}
+    assert policies["evaluator"] is None  # its shim exits 0 whatever happens; its pods are retried on their own
+    for role in ("chief", "worker"):
+        exits, disrupted = policies[role]["rules"]
+        assert exits == {"action": "FailJob", "onExitCodes": {"containerName": "tensorflow", "operator": "In",
+                                                              "values": [contract.PREEMPTED_EXIT_CODE]}}
+        assert disrupted == {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    rjob = spec["replicatedJobs"][0]
+    assert pod_spec(rjob)["containers"][0]["name"] == "tensorflow" and pod_spec(rjob)["restartPolicy"] == "Never"
+    bad = copy.deepcopy(by_kind(export(cluster(1, 1, 0)))["JobSet"])
+    bad["spec"]["replicatedJobs"][0]["template"]["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["containerName"] = "main"
+    bad["spec"]["failurePolicy"]["rules"][0]["name"] = "pre-empted"
+    assert jobset_rule_violations(bad) == ["chief: onExitCodes names container 'main', not one of ['tensorflow']",
+                                           "failurePolicy rule name 'pre-empted' is not allowed"]
+
+
+@pytest.mark.parametrize("fmt", ["jobset", "tfjob"])
+def test_termination_grace_reaches_every_pod(fmt: str) -> None:
+    docs = export(cluster(1, 2, 1), fmt, termination_grace=180)
+    pods = [o["spec"]["template"]["spec"] if o["kind"] == "Job" else o["spec"] for o in core_objects(docs) if o["kind"] != "ConfigMap"]
+    assert len(pods) == 3 and {p["terminationGracePeriodSeconds"] for p in pods} == {180}
+    custom = next(d for d in docs if d["kind"] in ("JobSet", "TFJob"))
+    validate_custom(custom)
+    for obj in core_objects(docs):
+        validate_core(obj)
+    default = export(cluster(1, 1, 0), fmt)
+    assert "terminationGracePeriodSeconds" not in json.dumps(default)  # Kubernetes' own 30 s
+    with pytest.raises(ExportError, match=r"--termination-grace -1: give the seconds from the notice to SIGKILL"):
+        export(cluster(1, 1, 0), fmt, termination_grace=-1)
+
+
+def test_tfjob_warns_that_backoff_limit_does_not_cap_exit_code_retries(tmp_path: Path) -> None:
+    path = write_cluster(tmp_path, cluster(1, 1, 0))
+    result = runner.invoke(app, ["export", "k8s", "jobs/mnist.py", "-c", str(path), "--image", "img:1", "--format", "tfjob",
+                                 "--max-restarts", "3", "--termination-grace", "90"])
+    assert result.exit_code == 0, result.output
+    (warning,) = [ln for ln in result.stderr.splitlines() if "backoffLimit" in ln]
+    assert "exit codes 128-255 (a preemption's 170 among them) are retried without limit" in warning
+    (tfjob,) = yaml.safe_load_all(result.stdout)
+    assert {s["template"]["spec"]["terminationGracePeriodSeconds"] for s in tfjob["spec"]["tfReplicaSpecs"].values()} == {90}
+    assert "backoffLimit" not in runner.invoke(app, ["export", "k8s", "jobs/mnist.py", "-c", str(path), "--image", "img:1",
+                                                     "--format", "jobset", "--max-restarts", "3"]).stderr
+    refused = runner.invoke(app, ["export", "k8s", "jobs/mnist.py", "-c", str(path), "--image", "img:1",
+                                  "--termination-grace", "-5"])
+    assert refused.exit_code == 2 and "--termination-grace" in refused.stderr
 
 
 def test_jobset_success_belongs_to_the_workers_without_a_chief() -> None:

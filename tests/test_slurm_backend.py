@@ -202,6 +202,8 @@ def test_start_submits_once_and_records_the_job(tmp_path: Path, monkeypatch: pyt
     assert backend.restarted(0) is None  # the script has not decided yet
     events.write_text("training 0 start\ntraining 0 exit 143\ntraining 1 start\n")
     assert backend.restarted(0) is True
+    assert backend.restarted(1) is None  # still running: it may yet end preempted, which does not count
+    events.write_text("training 0 start\ntraining 0 exit 143\ntraining 1 start\ntraining 1 exit 143\n")
     assert backend.restarted(1) is False  # max_restarts 1: the script will not start attempt 2
 
 
@@ -280,7 +282,7 @@ def test_cli_validate_and_dry_run_show_the_script_and_srun_lines(tmp_path: Path,
     assert "  #SBATCH --gpus-per-task=1" in done.stdout and "srun lines:\n  training: srun --exact --nodes=2" in done.stdout
     dry = runner.invoke(app, ["launch", "jobs/mnist.py", "--cluster", str(cluster), "--dry-run", "--max-restarts", "2", "--", "--epochs", "1"])
     assert dry.exit_code == 0, dry.output
-    assert "slurm: submitted: sbatch --parsable --account=ml " in dry.stdout and "[ $attempt -ge 2 ]" in dry.stdout
+    assert "slurm: submitted: sbatch --parsable --account=ml " in dry.stdout and "[ $failed -gt 2 ]" in dry.stdout
     assert "training jobs/mnist.py" not in dry.stdout and "mnist.py --epochs 1" in dry.stdout
     assert not tfl_home.exists()  # a dry run writes nothing
 

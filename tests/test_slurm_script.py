@@ -124,7 +124,12 @@ if [ "$(grep -c -- --job-name=training "$FAKE/calls")" -le "$FAILS" ]; then echo
 [ -n "${HANG:-}" ] && exec sleep 300
 exit 0
 """
-FAKE_SQUEUE = '#!/bin/bash\necho "7.0 training.mnist-1"\necho "7.1 evaluator.mnist-1"\necho "7.2 training.other-run"\n'
+FAKE_SQUEUE = """#!/bin/bash
+case "$*" in *%T*) echo "${JOB_STATE:-RUNNING}"; exit 0 ;; esac  # the job's state (job_running)
+case "$*" in *%L*) echo "${TIME_LEFT:-UNLIMITED}"; exit 0 ;; esac  # its time left (time_left)
+echo "7.0 training.mnist-1"; echo "7.1 evaluator.mnist-1"; echo "7.2 training.other-run"
+"""
+FAKE_SCONTROL = '#!/bin/bash\necho "JobId=7 JobState=RUNNING PreemptTime=${PREEMPT_TIME:-None} SuspendTime=None"\n'
 FAKE_SCANCEL = """#!/bin/bash
 echo "$*" >> "$FAKE/scancel"
 sig=${1#--signal=}
@@ -137,7 +142,8 @@ def fake_slurm(tmp_path: Path, fails: int = 0, **env: str) -> dict[str, str]:
     """A PATH with fake srun/squeue/scancel and python (the nodes step), and the script's files dir."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, text in {"srun": FAKE_SRUN, "squeue": FAKE_SQUEUE, "scancel": FAKE_SCANCEL, "python": FAKE_PYTHON}.items():
+    fakes = {"srun": FAKE_SRUN, "squeue": FAKE_SQUEUE, "scancel": FAKE_SCANCEL, "scontrol": FAKE_SCONTROL, "python": FAKE_PYTHON}
+    for name, text in fakes.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(stat.S_IRWXU)
     Path(RunFiles(str(tmp_path)).root).mkdir()
@@ -193,7 +199,8 @@ def test_script_stops_the_evaluator_after_its_time(tmp_path: Path) -> None:
     assert (tmp_path / "scancel").read_text().splitlines() == ["--signal=TERM 7.1"]  # its step only, SIGTERM first
 
 
-def test_script_sigterm_stops_the_steps_and_does_not_restart(tmp_path: Path) -> None:
+def test_script_sigint_stops_the_steps_and_does_not_restart(tmp_path: Path) -> None:
+    """SIGINT is tfl's stop (SIGTERM is a preemption notice: tests/test_slurm_preemption.py)."""
     b = BatchJob(**{**batch(str(tmp_path), restarts=3, evaluator=True).__dict__, "python": str(tmp_path / "bin" / "python"),
                     "cwd": str(tmp_path)})
     script = subprocess.Popen(["bash", "-c", render_batch_script(b)], env=fake_slurm(tmp_path, HANG="1"),
@@ -203,12 +210,12 @@ def test_script_sigterm_stops_the_steps_and_does_not_restart(tmp_path: Path) -> 
         while not ((tmp_path / "training.pid").exists() and (tmp_path / "evaluator.pid").exists()):
             assert time.monotonic() < deadline and script.poll() is None, script.communicate()
             time.sleep(0.05)
-        script.send_signal(signal.SIGTERM)
+        script.send_signal(signal.SIGINT)
         _, err = script.communicate(timeout=120)
     finally:
         if script.poll() is None:
             script.kill()
-    assert script.returncode == 143, err
+    assert script.returncode == 143, (err, events(tmp_path))
     # this run's steps got SIGTERM through scancel (another run's step in the same allocation did not)
     assert sorted((tmp_path / "scancel").read_text().splitlines()) == ["--signal=TERM 7.0", "--signal=TERM 7.1"]
     assert [e for e in events(tmp_path) if e.startswith("training")] == ["training 0 start", "training 0 exit 143"]
@@ -224,3 +231,5 @@ def test_parse_events_leaves_a_line_being_written() -> None:
     assert parse_events("training 0 start\ntraining 0 exit 143\ntraining 1 start\nevaluator stopping\nevaluator exit 0\nend 0\n") == \
         StepEvents((0, 1), {0: 143}, 0, True, 0)
     assert parse_events("garbage\ntraining x start\n\nend\n") == StepEvents()
+    assert parse_events("training 0 start\ntraining 0 exit 170\nrequeued 1\ntraining 1 start\n") == \
+        StepEvents((0, 1), {0: 170}, None, False, None, requeued=1)

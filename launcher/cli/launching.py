@@ -186,6 +186,10 @@ def export_k8s(
     namespace: str | None = typer.Option(None, "--namespace", "-n", help="namespace of every object (default: kubectl's)"),
     name: str | None = typer.Option(None, "--name", help="name of the JobSet/TFJob, a DNS label (default: the job's name and the time)"),
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="restart the whole group up to K times (TFJob: backoffLimit)"),
+    termination_grace: int | None = typer.Option(
+        None, "--termination-grace", min=0, metavar="SECONDS",
+        help="every pod's terminationGracePeriodSeconds: from the notice (SIGTERM) to SIGKILL, the time for the agreed "
+             "checkpoint (default: Kubernetes' 30)"),
     output: Path | None = typer.Option(None, "--output", "-o", help="write the YAML to FILE instead of printing it"),
 ) -> None:
     """Print JOB on a cluster's roles as Kubernetes manifests: a JobSet (default) or a Kubeflow TFJob."""
@@ -205,7 +209,8 @@ def export_k8s(
                     "(e.g. --image registry.example.com/train:1; see docs/kubernetes.md)")
     spec = _core(lambda: load_cluster(cluster) if cluster is not None else local_cluster(local or 0, evaluator))
     options = ExportOptions(job=job, image=image, name=name or default_name(job, time.strftime("%Y%m%d-%H%M%S")),
-                            job_args=tuple(ctx.args), format=fmt, namespace=namespace, max_restarts=max_restarts)
+                            job_args=tuple(ctx.args), format=fmt, namespace=namespace, max_restarts=max_restarts,
+                            termination_grace=termination_grace)
     result = _core(lambda: export(spec, options))
     for warning in result.warnings:
         typer.echo(f"tfl: warning: {warning}", err=True)

@@ -10,9 +10,14 @@ on the role, so the pod takes its role's and puts its own index in. The role com
 ``JOB_COMPLETION_INDEX`` (Kubernetes sets it in every pod of an Indexed Job).
 
 A training task replaces this process with the job (``exec``): the pod's exit code is the
-job's and signals reach the job directly. ``--sidecar`` (the evaluator) runs the job as a
-child and exits 0 whatever it returns, as in a local run, where an evaluator's failure is
-recorded but never stops training; a failed evaluator Job would make JobSet restart the group.
+job's and signals reach the job directly. So the kubelet's SIGTERM (eviction, preemption,
+deletion) is received by the job kit's own handler, which agrees on a step with the other
+tasks, saves there and exits 170 (``PREEMPTED_EXIT_CODE`` of launcher/contract.py): the pod
+fails with 170, which the manifest's failure policy retries without counting it (see
+docs/kubernetes.md). ``--sidecar`` (the evaluator) runs the job as a child, passes SIGTERM
+and SIGINT on to it, and exits 0 whatever it returns, as in a local run, where an
+evaluator's failure is recorded but never stops training; a failed evaluator Job would make
+JobSet restart the group.
 """
 
 from __future__ import annotations

@@ -58,6 +58,10 @@ def export_warnings(spec: ClusterSpec, options: ExportOptions) -> list[str]:
         warnings.append("no shared storage in the cluster file: each pod keeps its model dir on its own disk, so the "
                         "evaluator sees no checkpoint and a restart starts over; add "
                         "\"storage\": {\"path\": \"/mnt/shared\", \"k8s_claim\": \"<claim>\"}")
+    if options.format == "tfjob" and options.max_restarts:
+        warnings.append(f"--max-restarts {options.max_restarts} becomes the TFJob's backoffLimit, which training-operator "
+                        "does not apply under restartPolicy ExitCode: exit codes 128-255 (a preemption's 170 among them) "
+                        "are retried without limit and 1-127 fail the TFJob; use --format jobset for a cap")
     if spec.storage is not None and not spec.storage.path.startswith("/"):
         warnings.append(f"storage.path {spec.storage.path} reaches the pods as TFL_RUN_DIR, unmounted; tfl's job kit "
                         "writes through local paths today, so its jobs need a mounted path (k8s_claim) for now")

@@ -7,6 +7,13 @@ as hosts, and the entry shim (launcher/k8s/entry.py) picks the pod's own.
 
 - ``failurePolicy.maxRestarts``: any training pod that fails fails its Job (``backoffLimit: 0``)
   and JobSet recreates the whole group, as MultiWorkerMirroredStrategy needs.
+- Preemption: a training pod that exits ``contract.PREEMPTED_EXIT_CODE`` (170: the job kit saved
+  the agreed checkpoint after SIGTERM), or that Kubernetes disrupted (the pod condition
+  ``DisruptionTarget``: preemption, eviction, a node drain), fails its Job through the Job's
+  ``podFailurePolicy`` (``FailJob``: reason ``PodFailurePolicy``), and the JobSet rule
+  ``preempted`` restarts the group with ``RestartJobSetAndIgnoreMaxRestarts``: not counted
+  against maxRestarts, and not capped either. Every other failure takes the default action
+  (``RestartJobSet``, counted).
 - ``successPolicy``: the chief's Job (the workers' when there is no chief, worker 0 being chief
   then). The evaluator never decides: its shim exits 0 whatever the job returns, and JobSet
   deletes it once the JobSet has succeeded.
@@ -22,6 +29,7 @@ from launcher import contract
 from launcher.errors import ExportError
 from launcher.k8s import entry
 from launcher.k8s.pods import (
+    CONTAINER,
     PORT,
     PYTHON,
     ExportOptions,
@@ -29,6 +37,7 @@ from launcher.k8s.pods import (
     base_env,
     container,
     env_list,
+    grace,
     job_command,
     labels,
     metadata,
@@ -43,6 +52,8 @@ ROLE_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"  # set by JobSet on every p
 RESTART_LABEL = "jobset.sigs.k8s.io/restart-attempt"  # 0, then 1, 2, ... after each group restart
 ENTRY_DIR = "/etc/tfl"
 MAX_INDEXED_PODS = 100_000  # Kubernetes' limit on an Indexed Job's completions and parallelism
+PREEMPTED_RULE = "preempted"  # the JobSet failure policy rule for a group that was preempted
+POD_FAILURE_POLICY_REASON = "PodFailurePolicy"  # a Job's failure reason when a podFailurePolicy rule failed it
 
 
 def pod_hostname(name: str, role: str, index: int) -> str:
@@ -90,10 +101,27 @@ def jobset(spec: ClusterSpec, options: ExportOptions, roles: list[Role]) -> dict
         "spec": {
             "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
             "successPolicy": {"operator": "All", "targetReplicatedJobs": [target]},
-            "failurePolicy": {"maxRestarts": options.max_restarts},
+            "failurePolicy": {"maxRestarts": options.max_restarts, "rules": [preempted_rule(roles)]},
             "replicatedJobs": [replicated_job(spec, options, role) for role in roles],
         },
     }
+
+
+def preempted_rule(roles: list[Role]) -> dict[str, Any]:
+    """A training Job failed by its pod failure policy (a preempted pod): restart the group, uncounted."""
+    return {"name": PREEMPTED_RULE, "action": "RestartJobSetAndIgnoreMaxRestarts",
+            "onJobFailureReasons": [POD_FAILURE_POLICY_REASON],
+            "targetReplicatedJobs": [r.name for r in roles if r.name != "evaluator"]}
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """A training pod that saved and left on a notice (170), or that Kubernetes disrupted, fails its
+    Job with reason PodFailurePolicy (see ``preempted_rule``); others count against backoffLimit (0)."""
+    return {"rules": [
+        {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In",
+                                              "values": [contract.PREEMPTED_EXIT_CODE]}},
+        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]}
 
 
 def replicated_job(spec: ClusterSpec, options: ExportOptions, role: Role) -> dict[str, Any]:
@@ -106,8 +134,9 @@ def replicated_job(spec: ClusterSpec, options: ExportOptions, role: Role) -> dic
     pod = {
         "metadata": {"labels": labels(options)},
         "spec": {
-            "restartPolicy": "Never",
+            "restartPolicy": "Never",  # also what a podFailurePolicy needs
             "shareProcessNamespace": True,  # see pods.container
+            **grace(options),
             "containers": [container(options, role, command, env, [entry_mount, *mounts], "tf-grpc")],
             "volumes": [entry_volume, *volumes],
         },
@@ -117,6 +146,7 @@ def replicated_job(spec: ClusterSpec, options: ExportOptions, role: Role) -> dic
         # A training pod's failure fails the group (JobSet restarts it); the evaluator's pod
         # is retried on its own when it is lost (its job's own failures end in exit 0).
         "backoffLimit": options.max_restarts if sidecar else 0,
+        **({} if sidecar else {"podFailurePolicy": pod_failure_policy()}),
         "template": pod,
     }
     return {"name": role.name, "replicas": 1, "template": {"metadata": {"labels": labels(options)}, "spec": job_spec}}

@@ -22,7 +22,8 @@ CONTAINER = "tensorflow"  # the TFJob operator injects TF_CONFIG only into a con
 PORT = 2222  # every pod has its own address, so all tasks use TensorFlow's usual port
 PYTHON = "python3"
 GPU_RESOURCE = "nvidia.com/gpu"
-MAX_NAME = 63  # a DNS label: pod hostnames, Job and Service names
+MAX_NAME = 63
+MAX_GRACE = 31_536_000  # a year: far beyond what a preemption notice gives  # a DNS label: pod hostnames, Job and Service names
 _DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # RFC 1035, as Services and TFJobs require
 _HOST_SETTINGS_IGNORED = ("python", "workdir", "env", "ssh", "share_gpus", "gpu_memory_limit_mb")
 
@@ -38,6 +39,7 @@ class ExportOptions:
     format: str = "jobset"
     namespace: str | None = None
     max_restarts: int = 0
+    termination_grace: int | None = None  # terminationGracePeriodSeconds: the notice (SIGTERM) to SIGKILL; None: Kubernetes' 30
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,9 @@ def check_options(options: ExportOptions) -> None:
         check_dns_label(options.namespace, "--namespace")
     if options.max_restarts < 0:
         raise ExportError(f"--max-restarts {options.max_restarts}: give 0 or more")
+    if options.termination_grace is not None and not 0 <= options.termination_grace <= MAX_GRACE:
+        raise ExportError(f"--termination-grace {options.termination_grace}: give the seconds from the notice to SIGKILL, "
+                          f"0 to {MAX_GRACE} (e.g. 120: time for the agreed checkpoint)")
 
 
 def check_dns_label(value: str, option: str) -> None:
@@ -138,11 +143,17 @@ def storage_volume(spec: ClusterSpec) -> tuple[list[dict[str, Any]], list[dict[s
     return [volume], [{"name": "shared", "mountPath": spec.storage.path}]
 
 
+def grace(options: ExportOptions) -> dict[str, Any]:
+    """A pod spec's ``terminationGracePeriodSeconds``, when the export sets it: the time the job
+    kit has, from the kubelet's SIGTERM (eviction, preemption, deletion), for the agreed checkpoint."""
+    return {} if options.termination_grace is None else {"terminationGracePeriodSeconds": options.termination_grace}
+
+
 def container(options: ExportOptions, role: Role, command: list[str], env: list[dict[str, Any]],
               mounts: list[dict[str, Any]], port_name: str) -> dict[str, Any]:
     """The one container of a task's pod. Its pod shares one process namespace (``shareProcessNamespace``)
-    so that the job is not PID 1: PID 1 ignores a signal it has no handler for, and the job kit gives
-    SIGTERM its default action back, so a deleted or preempted pod would wait out its grace period."""
+    so that the job is not PID 1: PID 1 ignores a signal it has no handler for, so a job without the
+    kit's SIGTERM handler (which saves the agreed checkpoint and exits 170) would wait out the grace period."""
     body: dict[str, Any] = {
         "name": CONTAINER, "image": options.image, "command": command, "env": env,
         "ports": [{"name": port_name, "containerPort": PORT}],

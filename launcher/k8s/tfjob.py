@@ -5,8 +5,13 @@ writes TF_CONFIG itself into the container named ``tensorflow``: its cluster lis
 role, the evaluator included, for every task (TensorFlow's strategies leave the evaluator
 out of training), plus ``"environment": "cloud"``. So no entry shim here.
 
-- ``restartPolicy: ExitCode``: a pod that exits with 128-255 (a signal, preemption) is
-  restarted, one with 1-127 (the code's own error) fails the TFJob; ``backoffLimit`` caps it.
+- ``restartPolicy: ExitCode``: a pod that exits with 128-255 (a signal, or 170: the job kit
+  saved the agreed checkpoint on a preemption notice) is deleted and made again, alone; one
+  with 1-127 (the code's own error) fails the TFJob. ``backoffLimit`` does not cap those
+  retries: the operator (``core.PastBackoffLimit``) sums the container restart counts of
+  running pods, and a pod made again starts at 0 (ExitCode pods run with restartPolicy Never).
+  So 170 is retried without counting, and so is every other code from 128 to 255, without
+  limit; ``export_warnings`` says so when --max-restarts is given.
 - ``cleanPodPolicy: None``: the evaluator's pod is not killed when the chief finishes
   (kubeflow/trainer#1658), so it can evaluate the last checkpoint.
 """
@@ -22,6 +27,7 @@ from launcher.k8s.pods import (
     base_env,
     container,
     env_list,
+    grace,
     job_command,
     labels,
     metadata,
@@ -51,6 +57,7 @@ def replica_spec(spec: ClusterSpec, options: ExportOptions, role: Role) -> dict[
     env = env_list(base_env(spec, options, role))
     pod: dict[str, Any] = {
         "shareProcessNamespace": True,  # see pods.container
+        **grace(options),
         "containers": [container(options, role, job_command(options), env, mounts, PORT_NAME)],
     }
     if volumes:

@@ -8,6 +8,8 @@ and progress there, and the launcher reads them). Its ``slurm/`` folder::
     job.sbatch         the batch script (what ``--dry-run`` shows)
     batch-<job>.out    the batch script's own output (``sbatch --output``); batch.out inside an allocation
     events             what the batch script did, one line each (``EVENT_*`` below)
+    first-attempt      the attempt the job starts with: 0, or the next one for ``tfl resume``
+                       (whose start moves the last job's events to events-before-<attempt>)
     training-<a>.err   srun's stderr for the training step of attempt a: its ``srun: error: NODE:
                        task N: ...`` lines say which task ended the step, on which node
     evaluator.err      srun's stderr for the evaluator's step
@@ -30,12 +32,14 @@ from typing import Any, ClassVar
 
 SLURM_SUBDIR = "slurm"
 EVENTS_FILE = "events"
+FIRST_ATTEMPT_FILE = "first-attempt"
 TRAINING_ERR = "training-{attempt}.err"
 EVALUATOR_ERR = "evaluator.err"
 TRAINING_ROLE, EVALUATOR_ROLE = "training", "evaluator"  # the task driver's roles: one step each
 EVENT_TRAINING = TRAINING_ROLE  # "training A start", "training A exit STATUS"
 EVENT_EVALUATOR_EXIT = "evaluator exit"  # "evaluator exit STATUS": its step ended
 EVENT_EVALUATOR_STOPPING = "evaluator stopping"  # training had ended and the evaluator's time was up
+EVENT_REQUEUED = "requeued"  # "requeued N": Slurm requeued the job (SLURM_RESTART_COUNT=N), the attempts go on
 EVENT_END = "end"  # "end STATUS": the script's own exit status, written just before it exits
 
 
@@ -62,6 +66,10 @@ class RunFiles:
     @property
     def events(self) -> str:
         return f"{self.root}/{EVENTS_FILE}"
+
+    @property
+    def first_attempt(self) -> str:
+        return f"{self.root}/{FIRST_ATTEMPT_FILE}"
 
     @property
     def batch_output_pattern(self) -> str:
@@ -96,18 +104,21 @@ class SlurmJobPlan:
     test_only: tuple[str, ...] = ()  # the sbatch command that checks the job without submitting it
     steps: tuple[tuple[str, str], ...] = ()  # (role, srun line): what --dry-run shows besides the script
     max_restarts: int = 0  # how often the script starts the training group again (its policy, as written in it)
+    max_preemptions: int = 100  # how often it starts a preempted group again, not counted in max_restarts
+    requeue: bool = False  # Slurm may requeue the job (a preempted job is then pending again, not ended)
 
     def to_dict(self) -> dict[str, Any]:
         return {"script": self.script, "sbatch": list(self.sbatch), "job_name": self.job_name,
                 "allocation": self.allocation, "test_only": list(self.test_only), "steps": [list(s) for s in self.steps],
-                "max_restarts": self.max_restarts}
+                "max_restarts": self.max_restarts, "max_preemptions": self.max_preemptions, "requeue": self.requeue}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SlurmJobPlan:
         return cls(script=data["script"], sbatch=tuple(data["sbatch"]), job_name=data["job_name"],
                    allocation=data.get("allocation"), test_only=tuple(data.get("test_only", ())),
                    steps=tuple((role, line) for role, line in data.get("steps", ())),
-                   max_restarts=int(data.get("max_restarts", 0)))
+                   max_restarts=int(data.get("max_restarts", 0)), max_preemptions=int(data.get("max_preemptions", 100)),
+                   requeue=bool(data.get("requeue", False)))
 
 
 @dataclass(frozen=True)
@@ -119,6 +130,7 @@ class StepEvents:
     evaluator_exit: int | None = None
     evaluator_stopping: bool = False
     end: int | None = None  # the script's exit status, once it is about to exit
+    requeued: int = 0  # how often Slurm requeued the job (the last "requeued N")
 
     @property
     def last_attempt(self) -> int | None:
@@ -130,7 +142,7 @@ def parse_events(text: str) -> StepEvents:
     started: list[int] = []
     exits: dict[int, int] = {}
     evaluator_exit: int | None = None
-    stopping, end = False, None
+    stopping, end, requeued = False, None, 0
     for line in text.splitlines(keepends=True):
         if not line.endswith("\n"):
             break
@@ -145,7 +157,9 @@ def parse_events(text: str) -> StepEvents:
             stopping = True
         elif len(words) == 2 and words[0] == EVENT_END:
             end = _status(words[1])
-    return StepEvents(tuple(started), exits, evaluator_exit, stopping, end)
+        elif len(words) == 2 and words[0] == EVENT_REQUEUED and words[1].isdigit():
+            requeued = int(words[1])
+    return StepEvents(tuple(started), exits, evaluator_exit, stopping, end, requeued)
 
 
 def _status(word: str) -> int:

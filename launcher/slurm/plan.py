@@ -5,8 +5,9 @@ here). The tasks are known before the job exists (chief:0, worker:0.., evaluator
 nodes and ports are not: Slurm picks the nodes, the task driver builds each TF_CONFIG once
 the job runs (``launcher.slurm.nodes``). So a task's host is ``slurm`` until the run's
 record names its node, and its argv is the driver's. The restart policy goes into the
-script (``--max-restarts``: the script relaunches the training group), so the options it
-cannot carry are refused here, in one line.
+script (``--max-restarts``, and ``--max-preemptions`` for groups that ended preempted: the
+script relaunches the training group), so the options it cannot carry are refused here, in
+one line.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from launcher.hosts import RemoteOptions
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.policy import SupervisorConfig
 from launcher.slurm.batch import EVALUATOR_ROLE, TRAINING_ROLE, RunFiles, SlurmJobPlan
-from launcher.slurm.script import BatchJob, batch_env, driver_argv, evaluator_srun, render_batch_script, sbatch_command, training_srun
+from launcher.slurm.script import (
+    BatchJob,
+    batch_env,
+    driver_argv,
+    evaluator_srun,
+    render_batch_script,
+    sbatch_command,
+    training_srun,
+)
 from launcher.slurm.settings import AllocationSpec, SlurmClusterSpec
 from launcher.tasks import TaskId, task_ids
 
@@ -30,7 +39,8 @@ def refuse_unsupported(config: SupervisorConfig) -> None:
     """The supervisor options a batch script cannot honour."""
     if config.retry_on != "any":
         raise UsageError("--retry-on preemption: on Slurm the batch script restarts the training group after any failure "
-                         "(srun reports 143 for every task it ended, so a preemption cannot be told apart); drop the option")
+                         "(--max-restarts), and a group that saved on a preemption notice (exit 170) apart from those "
+                         "(--max-preemptions); drop the option")
     if config.stall_timeout:
         raise UsageError("--stall-timeout is not supported on Slurm (a job may pend for any time before its tasks run); "
                          "bound the run with the slurm block's \"time\" instead")
@@ -43,8 +53,10 @@ def build_slurm_plan(spec: SlurmClusterSpec, job: str, job_args: tuple[str, ...]
     is the SSH backend's: Slurm's nodes share the run dir, nothing is shipped to them."""
     refuse_unsupported(config)
     allocation = spec.job_id if isinstance(spec, AllocationSpec) else None
+    max_preemptions = config.max_preemptions
     batch = BatchJob(settings=spec.slurm, job=job, job_args=job_args, run_id=run_id, run_dir=run_dir, env=spec.env,
-                     python=python, cwd=cwd, max_restarts=config.max_restarts, grace_period=config.grace_period,
+                     python=python, cwd=cwd, max_restarts=config.max_restarts, max_preemptions=max_preemptions,
+                     grace_period=config.grace_period,
                      evaluator_timeout=config.evaluator_timeout, virtual_devices=virtual_devices,
                      allocation=allocation is not None)
     counts = {"chief": 1, "worker": spec.slurm.training_tasks - 1, EVALUATOR: int(spec.slurm.evaluator)}
@@ -55,7 +67,8 @@ def build_slurm_plan(spec: SlurmClusterSpec, job: str, job_args: tuple[str, ...]
     slurm = SlurmJobPlan(script=render_batch_script(batch), sbatch=() if allocation else tuple(sbatch_command(batch)),
                          job_name=batch.job_name, allocation=allocation,
                          test_only=() if allocation else tuple(sbatch_command(batch, "--test-only")), steps=tuple(steps),
-                         max_restarts=config.max_restarts)
+                         max_restarts=config.max_restarts, max_preemptions=max_preemptions,
+                         requeue=spec.slurm.requeue and allocation is None)
     return LaunchPlan(run_id=run_id, run_dir=run_dir, job=job, job_args=job_args, tasks=tasks, unit=slurm)
 
 

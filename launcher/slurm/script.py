@@ -19,9 +19,23 @@ and execs the job:
 
 Every step's stderr (srun's own "srun: error: n2: task 1: Exited with exit code 3" lines)
 goes to a file per step, and the script notes what it did in the events file
-(``launcher.slurm.batch``): that is how the launcher follows the run. SIGTERM to the script
-(``tfl stop`` of a run inside an allocation) is passed to its steps' tasks with ``scancel
---signal``, never to srun, which would abort its step at once, and no restart follows.
+(``launcher.slurm.batch``): that is how the launcher follows the run.
+
+Signals to the script: **SIGTERM is a preemption notice** (``slurm.preemption_notice``:
+``sbatch --signal=B:TERM@N`` before the time limit, or ``scancel --signal=TERM --batch``):
+it goes on to the training step's tasks with ``scancel --signal`` (never to srun, which would
+abort its step at once); the job kit saves an agreed checkpoint and every task exits 170
+(``contract.PREEMPTED_EXIT_CODE``). **SIGINT stops the run** (``tfl stop`` of a run inside an
+allocation): SIGTERM to every step's tasks, and no restart follows.
+
+A training step that ends preempted (status 170, and srun's first failed task exited 170) is
+started again without counting against ``max_restarts``, at most ``max_preemptions`` times,
+while the job still runs and, after a notice before the time limit, more than
+``preemption_notice`` + 60 s are left (else the run ends preempted: ``tfl resume`` goes on).
+When Slurm itself preempts the job (``PreemptTime`` set: its tasks
+got SIGTERM from Slurm with the partition's GraceTime) the script starts nothing: with
+``requeue`` it waits for Slurm to end and requeue the job, whose next run of this script
+continues the attempts from the events file (``SLURM_RESTART_COUNT`` > 0 is noted).
 
 The allocation asks for ``--ntasks-per-node=T``, or ``T+1`` with an evaluator: Slurm packs
 ``--ntasks=N*T+1`` onto as few nodes' CPUs as it can (4+1 on two nodes, not 2+2 and 1 more,
@@ -40,15 +54,17 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from launcher.contract import SLURM_LAYOUT, SLURM_NODES, run_variables
+from launcher.contract import PREEMPTED_EXIT_CODE, SLURM_LAYOUT, SLURM_NODES, run_variables
 from launcher.slurm.batch import (
     EVALUATOR_ERR,
     EVALUATOR_ROLE,
     EVENT_END,
     EVENT_EVALUATOR_EXIT,
     EVENT_EVALUATOR_STOPPING,
+    EVENT_REQUEUED,
     EVENT_TRAINING,
     EVENTS_FILE,
+    FIRST_ATTEMPT_FILE,
     TRAINING_ERR,
     TRAINING_ROLE,
     RunFiles,
@@ -59,6 +75,7 @@ from launcher.slurm.nodes import format_tasks_per_node
 from launcher.slurm.settings import SlurmSettings
 
 TASK_DRIVER = "launcher.slurm.task"
+DEFAULT_MAX_PREEMPTIONS = 100
 TRAINING, EVALUATOR = TRAINING_ROLE, EVALUATOR_ROLE
 _PLAIN = re.compile(r"[A-Za-z0-9_./+@:,=-]+")  # what an #SBATCH line carries without quoting
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -77,6 +94,7 @@ class BatchJob:
     python: str  # the python on the nodes, with tfl importable
     cwd: str  # where the tasks start
     max_restarts: int = 0
+    max_preemptions: int = DEFAULT_MAX_PREEMPTIONS  # training steps ended preempted, restarted without counting
     grace_period: float = 5.0  # SIGTERM -> SIGKILL, for the evaluator's step
     evaluator_timeout: float = 600.0  # after training: the evaluator's time to finish
     virtual_devices: int | None = None
@@ -115,8 +133,14 @@ def sbatch_header(batch: BatchJob) -> list[str]:
         f"--nodes={s.nodes}",
         f"--ntasks-per-node={batch.tasks_per_node_allocated}",
         f"--output={_plain(batch.run_dir, 'run dir', 'set TFL_HOME to a plain path') and batch.files.batch_output_pattern}",
-        "--no-requeue",  # a node failure ends the run, said in one line; Slurm would start it again unseen
+        # Without requeue a node failure or a preemption ends the run, said in one line; with it Slurm
+        # starts the script again and the attempts go on (see the module docstring).
+        "--requeue" if s.requeue else "--no-requeue",
     ]
+    if s.requeue:
+        options.append("--open-mode=append")  # the requeued job's output follows the first run's
+    if s.preemption_notice is not None:
+        options.append(f"--signal=B:TERM@{s.preemption_notice}")  # the batch shell only: it passes it on
     if s.partition:
         options.append(f"--partition={s.partition}")
     if s.time:
@@ -196,30 +220,99 @@ def _prologue(batch: BatchJob) -> list[str]:
         "  local status",
         "  while :; do",
         "    wait \"$1\"; status=$?",
-        "    if [ $status -le 128 ] || ! kill -0 \"$1\" 2>/dev/null; then return $status; fi",
+        "    if [ $status -le 128 ]; then return $status; fi",
+        "    if ! kill -0 \"$1\" 2>/dev/null; then wait \"$1\"; return $?; fi  # ended: its own status (bash keeps it)",
         "  done",
         "}",
-        "# SIGTERM reaches this run's tasks through scancel --signal (srun would abort its step at once)",
+        "# signals reach this run's tasks through scancel --signal (srun would abort its step at once)",
         f"signal_steps() {{ for step in $({_steps(batch, *roles)}); do scancel --signal=\"$1\" \"$step\"; done; }}",
+        f"signal_training() {{ for step in $({_steps(batch, TRAINING)}); do scancel --signal=\"$1\" \"$step\"; done; }}",
         "stopping=",
-        "trap 'stopping=1; signal_steps TERM' TERM INT",
+        "# SIGTERM: a preemption notice, for the training tasks (they save an agreed checkpoint and exit "
+        f"{PREEMPTED_EXIT_CODE}); SIGINT: stop",
+        "trap 'signal_training TERM' TERM",
+        "trap 'stopping=1; signal_steps TERM' INT",
         f"{SLURM_NODES}=$({shlex.join(nodes_command(batch))}) || {{ note {EVENT_END} 1; exit 1; }}",
         f"export {SLURM_NODES}",
     ]
 
 
+def _policy_functions() -> list[str]:
+    """Shell: what the restart policy asks of the step's srun stderr and of Slurm."""
+    return [
+        "# preempted: srun's first failed task exited with the preempted code (launcher.backends.slurm.outcome agrees)",
+        f"preempted_step() {{ local first; first=$(grep -o -m1 'Exited with exit code [0-9]*' \"$1\" 2>/dev/null); "
+        f"[ \"${{first##* }}\" = {PREEMPTED_EXIT_CODE} ]; }}",
+        "job_running() { [ \"$(squeue -h -j \"$SLURM_JOB_ID\" -o %T 2>/dev/null)\" = RUNNING ]; }",
+        "slurm_preempts() { scontrol show job -o \"$SLURM_JOB_ID\" 2>/dev/null | grep -q ' PreemptTime=[0-9]'; }",
+        "# the job's time left in seconds (squeue %L: [D-]H:MM:SS, M:SS or S), -1 without a limit",
+        "time_left() {",
+        "  local t d=0 a b c; t=$(squeue -h -j \"$SLURM_JOB_ID\" -o %L 2>/dev/null)",
+        "  case $t in *[0-9]*) ;; *) echo -1; return ;; esac",
+        "  case $t in *-*) d=${t%%-*}; t=${t#*-} ;; esac",
+        "  IFS=: read -r a b c <<< \"$t\"",
+        "  if [ -z \"$b\" ]; then c=$a a=0 b=0; elif [ -z \"$c\" ]; then c=$b b=$a a=0; fi",
+        "  echo $(( ((10#$d * 24 + 10#$a) * 60 + 10#$b) * 60 + 10#$c ))",
+        "}",
+        "# the first attempt: 0, or the next one after `tfl resume`; after a requeue the attempts go on from",
+        "# the events file: next attempt, preemptions, failures (those since the first attempt)",
+        f"first=$(cat \"$files/{FIRST_ATTEMPT_FILE}\" 2>/dev/null); case $first in ''|*[!0-9]*) first=0 ;; esac",
+        "counts=$(awk -v first=\"$first\" '$1 == \"training\" && $3 == \"start\" { n = $2 + 1 } "
+        f"$1 == \"training\" && $3 == \"exit\" && $2 >= first && $4 == {PREEMPTED_EXIT_CODE} {{ p++ }} "
+        f"$1 == \"training\" && $3 == \"exit\" && $2 >= first && $4 != 0 && $4 != {PREEMPTED_EXIT_CODE} {{ f++ }} "
+        "END { print n + 0, p + 0, f + 0 }' \"$files/events\" 2>/dev/null)",
+        "read -r attempt preempted failed <<< \"${counts:-0 0 0}\"",
+        "if [ $attempt -lt $first ]; then attempt=$first; fi",
+        f"if [ \"${{SLURM_RESTART_COUNT:-0}}\" -gt 0 ] && [ $attempt -gt 0 ]; then note {EVENT_REQUEUED} \"$SLURM_RESTART_COUNT\"; fi",
+    ]
+
+
+def _time_limit_check(batch: BatchJob) -> list[str]:
+    """After a notice before the time limit, a restart would have only the notice's time: the run
+    ends preempted instead (the agreed checkpoint is on disk; ``tfl resume`` goes on)."""
+    notice = batch.settings.preemption_notice
+    if notice is None or batch.allocation:
+        return []
+    # Slurm may send the signal up to 60 s before the asked time.
+    return [f"    left=$(time_left); if [ $left -ge 0 ] && [ $left -le {notice + 60} ]; then",
+            "      echo \"tfl: training preempted $left s before the time limit: too little to restart; "
+            "tfl resume continues the run\" >&2; break",
+            "    fi"]
+
+
 def _training_loop(batch: BatchJob) -> list[str]:
     err_path = f'"$files/{TRAINING_ERR.format(attempt="$attempt")}"'
+    requeue = batch.settings.requeue and not batch.allocation
     return [
-        "attempt=0",
+        *_policy_functions(),
         "while :; do",
         f"  note {EVENT_TRAINING} $attempt start",
         f"  TFL_ATTEMPT=$attempt {shlex.join(training_srun(batch))} 2> {err_path} &",
         "  wait_step $!; status=$?",
         f"  note {EVENT_TRAINING} $attempt exit $status",
-        f"  if [ $status -eq 0 ] || [ -n \"$stopping\" ] || [ $attempt -ge {batch.max_restarts} ]; then break; fi",
+        "  if [ $status -eq 0 ] || [ -n \"$stopping\" ]; then break; fi",
+        f"  if [ $status -eq {PREEMPTED_EXIT_CODE} ] && preempted_step {err_path}; then",
+        "    preempted=$((preempted + 1))",
+        f"    if [ $preempted -gt {batch.max_preemptions} ]; then",
+        f"      echo \"tfl: training preempted $preempted times, more than --max-preemptions {batch.max_preemptions}\" >&2; break",
+        "    fi",
+        "    if slurm_preempts; then",
+        *(["      echo \"tfl: Slurm preempts job $SLURM_JOB_ID; it will be requeued and go on from the checkpoint\" >&2",
+           "      while :; do sleep 1; done  # Slurm ends this script at the end of GraceTime, then requeues the job"]
+          if requeue else
+          ["      echo \"tfl: Slurm preempts job $SLURM_JOB_ID (not requeued: the slurm block has no \\\"requeue\\\": true)\" >&2",
+           "      break"]),
+        "    fi",
+        *_time_limit_check(batch),
+        f"    why=\"training preempted; restart without counting ($preempted of at most {batch.max_preemptions} preemptions)\"",
+        "  else",
+        "    failed=$((failed + 1))",
+        f"    if [ $failed -gt {batch.max_restarts} ]; then break; fi",
+        f"    why=\"training step failed (exit $status); restart $failed of {batch.max_restarts}\"",
+        "  fi",
+        "  if ! job_running; then break; fi  # cancelled or out of time: Slurm ends the job",
         "  attempt=$((attempt + 1))",
-        f"  echo \"tfl: training step failed (exit $status); restart $attempt of {batch.max_restarts}\" >&2",
+        "  echo \"tfl: $why\" >&2",
         "done",
     ]
 

@@ -3,7 +3,8 @@
 A Slurm description has a ``slurm`` block where an SSH/local one has ``cluster``::
 
     {"slurm": {"nodes": 2, "tasks_per_node": 1, "evaluator": true, "partition": "debug",
-               "time": "01:00:00", "gpus_per_task": 1, "sbatch_args": ["--account=ml"]},
+               "time": "01:00:00", "gpus_per_task": 1, "sbatch_args": ["--account=ml"],
+               "preemption_notice": 120, "requeue": true},
      "env": {"TF_CPP_MIN_LOG_LEVEL": "2"}}
 
 Slurm decides the hosts, so there are no ``hosts``, ``ssh`` or ``devices`` keys. Values are
@@ -24,6 +25,7 @@ from launcher.fields import describe_error
 from launcher.slurm.errors import SlurmLayoutError
 from launcher.slurm.nodes import MAX_TASKS_PER_ADDRESS, parse_tasks_per_node
 
+MAX_NOTICE_SECONDS = 65535
 _TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE|unlimited|infinite")
 _PARTITION = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
 # sbatch options tfl sets itself, each with the field to use instead.
@@ -41,6 +43,7 @@ _OWNED_OPTIONS = {
     "--export": "the top-level env (tfl passes the environment to every task)",
     "-a": "nothing (one run is one job)", "--array": "nothing (one run is one job)",
     "--wrap": "nothing (tfl writes the batch script)", "--parsable": "nothing (tfl passes it)",
+    "--signal": "slurm.preemption_notice", "--requeue": "slurm.requeue", "--no-requeue": "slurm.requeue",
     "-W": "nothing (tfl follows the job)", "--wait": "nothing (tfl follows the job)",
 }
 
@@ -69,6 +72,11 @@ class SlurmSettings(_Strict):
     gpus_per_task: int | None = Field(None, description="GPUs per task (sbatch/srun --gpus-per-task); omit for CPU only")
     cpus_per_task: int | None = Field(None, description="CPUs per task (sbatch/srun --cpus-per-task; default: Slurm's, often 1)")
     sbatch_args: list[str] = Field(default_factory=list, description="extra sbatch options, one per item (e.g. \"--account=ml\")")
+    preemption_notice: int | None = Field(None, description="seconds before the job's time limit that tfl's batch script "
+                                          "gets SIGTERM (sbatch --signal=B:TERM@N) and passes it to the training tasks, "
+                                          "which save an agreed checkpoint and exit 170; omit for none")
+    requeue: bool = Field(False, description="let Slurm requeue the job when it is preempted (PreemptMode=REQUEUE) or its "
+                                             "node fails; the job resumes from the model dir as the next attempt")
 
     @field_validator("nodes", mode="before")
     @classmethod
@@ -86,7 +94,13 @@ class SlurmSettings(_Strict):
     def _per_task(cls, value: object) -> object:
         return None if value is None else _count(value, "1 (or leave the key out)")
 
-    @field_validator("evaluator", mode="before")
+    @field_validator("preemption_notice", mode="before")
+    @classmethod
+    def _preemption_notice(cls, value: object) -> object:
+        # sbatch keeps sig_time in 16 bits; Slurm may send the signal up to 60 s early anyway.
+        return None if value is None else _count(value, "120 (seconds; or leave the key out)", high=MAX_NOTICE_SECONDS)
+
+    @field_validator("evaluator", "requeue", mode="before")
     @classmethod
     def _evaluator(cls, value: object) -> object:
         if not isinstance(value, bool):

@@ -7,12 +7,15 @@ The protocol, honestly fitted to a whole-run backend (``base.GroupBackend``):
 - ``start``: the first task's start submits the job (``sbatch --parsable``), or starts tfl's
   batch script inside the allocation; the job starts every task, so the other starts (and
   those of a restarted attempt, which the script made) only hand out the task's handle.
+  ``tfl resume`` starts at the run's next attempt: the script begins there (``first-attempt``
+  in the run dir), after the last job's events were moved aside.
 - ``poll`` / ``alive``: from the batch script's events and srun's stderr in the run dir, and
   the job's state (``outcome``); ``poll`` also fills in the task's node and pid once its
   driver has noted them.
 - ``signal``: a training task is signalled through its job, which stops the run (the script
   would otherwise start the group again); the evaluator through its own step.
-- ``restarted``: the script's policy, written into it from ``--max-restarts``.
+- ``restarted``: the script's policy, written into it from ``--max-restarts`` and
+  ``--max-preemptions`` (a step that ended preempted, 170, does not count as a failure).
 - ``inspect`` / ``stop_recorded`` / ``describe``: ``launcher.backends.slurm.recorded``.
 
 Logs and progress need nothing: the tasks write them into the run dir, on storage every node
@@ -30,7 +33,14 @@ from typing import Callable
 from launcher.backends.base import Cleanup, TaskLive, TaskProcess
 from launcher.backends.slurm import recorded
 from launcher.backends.slurm.job import SlurmJob, sbatch_message
-from launcher.backends.slurm.outcome import Outcome, evaluator_alive, evaluator_outcome, training_alive, training_outcome
+from launcher.backends.slurm.outcome import (
+    Outcome,
+    evaluator_alive,
+    evaluator_outcome,
+    preemption_counts,
+    training_alive,
+    training_outcome,
+)
 from launcher.checks import Check, HostTasks
 from launcher.errors import LaunchError
 from launcher.plan import LaunchPlan, TaskLaunch
@@ -100,10 +110,8 @@ class SlurmBackend:
     def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
         if self._job is None:
             raise LaunchError(f"{launch.name}: the slurm backend was not prepared with this run's plan")
-        if not self._job.started:
-            if attempt:
-                raise LaunchError(f"{launch.name}: attempt {attempt} before the job started")
-            self._job.start(self._environ)
+        if not self._job.started:  # at attempt 0, or at the next one for `tfl resume`
+            self._job.start(self._environ, attempt)
         return TaskProcess(launch=launch, attempt=attempt, pid=None, create_time=None, pgid=None, handle=self._job)
 
     def poll(self, proc: TaskProcess) -> int | None:
@@ -156,8 +164,12 @@ class SlurmBackend:
         events = job.events()
         if attempt + 1 in events.started:
             return True
-        if job.stopped or attempt >= job.plan.max_restarts or events.end is not None or events.exits.get(attempt) == 0:
+        if job.stopped or events.end is not None or events.exits.get(attempt) == 0:
             return False
+        if attempt in events.exits:  # the script's policy: preemptions and failures have their own caps
+            preempted, failed = preemption_counts(events, job.srun_err, attempt, job.first_attempt)
+            if preempted > job.plan.max_preemptions or failed > job.plan.max_restarts:
+                return False
         return False if job.end() is not None else None
 
     # --- a recorded run, from any terminal ------------------------------------------------

@@ -8,8 +8,10 @@ outcome is from the run dir's files and the job's state (``outcome``), asking sl
 most once a second.
 
 Stopping: a submitted job is cancelled (``scancel JOB``: Slurm sends its tasks SIGTERM and,
-after its KillWait, SIGKILL); inside an allocation, which is the user's, tfl's batch script
-gets SIGTERM, passes it to this run's steps with ``scancel --signal`` and restarts nothing.
+after its KillWait, SIGKILL; the job kit's tasks save the agreed checkpoint in that time and
+the script, seeing the job no longer RUNNING, restarts nothing); inside an allocation, which
+is the user's, tfl's batch script gets SIGINT, passes SIGTERM to this run's steps with
+``scancel --signal`` and restarts nothing.
 SIGKILL: ``scancel --signal=KILL`` (the whole job, or this run's steps) and then the script.
 """
 
@@ -125,7 +127,9 @@ def stop_job(ref: JobRef, run: Runner, signum: int) -> None:
             if signum == signal.SIGKILL:
                 os.killpg(ref.script_pid, signum)  # the script leads its own group (with its sruns)
             else:
-                os.kill(ref.script_pid, signum)  # the script alone: it passes SIGTERM on to its steps' tasks
+                # The script alone, with SIGINT: it stops the run and passes SIGTERM on to its steps'
+                # tasks (SIGTERM to the script is a preemption notice, after which it would restart them).
+                os.kill(ref.script_pid, signal.SIGINT)
         except (ProcessLookupError, PermissionError):
             pass
 
@@ -147,15 +151,22 @@ class SlurmJob:
         self._state_at = float("-inf")
         self.stopped = False  # tfl has stopped the unit
         self.started = False
+        self.first_attempt = 0  # the attempt the script starts with (the next one, for `tfl resume`)
         self.unsure = False  # the last question to Slurm got no answer
 
     # --- starting ---------------------------------------------------------------------------
-    def start(self, environ: Mapping[str, str]) -> None:
-        """Write the batch script into the run dir and start it: ``sbatch`` or, inside an allocation, ``bash``."""
+    def start(self, environ: Mapping[str, str], attempt: int = 0) -> None:
+        """Write the batch script into the run dir and start it: ``sbatch`` or, inside an allocation, ``bash``.
+        ``attempt`` > 0 (``tfl resume``): the script begins there, and the last job's events are
+        kept as ``events-before-<attempt>`` (they would end this one's before it began)."""
         files = self.ref.files
         try:
             private_dir(files.root, exist_ok=True)
             write_atomic(files.script, self.plan.script)
+            if attempt and os.path.exists(files.events):
+                os.replace(files.events, f"{files.events}-before-{attempt}")
+            write_atomic(files.first_attempt, f"{attempt}\n")
+            self.first_attempt = attempt
         except OSError as exc:
             raise SlurmError(f"cannot write the batch script to {files.script}: {exc.strerror}") from None
         if self.plan.allocation:
@@ -224,6 +235,8 @@ class SlurmJob:
         state = self.state()
         if (state is not None and not state.is_terminal) or (state is None and self.unsure):
             return None
+        if state is not None and state.state == "PREEMPTED" and self.plan.requeue:
+            return None  # Slurm requeues it: pending again, then the script goes on with the next attempt
         return JobEnd(self.ref.job_id, state.state if state else "UNKNOWN", state.exit_code if state else None,
                       self.stopped, batch_tail=batch_tail(self.ref))
 

@@ -10,15 +10,21 @@ cause's tasks get an exit code here. When the whole job ended under the tasks (a
 failure, the time limit, a cancellation outside tfl, the batch script failing before
 training) the chief takes the failure, or the first task on the failed node, with one line
 that says what happened (``Outcome.ended_by``).
+
+A step whose first failed task exited with ``contract.PREEMPTED_EXIT_CODE`` (170) was
+preempted: every task that exited 170 saved the agreed checkpoint, and each reports 170 with
+"preempted" as what ended it. The batch script applies the same rule (``preempted_step`` in
+``launcher.slurm.script``) to restart such a step without counting it against max_restarts.
 """
 
 from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from launcher.contract import PREEMPTED_EXIT_CODE
 from launcher.slurm.batch import StepEvents
 from launcher.slurm.jobstate import SrunTaskFailure, parse_srun_failures, root_cause
 
@@ -52,6 +58,29 @@ def failure_code(failure: SrunTaskFailure) -> int:
     return _SIGNAL_WORDS.get(failure.what, 1)
 
 
+PREEMPTED = f"preempted: saved the agreed checkpoint and exited {PREEMPTED_EXIT_CODE}"
+
+
+def preempted_step(status: int | None, srun_err: str) -> bool:
+    """Whether a training step that ended with ``status`` was preempted (the script's rule)."""
+    cause = root_cause(parse_srun_failures(srun_err))
+    return status == PREEMPTED_EXIT_CODE and cause is not None and cause.exit_code == PREEMPTED_EXIT_CODE
+
+
+def preemption_counts(events: StepEvents, srun_err: Callable[[int], str], upto: int, since: int = 0) -> tuple[int, int]:
+    """(preempted steps, failed steps) among the training attempts from ``since`` (the job's first:
+    0, or the one ``tfl resume`` started it with) up to ``upto``, as the script counts them."""
+    preempted = failed = 0
+    for attempt, status in events.exits.items():
+        if attempt > upto or attempt < since or status == 0:
+            continue
+        if status == PREEMPTED_EXIT_CODE and preempted_step(status, srun_err(attempt)):
+            preempted += 1
+        else:
+            failed += 1
+    return preempted, failed
+
+
 def failed_node(srun_err: str) -> str | None:
     match = _NODE_FAILURE.search(srun_err)
     return match[1] if match else None
@@ -78,6 +107,9 @@ def training_outcome(rank: int, attempt: int, events: StepEvents, srun_err: str,
         cause = root_cause(parse_srun_failures(srun_err))
         if cause is None:  # srun failed without naming a task (e.g. it could not start the step)
             return Outcome(status, f"the training step ended with status {status}: {_last_line(srun_err)}") if rank == 0 else None
+        if cause.exit_code == PREEMPTED_EXIT_CODE:  # every task that saved and left reports it
+            saved = {r for f in parse_srun_failures(srun_err) if f.exit_code == PREEMPTED_EXIT_CODE for r in f.ranks}
+            return Outcome(PREEMPTED_EXIT_CODE, PREEMPTED) if rank in saved else None
         return Outcome(failure_code(cause)) if rank in cause.ranks else None
     assert end is not None
     return Outcome(end.exit_code or 1, describe_end(end)) if rank == 0 else None

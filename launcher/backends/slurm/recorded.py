@@ -4,7 +4,7 @@
 Status asks slurmctld once per run (``squeue``, then ``sacct`` where accounting is on, then
 ``scontrol show job``: ``launcher.slurm.jobstate``): the job's state with its pending reason
 (``Resources``, ``Priority``...), and each task's from the batch script's events. ``stop``
-cancels the job (inside an allocation: SIGTERM to tfl's batch script, which passes it to the
+cancels the job (inside an allocation: SIGINT to tfl's batch script, which passes SIGTERM to the
 run's steps), waits for it to end, SIGKILL after the grace period; a job already gone is fine.
 """
 
@@ -92,6 +92,9 @@ def describe(record: RunRecord, run: Runner) -> dict[str, str]:
         facts["reason"] = state.reason
     if state.nodelist:
         facts["nodes"] = state.nodelist
+    requeued = read_events(ref.files).requeued
+    if requeued:
+        facts["requeued"] = f"{requeued} time(s) by Slurm"
     return facts
 
 
