@@ -18,6 +18,7 @@ from launcher import backends
 from launcher.backends.base import Backend
 from launcher.checks import host_tasks, raise_failures
 from launcher.contract import HOME
+from launcher.elastic import check_elastic
 from launcher.errors import LaunchError, UsageError
 from launcher.files import open_private, write_atomic
 from launcher.hosts import RemoteOptions
@@ -51,6 +52,9 @@ def make_plan(job: str, job_args: tuple[str, ...], spec: Any, store: RunStore,
                       python=sys.executable, cwd=os.getcwd(), remote=remote, virtual_devices=virtual_devices,
                       config=config)
     backends.name_for_plan(plan)  # one backend per run: refused here, before anything is written
+    if config is not None:
+        plan = check_elastic(plan, min_tasks=config.min_tasks, batch=config.elastic_batch,
+                             global_batch=config.global_batch, virtual_devices=virtual_devices)
     check_sharing(plan, config.max_restarts if config else 0)
     return plan
 
@@ -97,7 +101,7 @@ def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: 
     record.launcher_pid, record.launcher_create_time, record.launcher_start_ticks = me.pid, me.create_time, me.start_ticks
     record.launcher_boot_id, record.launcher_host, record.grace_period = me.boot_id, me.host, config.grace_period
     store.create(record, reserved=reserved)
-    supervisor = Supervisor(plan, record, store, config, backend=prepared.backend, wake=prepared.wake)
+    supervisor = Supervisor(plan, record, store, config, backend=prepared.backend, wake=prepared.wake, say=_say)
     follower = (LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour, hide_noise=not verbose).start()
                 if out else None)
     try:
@@ -138,6 +142,11 @@ def supervise_detached(plan_file: Path, config_json: str, store: RunStore) -> Ru
     """The body of a detached launcher (``tfl _supervise``)."""
     plan = LaunchPlan.from_dict(json.loads(plan_file.read_text()))
     return execute(prepare(plan), store, SupervisorConfig(**json.loads(config_json)), None, reserved=True)
+
+
+def _say(line: str) -> None:
+    """The supervisor's own lines (an elastic run's resizes): on stderr, beside the summary."""
+    print(line, file=sys.stderr, flush=True)
 
 
 @contextmanager

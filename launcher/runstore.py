@@ -29,7 +29,9 @@ from launcher.runindex import active_ids, mark_active, mark_ended, recent_ids
 from launcher.states import RunState, TaskState
 
 STATE_FILE = "state.json"
-RECORD_VERSION = 2  # bump when a record changes so that an older tfl cannot read it right (2: backend_data)
+# Bump when a record changes so that an older tfl cannot read it right (2: backend_data;
+# 3: an elastic run's min_tasks, lost_hosts and resizes). Older records still load.
+RECORD_VERSION = 3
 # The latest run is the newest created among the active runs and this many whose record changed last.
 LATEST_AMONG = 20
 
@@ -77,6 +79,19 @@ class RestartRecord:
 
 
 @dataclass
+class ResizeRecord:
+    """An elastic run changed size between two attempts (``launcher.elastic_policy``)."""
+
+    attempt: int  # the attempt that runs at the new size
+    time: float
+    from_tasks: int  # training tasks, the chief included
+    to_tasks: int
+    reason: str  # "lost: host2 (unreachable: …)", "back: host2 answers again"
+    hosts: list[str]  # the hosts lost, or taken back
+    notes: list[str] = field(default_factory=list)  # renamed tasks, the evaluator left out
+
+
+@dataclass
 class RunRecord:
     run_id: str
     job: str
@@ -103,6 +118,9 @@ class RunRecord:
     launcher_start_ticks: int | None = None  # with launcher_pid: see launcher.procs.ProcessIdentity
     launcher_boot_id: str | None = None
     launcher_host: str | None = None  # `tfl status`/`stop` elsewhere (a shared TFL_HOME) can tell it is not theirs
+    min_tasks: int | None = None  # an elastic run's --min-tasks
+    lost_hosts: dict[str, str] = field(default_factory=dict)  # an elastic run's hosts left out now, each with why
+    resizes: list[ResizeRecord] = field(default_factory=list)
 
     def task(self, name: str) -> TaskRecord:
         return next(t for t in self.tasks if t.task == name)

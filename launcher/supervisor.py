@@ -12,6 +12,11 @@ training failure the supervisor stops only the failed task if it is still alive,
 the others as stopped, and follows the next attempt when the backend says it started one
 (``restarted``); the evaluator runs on across attempts.
 
+An elastic run (``--min-tasks``) adds ``launcher.elastic_policy``: after a failure in which
+hosts were lost, the next attempt runs without them (a resize, neither a failure nor a
+preemption); while it runs smaller, a lost host that answers again is taken back at an agreed
+checkpoint (the preemption notice, SIGTERM, with ``NOTICE_GRACE`` s to save).
+
 Mechanism is the backends'; clock and wait are injectable, so tests drive the state
 machine with a scripted backend in milliseconds.
 """
@@ -25,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from launcher.backends.base import Backend, GroupBackend, TaskProcess
+from launcher.elastic_policy import ElasticOutcome, ElasticPolicy
 from launcher.errors import LaunchError, StateWriteError
 from launcher.logstream import tail_lines
 from launcher.plan import LaunchPlan, TaskLaunch
@@ -34,6 +40,8 @@ from launcher.states import RunState, TaskState
 from launcher.tasks import TaskId
 from launcher.teardown import teardown
 from launcher.waker import Waker
+
+NOTICE_GRACE = 60.0  # at least this long for training tasks to save at an agreed step on the preemption notice
 
 
 def progress_mtime(path: str) -> float | None:
@@ -67,7 +75,8 @@ class Supervisor:
     def __init__(self, plan: LaunchPlan, record: RunRecord, store: RunStore, config: SupervisorConfig, *,
                  backend: Backend, wake: Waker | None = None, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, wait: Callable[[float], None] | None = None,
-                 progress_time: Callable[[str], float | None] = progress_mtime) -> None:
+                 progress_time: Callable[[str], float | None] = progress_mtime,
+                 say: Callable[[str], None] = lambda line: None) -> None:
         self.plan, self.record, self._store, self._config = plan, record, store, config
         self._backend, self._clock, self._wall = backend, clock, wall
         # A backend that runs the group as one unit restarts it itself (see backends.base.GroupBackend).
@@ -79,6 +88,9 @@ class Supervisor:
         self._stop_requested = False
         self._force = False
         self._save_error: StateWriteError | None = None
+        self._elastic = None if config.min_tasks is None or self._group else ElasticPolicy(
+            plan, record, config, backend, clock=clock, wall=wall, wait=self._wait, stopping=lambda: self._stop_requested,
+            say=say)
 
     # --- called from signal handlers / other threads ------------------------------------
     def notify(self) -> None:
@@ -114,6 +126,8 @@ class Supervisor:
         self._procs = {n: p for n, p in self._procs.items() if self._group and not p.launch.task.is_training}
         self._start_group()
         self._set_state(RunState.RUNNING)
+        if self._elastic is not None:
+            self._elastic.started()
         while True:
             if self._stop_requested:
                 self._set_state(RunState.STOPPING)
@@ -128,6 +142,8 @@ class Supervisor:
             failed = self._first_training_failure()
             if failed is not None:
                 return self._on_training_failure(failed)
+            if self._elastic is not None and (back := self._elastic.taken_back()):
+                return self._take_back(back)
             if all(self.record.task(t.name).state == TaskState.SUCCEEDED for t in self.plan.training_tasks):
                 self._finish_evaluator()
                 if not self._stop_requested:
@@ -239,6 +255,11 @@ class Supervisor:
             self._teardown(list(self._procs.values()), TaskState.STOPPED)
         if self.record.task(failure.task).exit_code is None:
             self.record.task(failure.task).exit_code = self._backend.poll(failed)
+        if self._elastic is not None:
+            declared = {p.launch.host: p.host_lost for p in self._procs.values() if p.host_lost}
+            outcome = self._elastic.after_failure(self.plan, declared)
+            if outcome is not None:
+                return self._resized(outcome)
         if self._group is not None and self._group_restarted():
             self._record_restart(failure)
             return True
@@ -247,6 +268,30 @@ class Supervisor:
             return True
         self._finish(RunState.FAILED, 1, f"{failure.task} on {failure.host} failed: {failure.reason}")
         return False
+
+    def _resized(self, outcome: ElasticOutcome) -> bool:
+        """An elastic run lost hosts: go on at the new size (True), or end."""
+        if outcome.plan is not None:
+            self.plan, self._procs = outcome.plan, {}
+            self._save()
+            return True
+        if outcome.stopped:
+            self._finish(RunState.STOPPED, 130, outcome.message or "stopped by the user")
+        else:
+            self._finish(RunState.FAILED, 1, outcome.message or "too few training tasks left")
+        return False
+
+    def _take_back(self, hosts: list[str]) -> bool:
+        """Lost hosts answer again: the preemption notice (SIGTERM) to the group, which saves at
+        an agreed step and exits; then the next attempt with the hosts back."""
+        assert self._elastic is not None
+        self._set_state(RunState.RESTARTING)
+        procs = list(self._procs.values())
+        teardown(procs, signal=self._backend.signal, alive=self._backend.alive,
+                 grace=max(self._config.grace_period, NOTICE_GRACE), force=lambda: self._force, clock=self._clock,
+                 wait=self._wait)
+        self._mark(procs, TaskState.STOPPED)
+        return self._resized(ElasticOutcome(self._elastic.grow(hosts)))
 
     def _record_restart(self, failure: FailureRecord) -> None:
         reason = f"{failure.task} on {failure.host}: {failure.reason}"

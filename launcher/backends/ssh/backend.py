@@ -216,6 +216,8 @@ class SSHBackend:
 
     def poll(self, proc: TaskProcess) -> int | None:
         code: int | None = proc.handle.exit_code
+        if code is not None and proc.handle.lost and proc.host_lost is None:
+            proc.host_lost = proc.ended_by = f"the connection to {proc.launch.host} was lost"
         return code
 
     def signal(self, proc: TaskProcess, signum: int) -> None:
