@@ -14,7 +14,7 @@ range (under a lock in /run/lock), so their routes never overlap.
 Faults:
 - ``cut(host)``: the host's link goes down (its cable pulled); its processes keep running.
 - ``join(host)``: the link comes back.
-- ``power_off(host)``: every process in the host's namespace is SIGKILLed, then it is cut.
+- ``power_off(host)``: it is cut, then every process in its namespace is SIGKILLed.
 
 ``teardown()`` removes everything by name and pid (sshds, the namespaces' processes, the
 namespaces, links, the bridge), idempotently, and ``leftovers()`` proves nothing is left.
@@ -123,8 +123,10 @@ class NetBed:
         _ip("link", "set", "dev", self.host(address).link, "up")
 
     def power_off(self, address: str) -> float:
-        """Kill every process of the host (its sshd too), then cut it; returns the wall time."""
+        """Cut the host, then kill every process of it (its sshd too): like a power cut, nothing
+        goes out on the wire (no FIN, no RST); returns the wall time."""
         host = self.host(address)
+        _ip("link", "set", "dev", host.link, "down")
         when = time.time()
         for _ in range(50):
             pids = self.pids(host)
@@ -133,7 +135,6 @@ class NetBed:
             for pid in pids:
                 _kill(pid)
             time.sleep(0.05)
-        _ip("link", "set", "dev", host.link, "down")
         return when
 
     # --- life ----------------------------------------------------------------------------
