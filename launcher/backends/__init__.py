@@ -40,9 +40,10 @@ def name_for(hosts: Iterable[tuple[str, bool]]) -> str:
 
 
 def name_for_plan(plan: LaunchPlan) -> str:
-    """A plan with a batch script runs on Slurm; any other by its hosts (``name_for``)."""
-    if plan.slurm is not None:
-        return "slurm"
+    """A plan with a unit of its own runs on that unit's engine (a batch script: Slurm); any
+    other by its hosts (``name_for``)."""
+    if plan.unit is not None:
+        return plan.unit.kind
     return name_for((t.host, t.ssh is not None) for t in plan.tasks)
 
 

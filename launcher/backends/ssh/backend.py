@@ -18,107 +18,32 @@ import json
 import os
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from launcher.backends.base import Cleanup, TaskLive, TaskProcess
-from launcher.backends.ssh.connect import SSHError, connect, open_channel
+from launcher.backends.ssh.connect import SSHError
+from launcher.backends.ssh.pool import HEARTBEAT_TIMEOUT, HostPool
 from launcher.backends.ssh.prepare import cleanup_hosts, prepare_hosts
 from launcher.backends.ssh.probe import probe_hosts
+from launcher.backends.ssh.restart import PREDECESSOR_WAIT, stop_lost_attempt
 from launcher.backends.ssh.watch import CHECK_EVERY, HostWatch
-from launcher.backends.ssh.wire import MARK, agent_command, agent_input, python_failure
+from launcher.backends.ssh.wire import MARK, agent_request, python_failure
 from launcher.checks import Check, HostTasks
 from launcher.contract import ATTEMPT, PROGRESS_FILE
 from launcher.files import open_private, write_atomic
-from launcher.hosts import SSHTarget
 from launcher.logstream import attempt_banner
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.runstore import RunRecord
 
 if TYPE_CHECKING:
-    from fabric import Connection
     from paramiko import Channel
 
 HEARTBEAT_EVERY = 2.0
-# Silence after which we take a task's agent for lost even though its host answers (``watch``
-# knows a host that does not answer as lost within seconds). The agent's own dead-man timer,
-# after which it stops its task, is the cluster file's ``ssh.fence_after`` (30 s by default).
-HEARTBEAT_TIMEOUT = 30.0
 KILL_GRACE = 5.0  # the agent's SIGTERM -> SIGKILL delay when it has lost us
 START_TIMEOUT = 60.0  # for the agent to report the job's pid (python startup on a busy host)
-# A restarted task whose previous attempt was lost with its connection: the new agent stops
-# that attempt first (SIGTERM, this grace, SIGKILL) and waits, at most this long, for it to
-# be gone; else the old task, which its own agent kills only once it notices (up to
-# HEARTBEAT_TIMEOUT + KILL_GRACE), would still hold the port the new one must bind.
-PREDECESSOR_GRACE = 2.0
-PREDECESSOR_WAIT = 10.0
 CONNECTION_LOST = 255  # ssh's own exit status for "the connection failed"
-
-
-class HostPool:
-    """Open SSH connections per host, shared by its tasks; a dropped one is replaced on demand."""
-
-    def __init__(self) -> None:
-        self._conns: dict[str, list[Connection]] = {}
-        self._locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
-        self._ready: dict[str, Channel] = {}  # task -> its agent, started ahead and waiting for its request
-
-    def get(self, target: SSHTarget) -> Connection:
-        with self._locks[target.host]:
-            live = self._live(target.host)
-            if not live:
-                live.append(connect(target))
-            return live[0]
-
-    def channel(self, target: SSHTarget, command: str, timeout: float) -> Channel:
-        """A session running ``command``. sshd allows 10 sessions per connection by default
-        (MaxSessions), so a host with more tasks than that gets another connection."""
-        import paramiko
-
-        for conn in [self.get(target), *self._live(target.host)[1:]]:
-            try:
-                return open_channel(conn, command, timeout)
-            except paramiko.ChannelException:
-                continue
-        conn = connect(target)
-        with self._locks[target.host]:
-            self._live(target.host).append(conn)
-        return open_channel(conn, command, timeout)
-
-    def agent(self, launch: TaskLaunch) -> Channel:
-        """The task's agent: one started ahead by ``start_agent_ahead``, else a new one."""
-        chan = self._ready.pop(launch.name, None)
-        if chan is None or chan.closed or chan.exit_status_ready():
-            if launch.ssh is None:
-                raise SSHError(launch.host, "the plan has no ssh settings for this task (a plan from another tfl?)", launch.name)
-            chan = self.channel(launch.ssh, agent_command(launch.python), HEARTBEAT_TIMEOUT)
-            try:
-                chan.sendall(agent_input(None))
-            except (OSError, EOFError) as exc:
-                raise SSHError(launch.host, f"the SSH session closed at once ({exc})", launch.name) from None
-        return chan
-
-    def start_agent_ahead(self, launch: TaskLaunch) -> Channel:
-        # The agent's python starts while other hosts are still being reached, so that
-        # starting the tasks one after another later costs a round trip each, not a python startup.
-        chan = self._ready[launch.name] = self.agent(launch)
-        return chan
-
-    def _live(self, host: str) -> list[Connection]:
-        conns = self._conns.setdefault(host, [])
-        conns[:] = [c for c in conns if (t := c.client.get_transport()) is not None and t.is_active()]
-        return conns
-
-    def close(self) -> None:
-        for chan in self._ready.values():
-            chan.close()  # its agent reads EOF before any request and exits
-        self._ready.clear()
-        for conns in list(self._conns.values()):
-            for conn in conns:
-                conn.close()
-        self._conns.clear()
 
 
 class RemoteTask:
@@ -230,6 +155,10 @@ class RemoteTask:
     def cause(self) -> str | None:
         return self._cause
 
+    def log(self, text: str) -> None:
+        """A line of tfl's own in the task's log (before its agent says anything)."""
+        self._write(text.encode())
+
     def _write(self, data: bytes) -> None:
         self._log.write(data)
         self._log.flush()
@@ -282,13 +211,12 @@ class SSHBackend:
         if lost is not None:  # never wait on a host known lost
             raise SSHError(launch.host, f"{lost.describe()}; nothing starts there again in this run", launch.name)
         python = launch.python
+        note = self._stop_lost_attempt(launch)
         chan = self._pool.agent(launch)
         task = RemoteTask(chan, launch, attempt, self._notify, self._watch.confirm)
-        request = self._request(launch, attempt)
-        before = [t for t in self._tasks if t.launch.name == launch.name and t.lost]
-        if before:  # see PREDECESSOR_WAIT
-            request["predecessor"] = {key: before[-1].header.get(key) for key in ("pid", "create_time", "start_ticks")}
-        task.send(request)  # a dead channel shows as a missing pid below
+        if note:
+            task.log(note)
+        task.send(self._request(launch, attempt))  # a dead channel shows as a missing pid below
         if not task.started.wait(START_TIMEOUT):
             task.close()
             raise SSHError(launch.host, f"the tfl agent did not start within {START_TIMEOUT:g} s", launch.name)
@@ -309,8 +237,16 @@ class SSHBackend:
             "mode": "run", "argv": list(launch.argv), "env": {**launch.env, ATTEMPT: str(attempt)},
             "cwd": launch.cwd, "mkdirs": [os.path.dirname(progress)] if progress else [], "progress_file": progress,
             "heartbeat_timeout": launch.ssh.fence_after if launch.ssh else HEARTBEAT_TIMEOUT, "grace": KILL_GRACE,
-            "predecessor_grace": PREDECESSOR_GRACE, "predecessor_wait": PREDECESSOR_WAIT,
         }
+
+    def _stop_lost_attempt(self, launch: TaskLaunch) -> str | None:
+        """The task's previous attempt, lost with its connection, stopped first (``restart``)."""
+        lost = [t for t in self._tasks if t.launch.name == launch.name and t.lost]
+        if not lost or launch.ssh is None:
+            return None
+        conn = self._pool.get(launch.ssh)
+        return stop_lost_attempt(lambda request: agent_request(conn, launch.python, request, timeout=PREDECESSOR_WAIT),
+                                 launch.name, lost[-1].header)
 
     def poll(self, proc: TaskProcess) -> int | None:
         task: RemoteTask = proc.handle

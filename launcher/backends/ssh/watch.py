@@ -4,7 +4,7 @@ Every agent pings its launcher every ``agent.PING_EVERY`` (2) s on its task's ch
 whose channel has said nothing for ``SILENT_AFTER`` s makes us ask its host the cheapest
 question there is: a TCP connection to its sshd's port, within ``PROBE_TIMEOUT`` s. A host
 whose kernel answers is up (the agent is stuck, or slow: its channel's own timeout,
-``backend.HEARTBEAT_TIMEOUT``, deals with that as before, and a restart may go there). A host
+``pool.HEARTBEAT_TIMEOUT``, deals with that as before, and a restart may go there). A host
 that does not answer is *lost*: cut off or powered off. Every task there is declared lost at
 once, with the moment the host was last heard from, and no task is started there again in
 this run (``HostWatch.lost``).
