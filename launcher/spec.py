@@ -100,6 +100,9 @@ class SSHSettings(_Strict):
     identity_file: PathText | None = Field(None, description="private key file")
     connect_timeout: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False, description="seconds to wait for the connection")
     known_hosts: PathText | None = Field(None, description="known_hosts file (default: ~/.ssh/known_hosts)")
+    fence_after: float = Field(30.0, ge=5, le=3600, allow_inf_nan=False,
+                               description="seconds without word from tfl after which a host's agent stops its tasks "
+                                           "(the fence: nothing of a lost run writes on)")
 
 
 class HostSettings(_Strict):

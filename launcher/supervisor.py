@@ -205,11 +205,16 @@ class Supervisor:
             task.exit_code, task.ended = code, self._wall()
             task.state = TaskState.SUCCEEDED if code == 0 else TaskState.FAILED
             if code != 0:
-                self.record.failures.append(FailureRecord(
-                    task=name, host=task.host, pid=task.pid, exit_code=code, reason=proc.ended_by or describe_exit(code),
-                    log_tail=tail_lines(proc.launch.log_path, self._config.log_tail_lines),
-                    time=task.ended, attempt=self.record.attempt))
+                self._record_failure(proc, code)
             self._save()
+
+    def _record_failure(self, proc: TaskProcess, code: int | None) -> None:
+        """A lost host's task failed when its host stopped answering: before the survivors it took down."""
+        task = self.record.task(proc.launch.name)
+        self.record.failures.append(FailureRecord(
+            task=task.task, host=task.host, pid=task.pid, exit_code=code, reason=proc.ended_by or describe_exit(code or 0),
+            log_tail=tail_lines(proc.launch.log_path, self._config.log_tail_lines),
+            time=proc.unreachable_since or task.ended or self._wall(), attempt=self.record.attempt))
 
     @staticmethod
     def _learn_where(task: TaskRecord, proc: TaskProcess) -> bool:
@@ -255,11 +260,18 @@ class Supervisor:
             self._teardown(list(self._procs.values()), TaskState.STOPPED)
         if self.record.task(failure.task).exit_code is None:
             self.record.task(failure.task).exit_code = self._backend.poll(failed)
-        if self._elastic is not None:
-            declared = {p.launch.host: p.host_lost for p in self._procs.values() if p.host_lost}
+        lost = self._lost_hosts()
+        if self._elastic is not None:  # a host lost: the next attempt without it (``elastic_policy``)
+            declared = {self.record.task(n).host: p.ended_by or "it stopped answering"
+                        for n, p in self._procs.items() if p.unreachable_since is not None}
             outcome = self._elastic.after_failure(self.plan, declared)
             if outcome is not None:
                 return self._resized(outcome)
+        if lost:  # a restart would wait on a host that does not answer (an elastic run goes on without it)
+            self.record.stopped_because_of_failure = [n for n in self.record.stopped_because_of_failure
+                                                      if self._procs[n].unreachable_since is None]
+            self._finish(RunState.FAILED, 1, f"{lost}; no restart on a host known lost (see --min-tasks)")
+            return False
         if self._group is not None and self._group_restarted():
             self._record_restart(failure)
             return True
@@ -292,6 +304,17 @@ class Supervisor:
                  wait=self._wait)
         self._mark(procs, TaskState.STOPPED)
         return self._resized(ElasticOutcome(self._elastic.grow(hosts)))
+
+    def _lost_hosts(self) -> str:
+        """The hosts of this attempt known lost ("" when none): each one, since when, which tasks."""
+        lost: dict[str, list[TaskProcess]] = {}
+        for name, proc in self._procs.items():
+            self._backend.poll(proc)  # fills in ``unreachable_since``
+            if proc.unreachable_since is not None:
+                lost.setdefault(self.record.task(name).host, []).append(proc)
+                if not any(f.task == name and f.attempt == self.record.attempt for f in self.record.failures):
+                    self._record_failure(proc, self.record.task(name).exit_code)
+        return "; ".join(f"{procs[0].ended_by}: lost {', '.join(p.launch.name for p in procs)}" for procs in lost.values())
 
     def _record_restart(self, failure: FailureRecord) -> None:
         reason = f"{failure.task} on {failure.host}: {failure.reason}"
