@@ -55,6 +55,41 @@ SLURM_LAYOUT: Final = "TFL_SLURM_TRAINING_LAYOUT"  # training tasks per node, in
 # In 128-255 because Kubernetes' ExitCode restart policy retries only those; 128+42 is not
 # a signal anyone sends, so it is never mistaken for "killed by a signal" (143 = SIGTERM).
 PREEMPTED_EXIT_CODE: Final = 170
+# The notice itself: what a launcher, Slurm (--signal) or Kubernetes sends a training task.
+PREEMPTION_SIGNAL: Final = "SIGTERM"
+# Barrier the training tasks meet at after the agreed checkpoint, before leaving (chief last).
+PREEMPTED_BARRIER: Final = "tfl-jobkit-preempted"
+
+
+@dataclass(frozen=True)
+class PreemptedRecord:
+    """``preempted.json`` in the model dir: the chief writes it once the agreed checkpoint
+    is on disk, just before every training task exits ``PREEMPTED_EXIT_CODE``. It is
+    removed when training ends (with the done marker), so it is there only while the run
+    is stopped at that checkpoint. The next attempt resumes at ``global_step + 1``."""
+
+    run_id: str | None = None
+    attempt: int = 0  # the attempt that was preempted
+    global_step: int = 0  # steps trained, all epochs: the checkpoint is after this many
+    epoch: int = 0  # 1-based: the epoch it stopped in
+    step: int = 0  # steps done in that epoch
+    steps_per_epoch: int | None = None
+    notice_from: str | None = None  # "worker:0": the task whose notice was agreed on (first)
+    backup: str = ""  # the checkpoint's path
+    time: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> PreemptedRecord | None:
+        """The record, or None for anything else."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        except TypeError:
+            return None
 
 
 # --- the progress record -----------------------------------------------------------------
@@ -130,6 +165,11 @@ class ModelDirLayout:
     @property
     def done_file(self) -> Path:
         return self.root / "training_done.json"
+
+    @property
+    def preempted_file(self) -> Path:
+        """A ``PreemptedRecord``: where the last preemption saved (see PREEMPTED_EXIT_CODE)."""
+        return self.root / "preempted.json"
 
     @property
     def training_progress(self) -> Path:

@@ -29,6 +29,36 @@ class StepBackup(keras.callbacks.BackupAndRestore):  # type: ignore[misc]  # tf_
         self._steps_since_backup = 0
         self._call_began = 0
 
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        super().on_train_begin(logs)  # restores the backup, if there is one
+        steps = self.params.get("steps")
+        if not steps:
+            return
+        # Resume at step granularity whatever the backup interval: a preemption saves
+        # mid-epoch, and keras only honours the saved step when its save_freq is an int.
+        self._training_state._save_freq = self._every_steps or int(steps)
+        state = self._training_state
+        if int(state._ckpt_saved_epoch.numpy()) >= 0 and int(state._ckpt_saved_batch.numpy()) < 0:
+            state._ckpt_saved_batch.assign(int(steps) - 1)  # an epoch-end backup of an older kit
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        steps = self.params.get("steps")
+        if self._every_steps is None and steps:
+            self._training_state._ckpt_saved_batch.assign(int(steps) - 1)  # the epoch's last step
+        super().on_epoch_end(epoch, logs)
+
+    def save_now(self, batch: int) -> None:
+        """Back up now, after step `batch` (0-based, in the current epoch): the agreed
+        checkpoint of a preemption. Every training task calls it at the same step."""
+        self._steps_since_backup = 0
+        self._training_state._ckpt_saved_batch.assign(int(batch))
+        self._backup(epoch=self._current_epoch, batch=int(batch))
+
+    @property
+    def backup_path(self) -> str | None:
+        """The latest backup's checkpoint path (on the chief: the real one)."""
+        return self._training_state.read_checkpoint_manager.latest_checkpoint  # type: ignore[no-any-return]
+
     def _implements_train_batch_hooks(self) -> bool:
         return self._every_steps is not None
 

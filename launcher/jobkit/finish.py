@@ -63,12 +63,13 @@ def finish(strategy: tf.distribute.Strategy, barrier_timeout_s: float = 60.0, co
 
 def leave_together(context: TaskContext, coordination: Coordination, *, barrier_timeout_s: float,
                    errors: tuple[type[BaseException], ...] = (Exception,),
-                   leave: Callable[[], NoReturn] | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+                   leave: Callable[[], NoReturn] | None = None, sleep: Callable[[float], None] = time.sleep,
+                   barrier: str = BARRIER) -> None:
     """Meet the other training tasks at the barrier, then leave, the chief after the rest."""
     leave = leave or _leave
     started = time.monotonic()
     try:
-        coordination.wait_at_barrier(BARRIER, int(barrier_timeout_s * 1000))
+        coordination.wait_at_barrier(barrier, int(barrier_timeout_s * 1000))
     except errors as exc:
         print(f"jobkit: not every training task reached the end ({type(exc).__name__}); exiting the slow way", flush=True)
         return

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
-import threading
 
 import tensorflow as tf
 
 from launcher.contract import GLOBAL_BATCH
 from launcher.jobkit.context import JobKitError, TaskContext
 from launcher.jobkit.devices import LocalDevices, choose_strategy, gpu_split
+from launcher.jobkit.notice import exit_on_notice
 
 
 def make_strategy(context: TaskContext, virtual_devices: int | None = None) -> tf.distribute.Strategy:
@@ -20,6 +19,7 @@ def make_strategy(context: TaskContext, virtual_devices: int | None = None) -> t
     `virtual_devices` overrides the launcher's `--virtual-devices` (TFL_VIRTUAL_DEVICES).
     Call it before creating any tensor: devices can only be split before TensorFlow starts.
     """
+    exit_on_notice(context, "before training began")
     local = local_devices(context, virtual_devices)
     choice = choose_strategy(context, local)
     if choice.name == "MultiWorkerMirroredStrategy":
@@ -27,7 +27,9 @@ def make_strategy(context: TaskContext, virtual_devices: int | None = None) -> t
         # takes every local (logical) GPU as a replica, or else the CPU.
         strategy: tf.distribute.Strategy = tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=_communication(choice.collective))
-        _sigterm_stops_the_task()
+        # TensorFlow's coordination agent has just taken SIGTERM over as a notice it only
+        # records ("preemption_notifier.cc: SIGTERM caught"); the kit acts on it instead.
+        exit_on_notice(context, "before training began")
     elif choice.name == "MirroredStrategy":
         strategy = tf.distribute.MirroredStrategy(devices=list(local.names))
     else:
@@ -105,15 +107,3 @@ def shard_by_data(dataset: tf.data.Dataset) -> tf.data.Dataset:
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return dataset.with_options(options)
-
-
-def _sigterm_stops_the_task() -> None:
-    """Give SIGTERM its default action back once MultiWorkerMirroredStrategy exists.
-
-    TensorFlow's coordination agent takes SIGTERM over as a preemption notice and keeps
-    the task running ("preemption_notifier.cc: SIGTERM caught"), so a launcher's stop
-    waited for its grace period and SIGKILL (docs/benchmarks.md §3: 0.79 s median, 5 s
-    worst, against 52 ms with the default action). Under tfl, SIGTERM means stop.
-    """
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)

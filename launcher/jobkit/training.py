@@ -17,6 +17,8 @@ from launcher.jobkit.consistency import RestoredStateCheck
 from launcher.jobkit.context import JobKitError, TaskContext
 from launcher.jobkit.execution import check_steps_per_execution
 from launcher.jobkit.layout import chief_only_writes, finished_run, read_done_marker, write_json_atomically
+from launcher.jobkit.position import PositionCheck, input_stream, saved_state
+from launcher.jobkit.preemption import PreemptionCheckpoint
 from launcher.jobkit.progress import ProgressWriter, progress_record
 from launcher.jobkit.stepping import AutoStepsPerExecution, chief_decides, install_train_function, uses_stock_step
 
@@ -78,6 +80,15 @@ def fit(
     use_true_per_step_logs(model)
     if context.is_chief and read_done_marker(real) is not None:
         real.done_file.unlink(missing_ok=True)  # another run's: it would release the evaluator early
+    # The input starts where the backup keras is about to restore leaves off (position.py).
+    state = saved_state(real.backup)
+    stream = input_stream(dataset, steps_per_epoch, state)
+    if not stream.exact:
+        print("jobkit: the input cannot be placed (a dataset of unknown length without steps_per_epoch, or an "
+              "already distributed one): a restarted attempt reads it from the beginning of the epoch", flush=True)
+    elif stream.start:
+        print(f"jobkit: resuming at global step {stream.start}: the input skips the {stream.start} batches "
+              "trained before", flush=True)
     with chief_only_writes(model_dir, context) as layout:
         clock = StepClock()
         checkpoints = EpochCheckpoint(str(layout.checkpoints), max_to_keep=None if context.has_evaluator else 5)
@@ -87,8 +98,11 @@ def fit(
         # gets the real dir on every task (all restore from the chief's) and redirects
         # non-chief writes itself. The clock first of all, to time the train function alone.
         # Right after the restore, every training task must go on from the same state.
-        kit: list[keras.callbacks.Callback] = [clock, StepBackup(str(real.backup), backup_every_steps, on_trained),
-                                               RestoredStateCheck(context, backup_dir=str(real.backup)), checkpoints]
+        backup = StepBackup(str(real.backup), backup_every_steps, on_trained)
+        kit: list[keras.callbacks.Callback] = [clock, backup]
+        if stream.exact and stream.steps_per_epoch:
+            kit.append(PositionCheck(state, stream.steps_per_epoch))
+        kit += [RestoredStateCheck(context, backup_dir=str(real.backup)), checkpoints]
         if context.is_chief:
             kit.append(keras.callbacks.TensorBoard(log_dir=str(layout.tensorboard), update_freq="epoch", profile_batch=0))
         kit += _steps_per_execution(model, steps_per_execution, clock, context, backup_every_steps)
@@ -96,8 +110,11 @@ def fit(
         if context.is_chief:
             writers.append(ProgressWriter(real.training_progress, min_interval_s=HEARTBEAT_INTERVAL_S))
         kit.append(ProgressCallback(context, writers, global_batch_size, clock))
+        # Last of the kit's: on a notice it saves after the others have seen the call.
+        kit.append(PreemptionCheckpoint(context, backup, model_dir))
         history: keras.callbacks.History = model.fit(
-            dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=[*kit, *callbacks], verbose=0)
+            stream.dataset, epochs=epochs, steps_per_epoch=stream.steps_per_epoch, callbacks=[*kit, *callbacks],
+            verbose=0)
     return history
 
 
@@ -135,6 +152,7 @@ def _write_done_marker(
         "time": time.time(),
     }
     write_json_atomically(layout.done_file, marker)
+    layout.preempted_file.unlink(missing_ok=True)  # the run is no longer stopped at a preemption
     print(f"jobkit: training done; wrote {layout.done_file}", flush=True)
 
 

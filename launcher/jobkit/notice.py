@@ -1,0 +1,158 @@
+"""The preemption notice (SIGTERM) of a training task, seen even while TensorFlow holds the main thread.
+
+Python runs signal handlers in the main thread only, between bytecodes; a task blocked in
+a collective (waiting for a peer that is gone) would never get to run one. So the kit
+asks Python to write each signal to a pipe (`signal.set_wakeup_fd`) and a daemon thread
+reads it. What the thread does depends on where the task is:
+
+- outside training (start-up before `fit`, or after it: the done marker is written) there
+  is nothing to agree on: the task leaves at once with PREEMPTED_EXIT_CODE, and the next
+  attempt resumes from the last backup, or finds the done marker and does not train;
+- inside `fit` the notice is only recorded (`received`), and TensorFlow's preemption
+  handler takes it from there (`preemption.py`: every training task saves at one agreed
+  step). If the task then makes no progress for a while (no call of the train function
+  ends; a peer is gone, so the agreement can never come), the thread ends the task as
+  SIGTERM's default action would: no checkpoint, nothing claimed.
+
+Pure: no TensorFlow. The evaluator is not a training task: its SIGTERM is left alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+from typing import NoReturn
+
+from launcher.contract import PREEMPTED_EXIT_CODE
+from launcher.jobkit.context import TaskContext
+
+STALL_FLOOR_S = 4.0  # inside training: no progress for this long after a notice ends the task
+STALL_FACTOR = 3.0  # ... or for this many times the longest gap between calls seen so far
+
+
+class _Notice:
+    """The one notice state of this process (signals are per process)."""
+
+    def __init__(self) -> None:
+        self.received = threading.Event()
+        self.outside: str | None = "before training began"  # None: inside fit, the handler acts
+        self.saving = False  # the agreed save has begun: never cut it short
+        self.last_progress = time.monotonic()
+        self.longest_gap = 0.0
+        self.installed = False
+        self.lock = threading.Lock()
+
+
+_NOTICE = _Notice()
+
+
+def exit_on_notice(context: TaskContext, when: str) -> None:
+    """From now on a notice ends this training task with PREEMPTED_EXIT_CODE (`when`: for its log).
+
+    Call it again after anything that takes SIGTERM over (MultiWorkerMirroredStrategy's
+    coordination agent does, when it starts).
+    """
+    if context.is_evaluator:
+        return
+    _NOTICE.outside = when
+    _install()
+
+
+def training_begins() -> None:
+    """Inside `fit` from here on: the notice is recorded for the preemption handler."""
+    with _NOTICE.lock:
+        _NOTICE.outside = None
+        _NOTICE.last_progress = time.monotonic()
+
+
+def step_done() -> None:
+    """A call of the train function ended: the group is making progress."""
+    now = time.monotonic()
+    with _NOTICE.lock:
+        if _NOTICE.last_progress:
+            _NOTICE.longest_gap = max(_NOTICE.longest_gap, now - _NOTICE.last_progress)
+        _NOTICE.last_progress = now
+
+
+def saving() -> None:
+    """The agreed save has begun: the stall guard stands down."""
+    _NOTICE.saving = True
+
+
+def received() -> bool:
+    """Whether a notice has come (TensorFlow's handler polls this)."""
+    return _NOTICE.received.is_set()
+
+
+def leave_now(code: int) -> NoReturn:
+    """Exit at once, without TensorFlow's teardown (whose threads may wait on gone peers)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _install() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return  # signals can only be taken over from the main thread
+    signal.signal(signal.SIGTERM, _on_signal)
+    if _NOTICE.installed:
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    threading.Thread(target=_watch, args=(read_fd,), name="tfl-notice", daemon=True).start()
+    _NOTICE.installed = True
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    del signum, frame  # the watching thread acts; this handler only has to exist
+
+
+def _watch(read_fd: int) -> None:
+    while True:
+        data = os.read(read_fd, 64)
+        if signal.SIGTERM in data and not _NOTICE.received.is_set():
+            _NOTICE.received.set()
+            _act(time.monotonic())
+
+
+def _act(at: float) -> None:
+    when = _NOTICE.outside
+    if when is not None:
+        print(f"jobkit: preemption notice (SIGTERM) {when}; nothing to save, exiting {PREEMPTED_EXIT_CODE}",
+              flush=True)
+        leave_now(PREEMPTED_EXIT_CODE)
+    print("jobkit: preemption notice (SIGTERM); every training task stops at one agreed step and saves there",
+          flush=True)
+    threading.Thread(target=_guard, args=(at,), name="tfl-notice-guard", daemon=True).start()
+
+
+def _guard(at: float) -> None:
+    """End the task if the group stops making progress before the agreed save begins."""
+    while not _NOTICE.saving:
+        with _NOTICE.lock:
+            limit = max(STALL_FLOOR_S, STALL_FACTOR * _NOTICE.longest_gap)
+            idle = time.monotonic() - max(at, _NOTICE.last_progress)
+        if _NOTICE.outside is not None:  # training ended meanwhile: nothing to save
+            _act(at)
+        if idle > limit:
+            print(f"jobkit: no step ended for {idle:.1f} s after the preemption notice (a peer is gone?); "
+                  "stopping without a checkpoint", flush=True)
+            _die_by_sigterm()
+        time.sleep(0.1)
+
+
+def _die_by_sigterm() -> NoReturn:
+    """SIGTERM's default action, from a thread (Python lets only the main thread set handlers)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    libc = ctypes.CDLL(None)
+    libc.signal(signal.SIGTERM, 0)  # SIG_DFL
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+    os._exit(128 + signal.SIGTERM)

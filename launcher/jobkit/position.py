@@ -1,0 +1,98 @@
+"""The input position: a resumed run trains on exactly the batches an uninterrupted one would.
+
+keras restores the step counter from a backup but restarts the input from the beginning
+of the data, so after any restart the group trained on other batches than it would have.
+The kit makes the input one stream of batches for the whole training, read by a single
+iterator, so the position in it is the number of steps trained:
+
+- a dataset of known, finite length whose epoch is that length (keras would start a new
+  iterator each epoch) becomes ``dataset.repeat()``: each epoch is the next pass over it,
+  reshuffled as a seeded ``shuffle`` reshuffles each pass, the same in every process;
+- an infinite dataset (``.repeat()``), or a finite one with a shorter epoch, is already
+  read by one iterator across epochs.
+
+On a restart the position comes from the backup keras restores (its epoch and step),
+read before ``model.fit`` starts, and the stream starts with ``skip(position)``. Nothing
+is added per step: the backup already holds the epoch and step. Skipping costs one pass
+of the input pipeline over the skipped batches, at start-up only. A dataset of unknown
+length without ``steps_per_epoch`` (or an already distributed one) cannot be placed:
+keras then restarts it at the beginning of the epoch, and the kit says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+import tf_keras as keras
+
+from launcher.jobkit.context import JobKitError
+
+NOTHING = (-1, -1)  # keras' "no backup": (epoch, batch)
+_EPOCH_KEY = "ckpt_saved_epoch/.ATTRIBUTES/VARIABLE_VALUE"
+_BATCH_KEY = "ckpt_saved_batch/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+@dataclass(frozen=True)
+class InputStream:
+    """What the kit hands keras: the dataset (skipped to the position), its epoch length."""
+
+    dataset: Any  # tf.data.Dataset, or whatever the job passed when it cannot be placed
+    steps_per_epoch: int | None
+    start: int  # batches skipped: the steps trained before this attempt
+    exact: bool  # False: keras restarts the input at the beginning of each epoch
+
+
+def saved_state(backup_dir: Path) -> tuple[int, int]:
+    """(epoch, batch) of the latest backup keras' BackupAndRestore will restore, or NOTHING."""
+    latest = tf.train.latest_checkpoint(str(backup_dir / "chief"))
+    if latest is None:
+        return NOTHING
+    reader = tf.train.load_checkpoint(latest)
+    return int(reader.get_tensor(_EPOCH_KEY)), int(reader.get_tensor(_BATCH_KEY))
+
+
+def resume_point(state: tuple[int, int], steps_per_epoch: int) -> tuple[int, int]:
+    """(epoch, step) training goes on from after restoring `state`: keras' rule for step backups."""
+    epoch, batch = state
+    if epoch < 0:
+        return 0, 0
+    if batch < 0 or batch >= steps_per_epoch - 1:  # an epoch-end backup
+        return epoch + 1, 0
+    return epoch, batch + 1
+
+
+def input_stream(dataset: Any, steps_per_epoch: int | None, state: tuple[int, int]) -> InputStream:
+    """The stream keras reads, started at the position `state` (a backup's) leaves off at."""
+    if not isinstance(dataset, tf.data.Dataset):
+        return InputStream(dataset, steps_per_epoch, 0, exact=False)
+    length = int(dataset.cardinality().numpy())
+    if length == 0:
+        raise JobKitError("the training dataset is empty; check its source and batching")
+    if length > 0 and steps_per_epoch in (None, length):
+        dataset, steps_per_epoch = dataset.repeat(), length  # one pass per epoch, one iterator
+    if steps_per_epoch is None:
+        return InputStream(dataset, None, 0, exact=False)
+    epoch, step = resume_point(state, steps_per_epoch)
+    start = epoch * steps_per_epoch + step
+    return InputStream(dataset.skip(start) if start else dataset, steps_per_epoch, start, exact=True)
+
+
+class PositionCheck(keras.callbacks.Callback):  # type: ignore[misc]  # tf_keras is untyped
+    """Right after keras' restore: the state it restored is the one the stream was placed for."""
+
+    def __init__(self, expected: tuple[int, int], steps_per_epoch: int) -> None:
+        super().__init__()
+        self._expected = resume_point(expected, steps_per_epoch)
+        self._steps_per_epoch = steps_per_epoch
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        state = self.model._training_state  # BackupAndRestore's, while training
+        restored = resume_point((int(state._ckpt_saved_epoch.numpy()), int(state._ckpt_saved_batch.numpy())),
+                                self._steps_per_epoch)
+        if restored != self._expected:
+            raise JobKitError(f"the backup changed while training started: the input was placed at epoch "
+                              f"{self._expected[0] + 1} step {self._expected[1]} but keras restored epoch "
+                              f"{restored[0] + 1} step {restored[1]}; is another run writing to this model dir?")

@@ -1,0 +1,185 @@
+"""Preemption with real TensorFlow: one agreed checkpoint on a notice, and an exact resume.
+
+A chief and a worker (jobs/mnist.py, float64, fixed seed, the offline digits) run as real
+processes with TF_CONFIG on loopback ports, as the launcher starts them. A notice
+(SIGTERM) to the chief, the worker or both at a random step: every training task exits
+PREEMPTED_EXIT_CODE with the agreed checkpoint on disk; the group restarted as the next
+attempt resumes at the step after it and trains exactly as an uninterrupted run (the
+control, one per steps-per-call setting): same per-epoch loss after the interruption,
+same final weights. kill -9 of a worker plus a restart: the steps since the last backup
+run again on the same batches, with the same result. SIGTERM to the evaluator leaves
+training alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from launcher.contract import PREEMPTED_EXIT_CODE, PreemptedRecord
+from tests.jobkit_helpers import JobProcess, assert_none_alive, free_ports, kill_all, start_job, tf_config, wait_all
+
+pytestmark = pytest.mark.slow
+
+EPOCHS, STEPS, BACKUP_EVERY = 3, 12, 4
+TOLERANCE = 1e-6  # float64; measured: equal to the last digit printed
+TIMEOUT_S = 240
+
+
+def job_args(model_dir: Path, steps_per_call: int) -> list[str]:
+    return ["--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS), "--batch-size", "16", "--dtype", "float64",
+            "--seed", "7", "--backup-every-steps", str(BACKUP_EVERY), "--steps-per-execution", str(steps_per_call),
+            "--model-dir", str(model_dir), "--eval-idle-timeout", "60"]
+
+
+@dataclass
+class Group:
+    jobs: dict[str, JobProcess]
+    model_dir: Path
+
+    @property
+    def chief(self) -> JobProcess:
+        return self.jobs["chief:0"]
+
+    def codes(self) -> dict[str, int]:
+        try:
+            return wait_all(self.jobs.values(), timeout_s=TIMEOUT_S)
+        finally:
+            kill_all(self.jobs.values())
+            assert_none_alive(self.jobs.values())
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {name}\n{job.output()[-2500:]}" for name, job in self.jobs.items())
+
+
+def start_group(base: Path, model_dir: Path, attempt: int, steps_per_call: int, *, evaluator: bool = False) -> Group:
+    kinds = ["chief", "worker", *(["evaluator"] if evaluator else [])]
+    ports = free_ports(len(kinds))
+    cluster = {kind: [f"localhost:{port}"] for kind, port in zip(kinds, ports, strict=True)}
+    workdir = base / f"attempt{attempt}"
+    jobs = {f"{kind}:0": start_job(f"{kind}:0", workdir, job_args(model_dir, steps_per_call),
+                                   tf_config_json=tf_config(cluster, kind, 0),
+                                   extra_env={"TFL_ATTEMPT": str(attempt)})
+            for kind in kinds}
+    return Group(jobs, model_dir)
+
+
+def epoch_losses(log: str) -> dict[int, float]:
+    """{epoch: loss} from the chief's `epoch i/n loss=...` lines (the last attempt's own)."""
+    losses = {}
+    for line in log.splitlines():
+        if line.startswith("epoch "):
+            epoch = int(line.split()[1].split("/")[0])
+            losses[epoch] = float(next(p for p in line.split() if p.startswith("loss=")).split("=")[1])
+    return losses
+
+
+def final_weights(model_dir: Path) -> dict[str, np.ndarray]:
+    import tensorflow as tf  # here: collecting the fast tests must not load TF
+
+    reader = tf.train.load_checkpoint(str(model_dir / "checkpoints" / f"ckpt-{EPOCHS}"))
+    values = {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+    return {n: v for n, v in values.items() if isinstance(v, np.ndarray) and v.dtype.kind == "f"}
+
+
+def wait_for_step(job: JobProcess, step: int, others: list[JobProcess]) -> int:
+    """Wait until `job` reports global step >= `step`; return the step it reported."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        records = job.step_records()
+        done = max((r["global_step"] for r in records if r["phase"] == "train"), default=0)
+        if done >= step:
+            return int(done)
+        if any(j.popen.poll() is not None for j in others):
+            break
+        time.sleep(0.02)
+    raise AssertionError(f"global step {step} never reported\n" + "\n".join(j.output()[-2000:] for j in others))
+
+
+@dataclass
+class Control:
+    losses: dict[int, float]
+    weights: dict[str, np.ndarray]
+
+
+@pytest.fixture(scope="module")
+def controls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[int], Control]]:
+    """One uninterrupted run per steps-per-call setting, made on first use."""
+    made: dict[int, Control] = {}
+
+    def control(steps_per_call: int) -> Control:
+        if steps_per_call not in made:
+            base = tmp_path_factory.mktemp(f"control{steps_per_call}")
+            group = start_group(base, base / "model", 0, steps_per_call)
+            codes = group.codes()
+            assert set(codes.values()) == {0}, group.logs()
+            made[steps_per_call] = Control(epoch_losses(group.chief.output()), final_weights(group.model_dir))
+            assert sorted(made[steps_per_call].losses) == list(range(1, EPOCHS + 1))
+        return made[steps_per_call]
+
+    yield control
+
+
+def assert_trains_like(control: Control, resumed: Group, after_epoch: int) -> None:
+    """The epochs after `after_epoch` report the control's loss; the final weights are the control's."""
+    losses = epoch_losses(resumed.chief.output())
+    later = [e for e in range(after_epoch + 1, EPOCHS + 1)]
+    assert later, "the interruption came too late to compare an epoch after it"
+    for epoch in later:
+        assert losses[epoch] == pytest.approx(control.losses[epoch], abs=TOLERANCE), (epoch, losses, control.losses)
+    weights = final_weights(resumed.model_dir)
+    assert weights.keys() == control.weights.keys()
+    assert max(float(np.max(np.abs(weights[k] - control.weights[k]))) for k in weights) <= TOLERANCE
+
+
+def preempt_and_resume(tmp_path: Path, control: Control, steps_per_call: int, victims: tuple[str, ...],
+                       seed: int) -> None:
+    rng = random.Random(seed)
+    target = rng.randrange(2, 2 * STEPS - 2)  # in epoch 1 or 2: an epoch after it is left to compare
+    model_dir = tmp_path / "model"
+    first = start_group(tmp_path, model_dir, 0, steps_per_call)
+    try:
+        seen = wait_for_step(first.chief, target, list(first.jobs.values()))
+        for name in victims:
+            os.kill(first.jobs[name].popen.pid, signal.SIGTERM)
+        codes = first.codes()
+    finally:
+        kill_all(first.jobs.values())
+    assert codes == {"chief:0": PREEMPTED_EXIT_CODE, "worker:0": PREEMPTED_EXIT_CODE}, first.logs()
+    record = PreemptedRecord.from_dict(json.loads((model_dir / "preempted.json").read_text()))
+    assert record is not None and record.attempt == 0 and record.steps_per_epoch == STEPS
+    assert record.global_step >= seen  # nothing trained before the notice is lost
+    assert record.global_step == (record.epoch - 1) * STEPS + record.step
+    assert record.notice_from in victims
+    assert not (model_dir / "training_done.json").exists()
+
+    second = start_group(tmp_path, model_dir, 1, steps_per_call)
+    codes = second.codes()
+    assert set(codes.values()) == {0}, second.logs()
+    chief = second.chief.output()
+    # Steps lost: 0. The input skips exactly the steps trained; keras goes on at the next one.
+    assert f"resuming at global step {record.global_step}:" in chief, chief[-3000:]
+    assert not (model_dir / "preempted.json").exists()
+    assert json.loads((model_dir / "training_done.json").read_text())["global_step"] == EPOCHS * STEPS
+    assert_trains_like(control, second, after_epoch=record.epoch)
+
+
+def test_sigterm_to_the_chief_one_step_per_call(tmp_path: Path, controls: Callable[[int], Control]) -> None:
+    preempt_and_resume(tmp_path, controls(1), 1, ("chief:0",), seed=1)
+
+
+def test_sigterm_to_the_worker_four_steps_per_call(tmp_path: Path, controls: Callable[[int], Control]) -> None:
+    preempt_and_resume(tmp_path, controls(4), 4, ("worker:0",), seed=2)
+
+
+def test_sigterm_to_both_at_once_gives_one_checkpoint(tmp_path: Path, controls: Callable[[int], Control]) -> None:
+    preempt_and_resume(tmp_path, controls(1), 1, ("chief:0", "worker:0"), seed=3)
