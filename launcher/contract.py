@@ -90,10 +90,13 @@ class PreemptedRecord:
             return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
         except TypeError:
             return None
+# Its last progress record says so: phase PREEMPTED_PHASE, ``global_step`` the agreed step (the
+# step its checkpoint holds). `tfl status`, the restart reasons and the summary show that step.
+PREEMPTED_PHASE: Final = "preempted"
 
 
 # --- the progress record -----------------------------------------------------------------
-PHASES: Final = ("train", "eval", "done")
+PHASES: Final = ("train", "eval", "done", PREEMPTED_PHASE)
 
 
 @dataclass(frozen=True)

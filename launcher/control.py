@@ -65,7 +65,8 @@ def _mark_stopped(store: RunStore, record: RunRecord, message: str) -> None:
 
 
 def _ended(store: RunStore, run_id: str) -> bool:
-    return effective_state(store.load(run_id)) in (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED, RunState.LOST)
+    state = effective_state(store.load(run_id))
+    return state.is_terminal or state == RunState.LOST
 
 
 def show_logs(store: RunStore, record: RunRecord, out: TextIO, *, task: str | None = None, follow: bool = False,

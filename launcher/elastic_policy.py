@@ -24,10 +24,10 @@ wait and the backend are the supervisor's, so the tests drive this with a fake b
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
-from launcher.backends.base import Backend
+from launcher.backends.base import Backend, TaskProcess
 from launcher.checks import Check, host_tasks
 from launcher.elastic import Resize, plan_hosts, resize_plan, training_size
 from launcher.plan import LaunchPlan
@@ -57,6 +57,7 @@ class ElasticPolicy:
         self._clock, self._wall, self._wait, self._stopping, self._say = clock, wall, wait, stopping, say
         self._streak: dict[str, int] = {}  # host -> attempts in a row in which a task on it failed
         self._next_probe = 0.0
+        self._attempt = -1  # the attempt ``_next_probe`` belongs to
         record.min_tasks = self.min_tasks
 
     @property
@@ -64,9 +65,10 @@ class ElasticPolicy:
         return self.record.lost_hosts
 
     # --- after a training failure -------------------------------------------------------
-    def after_failure(self, current: LaunchPlan, declared: dict[str, str]) -> ElasticOutcome | None:
-        """The group has stopped after a failure: the hosts lost in this attempt, and the next
-        attempt's plan. None when no host is lost (the usual restart policy applies)."""
+    def after_failure(self, current: LaunchPlan, procs: Iterable[TaskProcess]) -> ElasticOutcome | None:
+        """The group (``procs``) has stopped after a failure: the hosts lost in this attempt, and
+        the next attempt's plan. None when no host is lost (the usual restart policy applies)."""
+        declared = {p.launch.host: p.ended_by or "it stopped answering" for p in procs if p.unreachable_since is not None}
         newly = {h: why for h, why in declared.items() if h not in self.lost}
         newly.update({h: why for h, why in self._blacklisted(current).items() if h not in newly})
         reachable = [h for h in plan_hosts(current) if h not in newly]
@@ -112,7 +114,9 @@ class ElasticPolicy:
 
     # --- while running smaller ----------------------------------------------------------
     def taken_back(self) -> list[str]:
-        """The lost hosts that answer again (probed every ``probe_interval`` s), or []."""
+        """The lost hosts that answer again (probed every ``probe_interval`` s of an attempt), or []."""
+        if self._attempt != self.record.attempt:  # a new attempt: its first probe comes one interval in
+            self._attempt, self._next_probe = self.record.attempt, self._clock() + self.config.probe_interval
         if not self.lost or self._clock() < self._next_probe:
             return []
         self._next_probe = self._clock() + self.config.probe_interval
@@ -126,10 +130,6 @@ class ElasticPolicy:
         self._streak.clear()
         return self._resize(before, f"back: {', '.join(sorted(hosts))} answer{'s' * (len(hosts) == 1)} again "
                                     "(taken back at an agreed checkpoint)", sorted(hosts))
-
-    def started(self) -> None:
-        """A new attempt began: the lost hosts are probed ``probe_interval`` s from now."""
-        self._next_probe = self._clock() + self.config.probe_interval
 
     # --- shared ---------------------------------------------------------------------------
     def _resize(self, before: int, reason: str, hosts: list[str]) -> LaunchPlan:

@@ -10,15 +10,23 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
-# TensorFlow's preemption exit code, and a SIGTERM from outside tfl: always worth a retry.
-PREEMPTION_EXIT_CODES = frozenset({143, -signal.SIGTERM})
+from launcher.contract import PREEMPTED_EXIT_CODE
+
+# A SIGTERM from outside tfl that the task did not save on: --retry-on preemption retries it
+# (counted against --max-restarts); a task that saved exits PREEMPTED_EXIT_CODE instead.
+PREEMPTION_EXIT_CODES = frozenset({143, -signal.SIGTERM, PREEMPTED_EXIT_CODE})
+# Between a notice (SIGTERM) and SIGKILL: TensorFlow's agreement on a step and the save of a
+# checkpoint take seconds (docs/benchmarks.md); 30 s is also Kubernetes' default termination
+# grace and a spot VM's notice on GCE.
+DEFAULT_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
 class SupervisorConfig:
     max_restarts: int = 0
     retry_on: str = "any"  # "any": every failure; "preemption": only PREEMPTION_EXIT_CODES
-    grace_period: float = 5.0
+    grace_period: float = DEFAULT_GRACE_S
+    max_preemptions: int = 100  # restarts after a preemption, counted apart from max_restarts
     poll_interval: float = 0.5  # an upper bound: local exits wake the supervisor at once
     evaluator_timeout: float = 600.0
     stall_timeout: float | None = None  # no progress from a training task for this long = failure

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence, TextIO
 
-from launcher.contract import ProgressRecord
+from launcher.contract import PREEMPTED_EXIT_CODE, PREEMPTED_PHASE, ProgressRecord
 from launcher.runstore import FailureRecord, RunRecord, UnreadableRun
 from launcher.states import RunState
 from launcher.status import RunView, TaskView
@@ -54,8 +54,8 @@ def progress_text(data: dict[str, Any] | None, bar_width: int = 0) -> str | None
     if bar_width and fraction is not None:
         filled = int(round(fraction * bar_width))
         parts.append(f"[{'#' * filled}{'.' * (bar_width - filled)}] {fraction * 100:3.0f}%")
-    if progress.phase == "done":
-        parts.append("done")
+    if progress.phase in ("done", PREEMPTED_PHASE):
+        parts.append(progress.phase if progress.phase == "done" else f"preempted at step {progress.global_step}")
     parts.append(f"epoch {progress.epoch}/{progress.epochs}")
     if progress.steps_per_epoch:
         parts.append(f"step {progress.step}/{progress.steps_per_epoch}")
@@ -68,7 +68,8 @@ def progress_text(data: dict[str, Any] | None, bar_width: int = 0) -> str | None
 
 def run_detail(view: RunView, bar_width: int = 0) -> str:
     head = [f"run {view.run_id}  {view.state}  ({view.alive}/{view.total} tasks alive, "
-            f"{duration(view.duration_s)}, {view.restarts} restart(s))"]
+            f"{duration(view.duration_s)}, {view.restarts} restart(s)"
+            f"{f', {view.preemptions} after a preemption' if view.preemptions else ''})"]
     if view.elsewhere:
         head.append(f"  its launcher runs on host {view.elsewhere}: this machine cannot see its processes "
                     f"(run `tfl status {view.run_id}` there)")
@@ -124,9 +125,9 @@ def summary(record: RunRecord) -> str:
     """The end-of-run summary: outcome, and for a failure its root cause."""
     took = duration((record.ended or time.time()) - record.created)
     if record.state == RunState.SUCCEEDED:
-        lines = [f"tfl: run {record.run_id} succeeded in {took} ({len(record.restarts)} restart(s))"]
+        lines = [f"tfl: run {record.run_id} succeeded in {took} ({restart_counts(record)})"]
     elif record.state == RunState.STOPPED:
-        lines = [f"tfl: run {record.run_id} stopped by the user after {took}"]
+        lines = [f"tfl: run {record.run_id} {record.message or 'stopped by the user'} after {took}"]
     else:
         lines = [f"tfl: run {record.run_id} {record.state.value} after {took}: {record.message}"]
     for restart in record.restarts:
@@ -136,12 +137,24 @@ def summary(record: RunRecord) -> str:
                      f"{resize.reason}")
     if record.state == RunState.FAILED and record.failures:
         last = [f for f in record.failures if f.attempt == record.attempt and not f.task.startswith("evaluator")]
-        lines += _failure_lines("root cause", min(last or record.failures, key=lambda f: f.time))
+        failed = [f for f in last if f.exit_code != PREEMPTED_EXIT_CODE] or last  # a preemption before it is not the cause
+        lines += _failure_lines("root cause", min(failed or record.failures, key=lambda f: f.time))
     lines += [line for f in record.failures if f.task.startswith("evaluator") for line in _failure_lines("evaluator", f)]
     if record.state == RunState.FAILED and record.stopped_because_of_failure:
         lines.append(f"  stopped because of it: {', '.join(record.stopped_because_of_failure)}")
     lines.append(f"  logs: {record.run_dir}/logs   status: tfl status {record.run_id}")
+    if record.state in (RunState.STOPPED, RunState.PREEMPTED, RunState.FAILED):
+        fix = " (once its cause is fixed)" if record.state == RunState.FAILED else ""
+        lines.append(f"  resume it{fix} from its last checkpoint: tfl resume {record.run_id}")
     return "\n".join(lines)
+
+
+def restart_counts(record: RunRecord) -> str:
+    """``2 restart(s)``, with the preemptions and resumes among them named."""
+    kinds = [r.kind for r in record.restarts]
+    apart = [f"{kinds.count(k)} after a {k}" for k in ("preemption",) if kinds.count(k)]
+    apart += [f"{kinds.count('resume')} by tfl resume"] if "resume" in kinds else []
+    return f"{len(kinds)} restart(s)" + (f": {', '.join(apart)}" if apart else "")
 
 
 def _failure_lines(label: str, failure: FailureRecord) -> list[str]:

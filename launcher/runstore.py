@@ -29,9 +29,12 @@ from launcher.runindex import active_ids, mark_active, mark_ended, recent_ids
 from launcher.states import RunState, TaskState
 
 STATE_FILE = "state.json"
-# Bump when a record changes so that an older tfl cannot read it right (2: backend_data;
-# 3: an elastic run's min_tasks, lost_hosts and resizes). Older records still load.
-RECORD_VERSION = 3
+STOP_REQUEST = "stop_requested"  # written by `tfl stop` before its SIGTERM: the launcher's SIGTERM is then no preemption
+# Bump when a record changes so that an older tfl cannot read it right (2: backend_data; 3: the
+# preempted states, RestartRecord.kind, RunRecord.config; 4: an elastic run's min_tasks,
+# lost_hosts and resizes). This tfl reads every older version (each new field has a default)
+# and saves what it read in its own.
+RECORD_VERSION = 4
 # The latest run is the newest created among the active runs and this many whose record changed last.
 LATEST_AMONG = 20
 
@@ -71,11 +74,18 @@ class FailureRecord:
     attempt: int
 
 
+RESTART_KINDS = ("failure", "preemption", "resume")
+
+
 @dataclass
 class RestartRecord:
+    """One more attempt of the group: after a failure (counted against --max-restarts), after a
+    preemption (counted against --max-preemptions), or by ``tfl resume`` (counted by neither)."""
+
     attempt: int
     time: float
     reason: str
+    kind: str = "failure"  # one of RESTART_KINDS
 
 
 @dataclass
@@ -118,6 +128,7 @@ class RunRecord:
     launcher_start_ticks: int | None = None  # with launcher_pid: see launcher.procs.ProcessIdentity
     launcher_boot_id: str | None = None
     launcher_host: str | None = None  # `tfl status`/`stop` elsewhere (a shared TFL_HOME) can tell it is not theirs
+    config: dict[str, Any] = field(default_factory=dict)  # the supervisor's options (SupervisorConfig): `tfl resume` reuses them
     min_tasks: int | None = None  # an elastic run's --min-tasks
     lost_hosts: dict[str, str] = field(default_factory=dict)  # an elastic run's hosts left out now, each with why
     resizes: list[ResizeRecord] = field(default_factory=list)
@@ -264,6 +275,7 @@ class RunStore:
     def save(self, record: RunRecord) -> None:
         """Write the record durably; StateWriteError (one line) when the disk refuses."""
         path = Path(record.run_dir) / STATE_FILE
+        record.version = RECORD_VERSION  # a record read from an older tfl is saved in this one's format
         try:
             write_atomic(path, record.to_json(), durable=True)
         except OSError as exc:
@@ -271,6 +283,27 @@ class RunStore:
                                   "its last saved record stays (free space on that disk or fix its permissions)") from None
         if record.state.is_terminal:  # the marker `tfl status` finds active runs by (runindex)
             mark_ended(self.home, record.run_id)
+
+    def request_stop(self, record: RunRecord) -> None:
+        """Say that the SIGTERM about to reach the run's launcher is `tfl stop`'s (the user's)."""
+        write_atomic(Path(record.run_dir) / STOP_REQUEST, "")
+
+    def stop_requested(self, record: RunRecord) -> bool:
+        return (Path(record.run_dir) / STOP_REQUEST).exists()
+
+    def clear_stop_request(self, record: RunRecord) -> None:
+        try:
+            os.unlink(Path(record.run_dir) / STOP_REQUEST)
+        except FileNotFoundError:
+            pass
+
+    def reopen(self, record: RunRecord) -> None:
+        """A finished run continues (``tfl resume``): it is active again, then saved."""
+        try:
+            mark_active(self.home, record.run_id)
+        except OSError as exc:
+            raise StateWriteError(f"cannot mark the run {record.run_id} active in {self.home}: {exc.strerror}") from None
+        self.save(record)
 
     def load(self, run_id: str) -> RunRecord:
         path = self.run_dir(run_id) / STATE_FILE

@@ -50,6 +50,7 @@ class RunView:
     elsewhere: str | None = None  # the launcher's host, when not this machine: live facts only there
     backend: str = "local"
     backend_state: dict[str, str] = field(default_factory=dict)  # a group backend's own view (Slurm: job, state, reason)
+    preemptions: int = 0  # among the restarts: those after a preemption (not counted against --max-restarts)
     # An elastic run (--min-tasks): its training tasks now, its minimum and full size, the hosts
     # left out now (each with why) and every resize (from, to, why, hosts).
     min_tasks: int | None = None
@@ -101,7 +102,8 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
         duration_s=round((record.ended or now) - record.created, 1), restarts=len(record.restarts),
         restart_reasons=[r.reason for r in record.restarts], message=record.message, tasks=tasks,
         elsewhere=None if record.state.is_terminal else launcher_identity(record).elsewhere,
-        backend=record.backend, backend_state=backend_state, min_tasks=record.min_tasks,
+        backend=record.backend, backend_state=backend_state,
+        preemptions=sum(r.kind == "preemption" for r in record.restarts), min_tasks=record.min_tasks,
         training_tasks=sum(TaskId.parse(t.task).is_training for t in record.tasks),
         full_training_tasks=sum(TaskId.parse(t["task"]).is_training for t in record.plan.get("tasks", [])),
         lost_hosts=dict(record.lost_hosts), resizes=[asdict(r) for r in record.resizes],

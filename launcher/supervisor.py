@@ -3,7 +3,15 @@
 Policy (all-or-nothing, see ``states``): the first training task to fail stops every
 other task at once (SIGTERM to its group, ``grace_period``, then SIGKILL), without waiting
 for TensorFlow's own ~14 s heartbeat timeout. Then the group is restarted while restarts
-are left, else the run has failed. The evaluator never stops training: its failure is
+are left, else the run has failed.
+
+A training task that exits ``PREEMPTED_EXIT_CODE`` was *preempted*, not failed: it got a
+notice, agreed on a step with the others and saved there, and the others are doing the
+same. They get up to ``grace_period`` to leave on their own before the usual teardown; then
+the group restarts without counting against ``max_restarts``, up to ``max_preemptions``
+times (a run over that cap ends PREEMPTED, to be resumed). A task killed by a bare SIGTERM
+without saving stays a failure. A stop with ``notice`` (the launcher's own SIGTERM) ends
+the run PREEMPTED, unless ``tfl stop`` asked for it (``RunStore.stop_requested``). The evaluator never stops training: its failure is
 recorded; after training it gets ``evaluator_timeout`` to finish its last checkpoint.
 
 A backend that runs the group as one unit of its own (``backends.base.GroupBackend``:
@@ -12,10 +20,9 @@ training failure the supervisor stops only the failed task if it is still alive,
 the others as stopped, and follows the next attempt when the backend says it started one
 (``restarted``); the evaluator runs on across attempts.
 
-An elastic run (``--min-tasks``) adds ``launcher.elastic_policy``: after a failure in which
-hosts were lost, the next attempt runs without them (a resize, neither a failure nor a
-preemption); while it runs smaller, a lost host that answers again is taken back at an agreed
-checkpoint (the preemption notice, SIGTERM, with ``NOTICE_GRACE`` s to save).
+An elastic run (``--min-tasks``, ``launcher.elastic_policy``) goes on without the hosts lost
+in a failure (a resize: neither a failure nor a preemption) and takes back, at an agreed
+checkpoint (the notice), those that answer again.
 
 Mechanism is the backends'; clock and wait are injectable, so tests drive the state
 machine with a scripted backend in milliseconds.
@@ -23,48 +30,25 @@ machine with a scripted backend in milliseconds.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from launcher.backends.base import Backend, GroupBackend, TaskProcess
+from launcher.contract import PREEMPTED_EXIT_CODE
 from launcher.elastic_policy import ElasticOutcome, ElasticPolicy
 from launcher.errors import LaunchError, StateWriteError
-from launcher.logstream import tail_lines
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.policy import PREEMPTION_EXIT_CODES, SupervisorConfig
+from launcher.preemption import ended_state, saved_note
 from launcher.runstore import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
+from launcher.supervision import failure_record, initial_record, progress_mtime
+
+__all__ = ["Supervisor", "initial_record"]
 from launcher.states import RunState, TaskState
 from launcher.tasks import TaskId
 from launcher.teardown import teardown
 from launcher.waker import Waker
-
-NOTICE_GRACE = 60.0  # at least this long for training tasks to save at an agreed step on the preemption notice
-
-
-def progress_mtime(path: str) -> float | None:
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return None
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-def initial_record(plan: LaunchPlan, created: float, max_restarts: int, backend: str) -> RunRecord:
-    tasks = [TaskRecord(task=t.name, host=t.host, backend=backend, log_path=t.log_path,
-                        progress_path=t.progress_path) for t in plan.tasks]
-    return RunRecord(run_id=plan.run_id, job=plan.job, job_args=list(plan.job_args), run_dir=plan.run_dir,
-                     created=created, max_restarts=max_restarts, tasks=tasks, plan=plan.to_dict(), backend=backend)
 
 
 class Supervisor:
@@ -87,20 +71,23 @@ class Supervisor:
         self._procs: dict[str, TaskProcess] = {}
         self._stop_requested = False
         self._force = False
+        self._notice = False  # the stop came as a notice (the launcher's SIGTERM): a preemption unless `tfl stop` asked
+        self._restarts = self._preemptions = 0  # this launcher's restarts (a resumed run counts anew)
         self._save_error: StateWriteError | None = None
-        self._elastic = None if config.min_tasks is None or self._group else ElasticPolicy(
-            plan, record, config, backend, clock=clock, wall=wall, wait=self._wait, stopping=lambda: self._stop_requested,
-            say=say)
+        self._elastic = ElasticPolicy(plan, record, config, backend, clock=clock, wall=wall, wait=self._wait, say=say,
+                                      stopping=lambda: self._stop_requested) if config.min_tasks and not self._group else None
 
     # --- called from signal handlers / other threads ------------------------------------
     def notify(self) -> None:
         self._wake.wake()
 
-    def request_stop(self, force: bool = False) -> None:
-        """First call: graceful stop of every task. ``force``: SIGKILL without grace.
-        Safe in a signal handler: it sets two flags and wakes the loop, taking no lock."""
+    def request_stop(self, force: bool = False, notice: bool = False) -> None:
+        """First call: graceful stop of every task. ``force``: SIGKILL without grace. ``notice``:
+        the launcher got SIGTERM: recorded as a preemption unless ``tfl stop`` sent it.
+        Safe in a signal handler: it sets flags and wakes the loop, taking no lock."""
         self._stop_requested = True
         self._force = self._force or force
+        self._notice = self._notice or notice
         self.notify()
 
     # --- the state machine --------------------------------------------------------------
@@ -126,16 +113,9 @@ class Supervisor:
         self._procs = {n: p for n, p in self._procs.items() if self._group and not p.launch.task.is_training}
         self._start_group()
         self._set_state(RunState.RUNNING)
-        if self._elastic is not None:
-            self._elastic.started()
         while True:
             if self._stop_requested:
-                self._set_state(RunState.STOPPING)
-                self._teardown(list(self._procs.values()), TaskState.STOPPED)
-                if self._save_error is not None:
-                    self._finish(RunState.FAILED, 1, f"tasks stopped: {self._save_error}")
-                else:
-                    self._finish(RunState.STOPPED, 130, "stopped by the user")
+                self._stop()
                 return False
             self._reap()
             self._check_stalls()
@@ -151,6 +131,18 @@ class Supervisor:
                     return False
                 continue
             self._wait(self._config.poll_interval)
+
+    def _stop(self) -> None:
+        """Every task gets the notice (SIGTERM) and the grace to save the agreed checkpoint, then SIGKILL."""
+        self._set_state(RunState.STOPPING)
+        self._teardown(list(self._procs.values()), TaskState.STOPPED)
+        saved = saved_note(self.record, self._config.grace_period)
+        if self._save_error is not None:
+            self._finish(RunState.FAILED, 1, f"tasks stopped: {self._save_error}")
+        elif self._notice and not self._store.stop_requested(self.record):
+            self._finish(RunState.PREEMPTED, PREEMPTED_EXIT_CODE, f"preempted: tfl got SIGTERM{saved}")
+        else:
+            self._finish(RunState.STOPPED, 130, f"stopped by the user{saved}")
 
     def _start_group(self) -> None:
         """Start every task: one after another, or all at once where the backend's start is a
@@ -203,18 +195,20 @@ class Supervisor:
                     self._save()
                 continue
             task.exit_code, task.ended = code, self._wall()
-            task.state = TaskState.SUCCEEDED if code == 0 else TaskState.FAILED
+            task.state = ended_state(code, TaskState.FAILED)
             if code != 0:
                 self._record_failure(proc, code)
             self._save()
 
     def _record_failure(self, proc: TaskProcess, code: int | None) -> None:
-        """A lost host's task failed when its host stopped answering: before the survivors it took down."""
+        """A task failed (a lost host's: when its host stopped answering, before the survivors it took down)."""
         task = self.record.task(proc.launch.name)
-        self.record.failures.append(FailureRecord(
-            task=task.task, host=task.host, pid=task.pid, exit_code=code, reason=proc.ended_by or describe_exit(code or 0),
-            log_tail=tail_lines(proc.launch.log_path, self._config.log_tail_lines),
-            time=proc.unreachable_since or task.ended or self._wall(), attempt=self.record.attempt))
+        self._add_failure(proc, task, code, proc.ended_by, proc.unreachable_since or task.ended or self._wall())
+
+    def _add_failure(self, proc: TaskProcess, task: TaskRecord, code: int | None, reason: str | None, time: float) -> None:
+        self.record.failures.append(failure_record(
+            task, code=code, reason=reason, log_path=proc.launch.log_path, progress_path=proc.launch.progress_path,
+            lines=self._config.log_tail_lines, time=time, attempt=self.record.attempt))
 
     @staticmethod
     def _learn_where(task: TaskRecord, proc: TaskProcess) -> bool:
@@ -237,18 +231,20 @@ class Supervisor:
             last = max(task.started or now, self._progress_time(proc.launch.progress_path) or 0.0)
             if now - last > timeout:
                 task.state, task.ended = TaskState.FAILED, now
-                self.record.failures.append(FailureRecord(
-                    task=name, host=task.host, pid=task.pid, exit_code=None,
-                    reason=f"stalled: no progress for {timeout:g} s (--stall-timeout)",
-                    log_tail=tail_lines(proc.launch.log_path, self._config.log_tail_lines), time=now,
-                    attempt=self.record.attempt))
+                self._add_failure(proc, task, None, f"stalled: no progress for {timeout:g} s (--stall-timeout)", now)
                 self._save()
 
-    def _first_training_failure(self) -> FailureRecord | None:
+    def _first_training_failure(self, preempted: bool | None = None) -> FailureRecord | None:
+        """The first training task of this attempt that ended other than with 0; ``preempted``:
+        only one that was (True) or was not (False) preempted."""
         return next((f for f in self.record.failures
-                     if f.attempt == self.record.attempt and TaskId.parse(f.task).is_training), None)
+                     if f.attempt == self.record.attempt and TaskId.parse(f.task).is_training
+                     and (preempted is None or (f.exit_code == PREEMPTED_EXIT_CODE) == preempted)), None)
 
     def _on_training_failure(self, failure: FailureRecord) -> bool:
+        if failure.exit_code == PREEMPTED_EXIT_CODE and self._group is None:
+            self._await_agreement()
+            failure = self._first_training_failure(preempted=False) or failure  # mixed: the other failure counts
         running = [p for n, p in self._procs.items()
                    if self.record.task(n).state == TaskState.RUNNING and not (self._group and not p.launch.task.is_training)]
         self.record.stopped_because_of_failure = sorted(p.launch.name for p in running)
@@ -261,48 +257,45 @@ class Supervisor:
         if self.record.task(failure.task).exit_code is None:
             self.record.task(failure.task).exit_code = self._backend.poll(failed)
         lost = self._lost_hosts()
-        if self._elastic is not None:  # a host lost: the next attempt without it (``elastic_policy``)
-            declared = {self.record.task(n).host: p.ended_by or "it stopped answering"
-                        for n, p in self._procs.items() if p.unreachable_since is not None}
-            outcome = self._elastic.after_failure(self.plan, declared)
-            if outcome is not None:
-                return self._resized(outcome)
+        outcome = self._elastic.after_failure(self.plan, self._procs.values()) if self._elastic else None
+        if outcome is not None:  # hosts lost: an elastic run goes on without them (``elastic_policy``)
+            return self._resized(outcome)
         if lost:  # a restart would wait on a host that does not answer (an elastic run goes on without it)
             self.record.stopped_because_of_failure = [n for n in self.record.stopped_because_of_failure
                                                       if self._procs[n].unreachable_since is None]
             self._finish(RunState.FAILED, 1, f"{lost}; no restart on a host known lost (see --min-tasks)")
             return False
+        preempted = failure.exit_code == PREEMPTED_EXIT_CODE
         if self._group is not None and self._group_restarted():
-            self._record_restart(failure)
+            self._record_restart(failure, preempted)
             return True
-        if self._group is None and self._may_restart(failure):
-            self._record_restart(failure)
+        if self._group is None and (self._may_restart_preempted() if preempted else self._may_restart(failure)):
+            self._record_restart(failure, preempted)
             return True
-        self._finish(RunState.FAILED, 1, f"{failure.task} on {failure.host} failed: {failure.reason}")
+        if preempted and not self._stop_requested:
+            self._finish(RunState.PREEMPTED, PREEMPTED_EXIT_CODE,
+                         f"{failure.task} on {failure.host} was {failure.reason}; no preemption restart left "
+                         f"(--max-preemptions {self._config.max_preemptions})")
+        else:
+            self._finish(RunState.FAILED, 1, f"{failure.task} on {failure.host} failed: {failure.reason}")
         return False
 
     def _resized(self, outcome: ElasticOutcome) -> bool:
-        """An elastic run lost hosts: go on at the new size (True), or end."""
-        if outcome.plan is not None:
-            self.plan, self._procs = outcome.plan, {}
-            self._save()
-            return True
-        if outcome.stopped:
-            self._finish(RunState.STOPPED, 130, outcome.message or "stopped by the user")
-        else:
-            self._finish(RunState.FAILED, 1, outcome.message or "too few training tasks left")
-        return False
+        """An elastic run lost hosts or takes them back: go on at the new size (True), or end."""
+        if outcome.plan is None:
+            self._finish(RunState.STOPPED if outcome.stopped else RunState.FAILED, 130 if outcome.stopped else 1,
+                         outcome.message or "")
+            return False
+        self.plan, self._procs = outcome.plan, {}
+        self._save()
+        return True
 
     def _take_back(self, hosts: list[str]) -> bool:
-        """Lost hosts answer again: the preemption notice (SIGTERM) to the group, which saves at
-        an agreed step and exits; then the next attempt with the hosts back."""
+        """Lost hosts answer again: the notice (SIGTERM: the training tasks save at an agreed step
+        and leave, within the grace), then the next attempt with the hosts back."""
         assert self._elastic is not None
         self._set_state(RunState.RESTARTING)
-        procs = list(self._procs.values())
-        teardown(procs, signal=self._backend.signal, alive=self._backend.alive,
-                 grace=max(self._config.grace_period, NOTICE_GRACE), force=lambda: self._force, clock=self._clock,
-                 wait=self._wait)
-        self._mark(procs, TaskState.STOPPED)
+        self._teardown(list(self._procs.values()), TaskState.STOPPED)
         return self._resized(ElasticOutcome(self._elastic.grow(hosts)))
 
     def _lost_hosts(self) -> str:
@@ -316,9 +309,27 @@ class Supervisor:
                     self._record_failure(proc, self.record.task(name).exit_code)
         return "; ".join(f"{procs[0].ended_by}: lost {', '.join(p.launch.name for p in procs)}" for procs in lost.values())
 
-    def _record_restart(self, failure: FailureRecord) -> None:
+    def _await_agreement(self) -> None:
+        """A training task was preempted: the others reach the same agreed checkpoint and leave
+        on their own. Wait for that, up to the grace, or until one of them fails otherwise."""
+        deadline = self._clock() + self._config.grace_period
+        training = [p for p in self._procs.values() if p.launch.task.is_training]
+        while not self._stop_requested and self._clock() < deadline:
+            self._reap()
+            if self._first_training_failure(preempted=False) is not None:
+                return
+            if all(self.record.task(p.launch.name).state != TaskState.RUNNING for p in training):
+                return
+            self._wait(min(self._config.poll_interval, max(0.0, deadline - self._clock())))
+
+    def _record_restart(self, failure: FailureRecord, preempted: bool) -> None:
         reason = f"{failure.task} on {failure.host}: {failure.reason}"
-        self.record.restarts.append(RestartRecord(attempt=self.record.attempt + 1, time=self._wall(), reason=reason))
+        if preempted:
+            self._preemptions += 1
+        else:
+            self._restarts += 1
+        self.record.restarts.append(RestartRecord(attempt=self.record.attempt + 1, time=self._wall(), reason=reason,
+                                                  kind="preemption" if preempted else "failure"))
         self._save()
 
     def _group_restarted(self) -> bool:
@@ -332,9 +343,12 @@ class Supervisor:
         return False
 
     def _may_restart(self, failure: FailureRecord) -> bool:
-        if self._stop_requested or len(self.record.restarts) >= self._config.max_restarts:
+        if self._stop_requested or self._restarts >= self._config.max_restarts:
             return False
         return self._config.retry_on == "any" or failure.exit_code in PREEMPTION_EXIT_CODES
+
+    def _may_restart_preempted(self) -> bool:
+        return not self._stop_requested and self._preemptions < self._config.max_preemptions
 
     def _finish_evaluator(self) -> None:
         deadline = self._clock() + self._config.evaluator_timeout
@@ -358,7 +372,7 @@ class Supervisor:
             task = self.record.task(proc.launch.name)
             if task.state == TaskState.RUNNING:
                 code = self._backend.poll(proc)
-                task.state, task.exit_code, task.ended = state, code, self._wall()
+                task.state, task.exit_code, task.ended = ended_state(code, state), code, self._wall()
         self._save()
 
     # --- small helpers ------------------------------------------------------------------
@@ -383,3 +397,4 @@ class Supervisor:
             if self._save_error is None:
                 self._save_error = exc
                 self.request_stop()
+
