@@ -1,8 +1,10 @@
 """``tfl stop`` and ``tfl logs``: control a run from any terminal.
 
-Stop asks the run's launcher to stop (SIGTERM: it tears its tasks down and records
-STOPPED). Then the run's backend stops whatever is left (``Backend.stop_recorded``): all of
-it when the launcher is gone (killed with -9, machine rebooted…). Idempotent.
+Stop asks the run's launcher to stop (SIGTERM, after a note in the run dir that says it is
+the user's and not a preemption): it gives every task the notice (SIGTERM), the grace to
+save the agreed checkpoint, then SIGKILL, and records STOPPED. Then the run's backend stops
+whatever is left (``Backend.stop_recorded``, the same notice and grace): all of it when the
+launcher is gone (killed with -9, machine rebooted…). Idempotent.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from launcher.teardown import teardown
 LAUNCHER_EXTRA_GRACE = 15.0  # beyond its grace: the launcher's SIGKILL of its tasks (teardown.KILL_WAIT) and last save
 
 
-def stop_run(store: RunStore, record: RunRecord, grace: float = 5.0) -> str:
-    """Stop a run; returns what was done, in one line."""
+def stop_run(store: RunStore, record: RunRecord, grace: float | None = None) -> str:
+    """Stop a run; returns what was done, in one line. ``grace``: for what the launcher left
+    (default: the run's own, as its launcher would give)."""
+    grace = record.grace_period if grace is None else grace
     identity = launcher_identity(record)
     if identity.elsewhere and not record.state.is_terminal:
         raise UsageError(f"run {record.run_id}: its launcher runs on host {identity.elsewhere}, not on this one; "
@@ -38,6 +42,8 @@ def stop_run(store: RunStore, record: RunRecord, grace: float = 5.0) -> str:
         # still there after that is taken for wedged and killed, and the backend's stop below
         # then does its work.
         wait = max(grace, record.grace_period) + LAUNCHER_EXTRA_GRACE
+        if not record.state.is_terminal:
+            store.request_stop(record)  # this SIGTERM is the user's: the run ends STOPPED, not PREEMPTED
         teardown([launcher], signal=_send, alive=is_running, grace=wait, kill_wait=5.0)
     left = backends.get(record.backend).stop_recorded(store.load(record.run_id), grace)
     record = store.load(record.run_id)

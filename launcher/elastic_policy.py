@@ -64,6 +64,10 @@ class ElasticPolicy:
     def lost(self) -> dict[str, str]:
         return self.record.lost_hosts
 
+    def resumed(self) -> LaunchPlan:
+        """The plan of the first attempt: the full plan, without the hosts a resumed run had lost."""
+        return resize_plan(self.full, self.lost).plan if self.lost else self.full
+
     # --- after a training failure -------------------------------------------------------
     def after_failure(self, current: LaunchPlan, procs: Iterable[TaskProcess]) -> ElasticOutcome | None:
         """The group (``procs``) has stopped after a failure: the hosts lost in this attempt, and

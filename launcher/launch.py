@@ -26,14 +26,15 @@ from launcher.logstream import LogFollower, tail_lines
 from launcher.plan import LaunchPlan, build_plan, job_name
 from launcher.policy import SupervisorConfig
 from launcher.procs import ProcessIdentity
+from launcher.resume import check_resumable, claim, recorded_plan
 from launcher.runstore import RunRecord, RunStore
 from launcher.storage import check_sharing
 from launcher.supervisor import Supervisor, initial_record
 from launcher.waker import Waker
 
 # SIGINT (Ctrl-C) and SIGHUP (the terminal closed) come from a terminal: an inherited SIG_IGN
-# (`nohup tfl launch`, `tfl launch … &` in a script) is kept. SIGTERM is how `tfl stop` asks:
-# always handled.
+# (`nohup tfl launch`, `tfl launch … &` in a script) is kept. SIGTERM is how `tfl stop` asks,
+# and how a machine going away says so (a preemption): always handled.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 KEEP_IGNORED = frozenset({signal.SIGINT, signal.SIGHUP})
 
@@ -100,9 +101,35 @@ def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: 
     me = ProcessIdentity.of(os.getpid())
     record.launcher_pid, record.launcher_create_time, record.launcher_start_ticks = me.pid, me.create_time, me.start_ticks
     record.launcher_boot_id, record.launcher_host, record.grace_period = me.boot_id, me.host, config.grace_period
-    store.create(record, reserved=reserved)
+    record.config = asdict(config)
+    try:
+        store.create(record, reserved=reserved)
+    except BaseException:
+        prepared.backend.close()
+        raise
+    return supervise(prepared, store, record, config, out, colour=colour, verbose=verbose)
+
+
+def resume(run_id: str, store: RunStore, config: SupervisorConfig) -> tuple[Prepared, RunRecord]:
+    """``tfl resume``: the recorded run's plan, prepared on its backend again, and its record
+    claimed for the next attempt (``launcher.resume``); ``supervise`` runs it."""
+    record = store.load(run_id)
+    check_resumable(record)  # before the hosts are reached: a live run's ports would only confuse
+    prepared = prepare(recorded_plan(record))
+    try:
+        return prepared, claim(store, run_id, config)
+    except BaseException:
+        prepared.backend.close()
+        raise
+
+
+def supervise(prepared: Prepared, store: RunStore, record: RunRecord, config: SupervisorConfig, out: TextIO | None, *,
+              colour: bool = False, verbose: bool = False) -> RunRecord:
+    """Supervise a recorded run to its end, following its logs to ``out``."""
+    plan = prepared.plan
     supervisor = Supervisor(plan, record, store, config, backend=prepared.backend, wake=prepared.wake, say=_say)
-    follower = (LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour, hide_noise=not verbose).start()
+    follower = (LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour, hide_noise=not verbose,
+                            from_end=bool(record.attempt)).start()  # a resumed run's earlier attempts are printed already
                 if out else None)
     try:
         with _stop_on_signals(supervisor):
@@ -122,14 +149,26 @@ def detach(plan: LaunchPlan, store: RunStore, config: SupervisorConfig, timeout:
     store.reserve(run_dir)  # 0700, never an existing dir; the launcher's store.create(reserved=True) fills it
     plan_file = run_dir / "plan.json"
     write_atomic(plan_file, json.dumps(plan.to_dict()))  # 0600: it holds every task's env
+    return _spawn(["_supervise", str(plan_file), json.dumps(asdict(config))], store, plan.run_id, timeout)
+
+
+def detach_resume(run_id: str, store: RunStore, config: SupervisorConfig, timeout: float = 20.0) -> int:
+    """``tfl resume --detach``: the refusals here, then ``resume`` in a background launcher."""
+    check_resumable(store.load(run_id))
+    return _spawn(["_resume", run_id, json.dumps(asdict(config))], store, run_id, timeout)
+
+
+def _spawn(args: list[str], store: RunStore, run_id: str, timeout: float) -> int:
+    """A background launcher (``tfl ARGS``) in its own session; returns its pid once the run's
+    record names it as its launcher (so ``tfl status`` sees it at once)."""
+    run_dir = store.run_dir(run_id)
     with open_private(run_dir / "launcher.log") as log:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "launcher", "_supervise", str(plan_file), json.dumps(asdict(config))],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, HOME: str(store.home)})
+        child = subprocess.Popen([sys.executable, "-m", "launcher", *args],
+                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                 env={**os.environ, HOME: str(store.home)})
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (run_dir / "state.json").exists() and store.load(plan.run_id).launcher_pid == child.pid:
+        if (run_dir / "state.json").exists() and store.load(run_id).launcher_pid == child.pid:
             return child.pid
         if child.poll() is not None:
             tail = " | ".join(tail_lines(run_dir / "launcher.log", 3))
@@ -144,6 +183,13 @@ def supervise_detached(plan_file: Path, config_json: str, store: RunStore) -> Ru
     return execute(prepare(plan), store, SupervisorConfig(**json.loads(config_json)), None, reserved=True)
 
 
+def resume_detached(run_id: str, config_json: str, store: RunStore) -> RunRecord:
+    """The body of a detached resume (``tfl _resume``)."""
+    config = SupervisorConfig(**json.loads(config_json))
+    prepared, record = resume(run_id, store, config)
+    return supervise(prepared, store, record, config, None)
+
+
 def _say(line: str) -> None:
     """The supervisor's own lines (an elastic run's resizes): on stderr, beside the summary."""
     print(line, file=sys.stderr, flush=True)
@@ -151,9 +197,11 @@ def _say(line: str) -> None:
 
 @contextmanager
 def _stop_on_signals(supervisor: Supervisor) -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP stop the run gracefully; a second SIGINT (Ctrl-C twice)
-    forces SIGKILL. SIGTERM and SIGHUP never force: `tfl stop` sends SIGTERM, and running
-    it twice must not cut the tasks' grace short. The handler takes no lock (``Waker``)."""
+    """SIGINT, SIGTERM and SIGHUP stop the run gracefully: the tasks get the notice and the
+    grace to save the agreed checkpoint. A second SIGINT (Ctrl-C twice) forces SIGKILL.
+    SIGTERM and SIGHUP never force: `tfl stop` sends SIGTERM, and running it twice must not
+    cut the tasks' grace short. A SIGTERM that `tfl stop` did not send ends the run PREEMPTED
+    (``Supervisor.request_stop(notice=True)``). The handler takes no lock (``Waker``)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -162,7 +210,8 @@ def _stop_on_signals(supervisor: Supervisor) -> Iterator[None]:
     def handler(signum: int, frame: object) -> None:
         nonlocal interrupts
         interrupts += signum == signal.SIGINT
-        supervisor.request_stop(force=interrupts > 1)
+        # SIGTERM: this machine is going away (a preemption), unless `tfl stop` sent it (the supervisor tells).
+        supervisor.request_stop(force=interrupts > 1, notice=signum == signal.SIGTERM)
 
     handled = [s for s in STOP_SIGNALS if not (s in KEEP_IGNORED and signal.getsignal(s) == signal.SIG_IGN)]
     previous = {s: signal.signal(s, handler) for s in handled}

@@ -129,7 +129,8 @@ def summary(record: RunRecord) -> str:
     elif record.state == RunState.STOPPED:
         lines = [f"tfl: run {record.run_id} {record.message or 'stopped by the user'} after {took}"]
     else:
-        lines = [f"tfl: run {record.run_id} {record.state.value} after {took}: {record.message}"]
+        said = (record.message or "").removeprefix(f"{record.state.value}: ")
+        lines = [f"tfl: run {record.run_id} {record.state.value} after {took}: {said}"]
     for restart in record.restarts:
         lines.append(f"  restart {restart.attempt}: {restart.reason}")
     for resize in record.resizes:

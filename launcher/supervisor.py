@@ -42,10 +42,9 @@ from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.policy import PREEMPTION_EXIT_CODES, SupervisorConfig
 from launcher.preemption import ended_state, saved_note
 from launcher.runstore import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
-from launcher.supervision import failure_record, initial_record, progress_mtime
-
-__all__ = ["Supervisor", "initial_record"]
 from launcher.states import RunState, TaskState
+from launcher.supervision import failure_record, progress_mtime
+from launcher.supervision import initial_record as initial_record  # where the launcher has always found it
 from launcher.tasks import TaskId
 from launcher.teardown import teardown
 from launcher.waker import Waker
@@ -76,6 +75,7 @@ class Supervisor:
         self._save_error: StateWriteError | None = None
         self._elastic = ElasticPolicy(plan, record, config, backend, clock=clock, wall=wall, wait=self._wait, say=say,
                                       stopping=lambda: self._stop_requested) if config.min_tasks and not self._group else None
+        self.plan = self._elastic.resumed() if self._elastic else plan  # a resumed run: without the hosts it had lost
 
     # --- called from signal handlers / other threads ------------------------------------
     def notify(self) -> None:

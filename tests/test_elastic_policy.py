@@ -14,6 +14,7 @@ import pytest
 from launcher.backends import TaskProcess
 from launcher.checks import Check, HostTasks
 from launcher.contract import PREEMPTED_EXIT_CODE
+from launcher.elastic import resize_plan
 from launcher.plan import LaunchPlan, TaskLaunch, build_plan
 from launcher.policy import SupervisorConfig
 from launcher.report import run_detail, summary
@@ -97,13 +98,15 @@ class Hosts:
 
 
 def make(tmp_path: Path, hosts_of: type[Hosts] = Hosts, cluster: dict[str, list[str]] = THREE, *,
-         script: dict[str, object] | None = None, stop_at: float | None = None,
+         script: dict[str, object] | None = None, stop_at: float | None = None, lost: dict[str, str] | None = None,
          **config: object) -> tuple[Supervisor, Hosts, FakeClock, list[str]]:
     """``stop_at``: the user stops the run (Ctrl-C) once the clock passes that time."""
     store = RunStore(tmp_path)
     plan: LaunchPlan = build_plan(parse_cluster({"cluster": cluster}), "/job.py", (), run_id="r",
                                   run_dir=str(tmp_path / "runs" / "r"), python="py", cwd="/")
     record = initial_record(plan, created=0.0, max_restarts=0, backend="fake")
+    if lost:  # a resumed run that had lost these hosts (its record says so; its tasks are the resized plan's)
+        record.lost_hosts, record.tasks = dict(lost), initial_record(resize_plan(plan, lost).plan, 0.0, 0, "fake").tasks
     store.create(record)
     clock = FakeClock()
     hosts = hosts_of(clock, **(script or {}))  # type: ignore[arg-type]
@@ -244,3 +247,12 @@ def test_a_fixed_size_run_still_ends_when_a_host_is_lost(tmp_path: Path) -> None
     record = sup.run()
     assert record.state == RunState.FAILED and "no restart on a host known lost (see --min-tasks)" in (record.message or "")
     assert len(hosts.attempts()) == 1 and record.resizes == [] and said == [] and record.min_tasks is None
+
+
+def test_a_resumed_run_starts_without_the_hosts_it_had_lost_and_takes_them_back(tmp_path: Path) -> None:
+    sup, hosts, _, _ = make(tmp_path, lost={"h0": "h0 stopped answering"})
+    record = sup.run()
+    assert record.exit_code == 0
+    assert hosts.attempts()[0] == [("chief:0", "h1"), ("worker:0", "h2")]  # as it was when it stopped
+    assert hosts.attempts()[1] == [("chief:0", "h0"), ("worker:0", "h1"), ("worker:1", "h2")]  # h0 answers: back
+    assert [(r.from_tasks, r.to_tasks, r.hosts) for r in record.resizes] == [(2, 3, ["h0"])]

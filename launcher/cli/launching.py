@@ -11,6 +11,7 @@ from typing import Any
 import typer
 
 from launcher.cli.app import _colour, _Command, _core, _fail, _Group, _store, app
+from launcher.policy import DEFAULT_GRACE_S
 
 
 @app.command(cls=_Command, context_settings={"allow_extra_args": True})
@@ -26,7 +27,12 @@ def launch(
     dry_run: bool = typer.Option(False, "--dry-run", help="print what would run where; start nothing, write nothing"),
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="restart the whole group up to K times after a failure"),
     retry_on: str = typer.Option("any", "--retry-on", help="which failures are restarted: any | preemption (exit 143 / SIGTERM)"),
-    grace_period: float = typer.Option(5.0, "--grace-period", min=0, help="seconds between SIGTERM and SIGKILL when stopping tasks"),
+    max_preemptions: int = typer.Option(100, "--max-preemptions", min=0,
+                                        help="restart the group up to N times after a preemption (a task saved on notice and "
+                                        "exited 170); not counted against --max-restarts"),
+    grace_period: float = typer.Option(DEFAULT_GRACE_S, "--grace-period", min=0,
+                                       help="seconds from the notice (SIGTERM) to SIGKILL when stopping tasks: time for them "
+                                       "to agree on a step and save there"),
     evaluator_timeout: float = typer.Option(600.0, "--evaluator-timeout", min=0, help="seconds the evaluator may run after training ends"),
     stall_timeout: float | None = typer.Option(None, "--stall-timeout", min=0, help="no progress for S seconds = failed"),
     detach: bool = typer.Option(False, "--detach", "-d", help="supervise in the background; print the run id and return"),
@@ -69,6 +75,7 @@ def launch(
                            accept_new_host_keys=accept_new_host_keys, keep_remote=keep_remote)
     config = SupervisorConfig(max_restarts=max_restarts, retry_on=retry_on, grace_period=grace_period,
                               evaluator_timeout=evaluator_timeout, stall_timeout=stall_timeout,
+                              max_preemptions=max_preemptions,
                               blacklist_after=blacklist_after, elastic_wait=elastic_wait, probe_interval=probe_interval,
                               **elastic_options(spec, min_tasks, elastic_batch, global_batch))
     plan = _core(lambda: core.make_plan(job, tuple(ctx.args), spec, store, remote, virtual_devices, config))
@@ -165,6 +172,15 @@ def supervise(plan_file: Path, config_json: str) -> None:
     from launcher.launch import supervise_detached
 
     record = _core(lambda: supervise_detached(plan_file, config_json, _store()))
+    raise typer.Exit(record.exit_code or 0)
+
+
+@app.command("_resume", cls=_Command, hidden=True)
+def resume_body(run_id: str, config_json: str) -> None:
+    """The detached launcher of `tfl resume --detach`."""
+    from launcher.launch import resume_detached
+
+    record = _core(lambda: resume_detached(run_id, config_json, _store()))
     raise typer.Exit(record.exit_code or 0)
 
 

@@ -68,14 +68,48 @@ def _watch_status(store: Any, run: str | None, every: bool) -> None:
 def stop(
     run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)",
                                      autocompletion=_run_ids),
-    grace_period: float = typer.Option(5.0, "--grace-period", min=0, help="seconds between SIGTERM and SIGKILL"),
+    grace_period: float | None = typer.Option(None, "--grace-period", min=0,
+                                              help="seconds from the notice (SIGTERM) to SIGKILL (default: the run's own)"),
 ) -> None:
-    """Stop a run: every task, even when its launcher was killed. Stopping twice is fine."""
+    """Stop a run: every task gets the notice (SIGTERM) and the grace to save the agreed checkpoint,
+    then SIGKILL; also when its launcher was killed. Stopping twice is fine. `tfl resume` continues it."""
     from launcher.control import stop_run
 
     store = _store()
     record = _core(lambda: store.resolve(run))
     typer.echo(_core(lambda: stop_run(store, record, grace_period)))
+
+
+@app.command(cls=_Command)
+def resume(
+    run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)", autocompletion=_run_ids),
+    detach: bool = typer.Option(False, "--detach", "-d", help="supervise in the background; print the run id and return"),
+    max_restarts: int | None = typer.Option(None, "--max-restarts", min=0, help="instead of the run's own"),
+    max_preemptions: int | None = typer.Option(None, "--max-preemptions", min=0, help="instead of the run's own"),
+    grace_period: float | None = typer.Option(None, "--grace-period", min=0, help="instead of the run's own"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="also show TensorFlow's known start-up noise"),
+) -> None:
+    """Continue a stopped, preempted or failed run from its last checkpoint: the same plan, hosts and
+    model dir, the next attempt. Refused for a run that succeeded or still runs."""
+    from launcher import launch as core
+    from launcher.report import summary
+    from launcher.resume import resume_config
+
+    store = _store()
+    record = _core(lambda: store.resolve(run))
+    config = resume_config(record, {"max_restarts": max_restarts, "max_preemptions": max_preemptions,
+                                    "grace_period": grace_period})
+    if detach:
+        pid = _core(lambda: core.detach_resume(record.run_id, store, config))
+        typer.echo(record.run_id)
+        typer.echo(f"tfl: run {record.run_id} resumed in the background (pid {pid}); follow it with "
+                   f"`tfl logs {record.run_id} --follow`, end it with `tfl stop {record.run_id}`", err=True)
+        return
+    prepared, claimed = _core(lambda: core.resume(record.run_id, store, config))
+    typer.echo(f"tfl: resuming run {record.run_id} (attempt {claimed.attempt}); logs in {record.run_dir}/logs", err=True)
+    done = _core(lambda: core.supervise(prepared, store, claimed, config, sys.stdout, colour=_colour(), verbose=verbose))
+    typer.echo(summary(done), err=True)
+    raise typer.Exit(done.exit_code or 0)
 
 
 @app.command(cls=_Command)
