@@ -175,3 +175,24 @@ def test_launch_refuses_in_one_line(tmp_path: Path, tfl_home: Path) -> None:
     result = CliRunner().invoke(app, ["launch", str(job), "--local", "2", "--min-tasks", "1", "--global-batch", "8",
                                       "--dry-run"])
     assert result.exit_code == 0 and result.stdout.count("TFL_GLOBAL_BATCH=8") == 2
+
+
+def test_the_ssh_watch_lets_a_lost_host_take_tasks_again_once_it_answers() -> None:
+    from launcher.backends.ssh.watch import HostWatch
+
+    class Task:
+        host, port, heard, heard_wall = "h2", 22, 0.0, 100.0
+        declared: list[str] = []
+
+        def running(self) -> bool:
+            return True
+
+        def declare_lost(self, cause: str, since: float) -> None:
+            self.declared.append(cause)
+
+    watch = HostWatch(lambda: None, probe=lambda host, port: False, wall=lambda: 110.0)
+    watch.confirm(Task())
+    lost = watch.lost("h2")
+    assert lost is not None and Task.declared == [lost.describe()]
+    watch.forget("h2")  # a probe logged in there again (``SSHBackend.probe``)
+    assert watch.lost("h2") is None

@@ -192,7 +192,11 @@ class SSHBackend:
 
     # --- before a run -------------------------------------------------------------------
     def probe(self, hosts: Sequence[HostTasks], *, quick: bool) -> list[Check]:
-        return probe_hosts(hosts, quick=quick)
+        checks = probe_hosts(hosts, quick=quick)
+        for check in checks:  # reached again: a host lost earlier in the run may take tasks again
+            if check.name == "ssh" and check.status == "ok":
+                self._watch.forget(check.host)
+        return checks
 
     def prepare(self, plan: LaunchPlan) -> list[Check]:
         self._plan = plan

@@ -7,7 +7,8 @@ whose kernel answers is up (the agent is stuck, or slow: its channel's own timeo
 ``pool.HEARTBEAT_TIMEOUT``, deals with that as before, and a restart may go there). A host
 that does not answer is *lost*: cut off or powered off. Every task there is declared lost at
 once, with the moment the host was last heard from, and no task is started there again in
-this run (``HostWatch.lost``).
+this run (``HostWatch.lost``) unless a full SSH probe reaches it again (``forget``: an
+elastic run takes such a host back).
 
 So a lost host is named at most ``SILENT_AFTER + CHECK_EVERY + PROBE_TIMEOUT`` (about 10) s
 after its last word, well before TensorFlow's survivors give up on their all-reduce and the
@@ -76,6 +77,12 @@ class HostWatch:
 
     def lost(self, host: str) -> LostHost | None:
         return self._lost.get(host)
+
+    def forget(self, host: str) -> None:
+        """The host answers again (a probe logged in there): tasks may start there again."""
+        with self._lock:
+            self._lost.pop(host, None)
+            self._probed.pop(host, None)
 
     def check(self, tasks: Iterable[Watched]) -> None:
         """Probe (in a thread of its own) each host one of whose tasks is silent."""
