@@ -194,5 +194,5 @@ def test_the_ssh_watch_lets_a_lost_host_take_tasks_again_once_it_answers() -> No
     watch.confirm(Task())
     lost = watch.lost("h2")
     assert lost is not None and Task.declared == [lost.describe()]
-    watch.forget("h2")  # a probe logged in there again (``SSHBackend.probe``)
-    assert watch.lost("h2") is None
+    assert watch.forget("h2")  # a probe logged in there again (``SSHBackend.probe``)
+    assert watch.lost("h2") is None and not watch.forget("h2")

@@ -177,10 +177,12 @@ def test_a_joined_host_is_taken_back_at_an_agreed_checkpoint_and_the_run_ends_wi
     assert [(r["from_tasks"], r["to_tasks"]) for r in rec["resizes"]] == [(3, 2), (2, 3)]
     assert rec["lost_hosts"] == {} and [t["host"] for t in rec["tasks"]] == [h1, h2, h3]
     assert f"back: {h3} answers again (taken back at an agreed checkpoint)" in err
-    # No step lost: the third attempt starts at the very step the chief saved on the notice.
+    # No step lost: the third attempt starts at the very step the chief saved on the notice (its
+    # last save). The host taken back starts a little later, and this job has no all-reduce to
+    # hold the others for it, so only the two that were stopped by the notice are compared.
     saved = [int(m) for m in re.findall(r"preempted chief:0 at (\d+)", out)]
     back = [u for u in ups(tfl_home) if u[2] == 3 and u[3] > 0]
-    assert len(saved) == 1 and {u[3] for u in back} == {saved[0]} and len(back) == 3, (saved, back)
+    assert len(back) == 3 and {u[3] for u in back if u[0] != "worker:1"} == {saved[-1]}, (saved, back)
     assert re.search(r"done chief:0 size 3 at 400", out)
 
 

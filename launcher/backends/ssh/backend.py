@@ -194,8 +194,8 @@ class SSHBackend:
     def probe(self, hosts: Sequence[HostTasks], *, quick: bool) -> list[Check]:
         checks = probe_hosts(hosts, quick=quick)
         for check in checks:  # reached again: a host lost earlier in the run may take tasks again
-            if check.name == "ssh" and check.status == "ok":
-                self._watch.forget(check.host)
+            if check.name == "ssh" and check.status == "ok" and self._watch.forget(check.host):
+                self._pool.drop(check.host)  # its connections from before the loss are dead
         return checks
 
     def prepare(self, plan: LaunchPlan) -> list[Check]:

@@ -71,6 +71,12 @@ class HostPool:
         chan = self._ready[launch.name] = self.agent(launch)
         return chan
 
+    def drop(self, host: str) -> None:
+        """Close the host's connections: after it was lost, a transport may look active and be dead."""
+        with self._locks[host]:
+            for conn in self._conns.pop(host, []):
+                conn.close()
+
     def _live(self, host: str) -> list[Connection]:
         conns = self._conns.setdefault(host, [])
         conns[:] = [c for c in conns if (t := c.client.get_transport()) is not None and t.is_active()]

@@ -78,11 +78,12 @@ class HostWatch:
     def lost(self, host: str) -> LostHost | None:
         return self._lost.get(host)
 
-    def forget(self, host: str) -> None:
-        """The host answers again (a probe logged in there): tasks may start there again."""
+    def forget(self, host: str) -> bool:
+        """The host answers again (a probe logged in there): tasks may start there again.
+        Whether it had been lost."""
         with self._lock:
-            self._lost.pop(host, None)
             self._probed.pop(host, None)
+            return self._lost.pop(host, None) is not None
 
     def check(self, tasks: Iterable[Watched]) -> None:
         """Probe (in a thread of its own) each host one of whose tasks is silent."""
