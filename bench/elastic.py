@@ -1,4 +1,4 @@
-"""`uv run python -m bench.elastic [--reps N]`: §12, elastic runs on the network test bed.
+"""`uv run python -m bench.elastic [--reps N]`: §13, elastic runs on the network test bed.
 
 Needs root (``tests.netbed``: hosts in network namespaces with their own sshd). Chief on the
 first host, workers on the two others, a TensorFlow-free job that takes a step every 0.1 s,
@@ -141,7 +141,7 @@ def render(rows: dict[str, list[dict[str, float]]], took: float, reps: int) -> s
     def summary(values: list[float], unit: str) -> str:
         return f"{statistics.median(values):.1f}{unit} ({min(values):.1f}–{max(values):.1f})"
 
-    lines = [f"## 12. Elastic runs\n\n`uv run python -m bench.elastic --reps {reps}` (root; the network test bed), "
+    lines = [f"## 13. Elastic runs\n\n`uv run python -m bench.elastic --reps {reps}` (root; the network test bed), "
              f"took {took / 60:.1f} min, 1-min load {os.getloadavg()[0]:.1f} at the end.\n",
              "| run | fault → first step again | steps lost (redone) |", "|---|---|---|"]
     for name, results in rows.items():
