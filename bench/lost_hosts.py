@@ -162,7 +162,9 @@ def lost_host_section(cfg: Config, samples: dict[str, list[float]] | str) -> Sec
         "host's sshd port (4 s at most); no answer = the host is lost, all its tasks at once "
         "(launcher/backends/ssh/watch.py). A host that answers (a stuck agent) is left to the 30 s channel timeout.",
         "The cut host's task is stopped on the host itself by its agent once it has heard nothing for ssh.fence_after "
-        "(then SIGTERM, 5 s grace, SIGKILL); tfl cannot reach it, so that figure is the fence plus the agent's check.",
+        "(then SIGTERM, 5 s grace, SIGKILL); tfl cannot reach it. The fence counts from the last ping the agent heard "
+        "(tfl pings every 2 s), up to 2 s before the cut, so that figure lies between the fence less 2 s and the fence "
+        "plus the agent's 0.1 s check.",
         "A launcher killed with -9 on a working network: the kernel closes its SSH connections, each sshd ends the "
         "session, each agent sees its stdin end and stops its task at once; on a cut network the fence applies instead.",
         "Ratios are within one run; absolute figures are inflated by the shared 2-core machine's load.",
