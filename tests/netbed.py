@@ -96,6 +96,13 @@ class NetBed:
     def addresses(self) -> list[str]:
         return [h.address for h in self.hosts]
 
+    def home(self, address: str) -> Path:
+        """The HOME of ``address``'s SSH sessions (its ``~/.cache/tfl``, its ``~/.bashrc``)."""
+        return self.host(address).home
+
+    def sshd_log(self) -> str:
+        return "".join(h.sshd.log() for h in self.hosts if h.sshd is not None)
+
     def ssh_settings(self, **override: Any) -> dict[str, Any]:
         return {"user": "root", "identity_file": str(self.client_key), "known_hosts": str(self.known_hosts),
                 "connect_timeout": 5, **override}

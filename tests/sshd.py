@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol
 
 import pytest
 
@@ -145,7 +145,13 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     stop_sshd(server)
 
 
-def cluster_file(path: Path, server: Sshd, tasks: dict[str, list[str]], workdirs: dict[str, Path | None],
+class Hosts(Protocol):
+    """What reaches the test hosts: an ``Sshd`` on loopback, a ``tests.netbed.NetBed``."""
+
+    def ssh_settings(self, **override: Any) -> dict[str, Any]: ...
+
+
+def cluster_file(path: Path, server: Hosts, tasks: dict[str, list[str]], workdirs: dict[str, Path | None],
                  python: str | Path = sys.executable, **extra: Any) -> Path:
     """A cluster file whose hosts are reached over the test sshd, running ``python`` (this venv's:
     it has tfl; ``tests.hostenv``'s: it has not). A workdir None: the host's default."""

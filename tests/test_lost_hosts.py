@@ -164,3 +164,51 @@ def test_fence_after_out_of_range_is_one_line_naming_the_field(netbed: NetBed, t
                              "--cluster", str(path)], env=child_env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
     assert "ssh.fence_after" in result.stderr and "5" in result.stderr
+
+
+MNIST = str(Path(__file__).resolve().parent.parent / "jobs" / "mnist.py")
+
+
+@pytest.mark.slow
+def test_a_workers_host_cut_mid_training_ends_the_run_naming_it_and_folds_the_survivors_tracebacks(
+        netbed: NetBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    """Real TensorFlow: the chief and the other worker hang in an all-reduce with the cut one."""
+    from tests.hostenv import host_python
+
+    h1, h2, h3 = netbed.addresses
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    tasks = {"chief": [f"{h1}:{free_port()}"], "worker": [f"{h2}:{free_port()}", f"{h3}:{free_port()}"]}
+    path = netbed.cluster_file(tmp_path / "cluster.json", tasks, host_python("hostenv"), ssh={"fence_after": FENCE},
+                               storage={"path": str(shared)}, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", MNIST, "--cluster", str(path), "--max-restarts", "2",
+                                 "--", "--epochs", "50", "--steps-per-epoch", "20", "--batch-size", "16"],
+                                env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: launcher.poll() is not None or _epoch(tfl_home, "worker-0") >= 2, timeout=400)
+        assert launcher.poll() is None, launcher.communicate()
+        on_h2 = netbed.pids(netbed.host(h2))
+        when = netbed.cut(h2)
+        out, err = launcher.communicate(timeout=200)
+        ended = time.time()
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 1, err[-3000:]
+    summary = err[err.index(" failed after "):]
+    match = LOST.search(summary)
+    assert match and match[1] == h2 and int(match[3]) <= 15, summary
+    assert f"root cause: worker:0 on {h2}" in summary and "no restart on a host known lost" in summary, summary
+    assert "restart 1" not in err and ended - when < 60, (ended - when, err[-3000:])
+    assert "Traceback" not in out, out[-3000:]  # the survivors' tracebacks are folded (their logs keep them)
+    run = only_run(tfl_home)
+    wait_for(lambda: worker_pids(run, on_h2) == [], timeout=FENCE + 20)  # fenced on the cut host itself
+    assert tfl_processes(run_id=run) == []
+
+
+def _epoch(home: Path, slug: str) -> int:
+    import json
+
+    try:
+        return int(json.loads(next((home / "runs").glob(f"*/progress/{slug}.json")).read_text()).get("epoch", 0))
+    except (StopIteration, OSError, ValueError):
+        return 0

@@ -272,7 +272,8 @@ class SSHBackend:
             task.close()
         if self._plan is not None and self._caches and not self._cleaned:
             self._cleaned = True
-            cleanup_hosts(self.resolve(self._plan), self._pool, list(self._caches))
+            # A host known lost keeps its copy (``tfl rm`` removes it once it is back): no wait on it.
+            cleanup_hosts(self.resolve(self._plan), self._pool, [h for h in self._caches if self._watch.lost(h) is None])
         self._pool.close()
 
     def _ensure_pinger(self) -> None:
