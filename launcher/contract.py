@@ -55,6 +55,10 @@ SLURM_LAYOUT: Final = "TFL_SLURM_TRAINING_LAYOUT"  # training tasks per node, in
 # In 128-255 because Kubernetes' ExitCode restart policy retries only those; 128+42 is not
 # a signal anyone sends, so it is never mistaken for "killed by a signal" (143 = SIGTERM).
 PREEMPTED_EXIT_CODE: Final = 170
+# A task's last progress record may say so too: phase PREEMPTED_PHASE, ``global_step`` the
+# agreed step. The launcher reads it (the progress file is on its machine whatever ran the
+# task), else the model dir's PreemptedRecord where it can read that dir.
+PREEMPTED_PHASE: Final = "preempted"
 # The notice itself: what a launcher, Slurm (--signal) or Kubernetes sends a training task.
 PREEMPTION_SIGNAL: Final = "SIGTERM"
 # Barrier the training tasks meet at after the agreed checkpoint, before leaving (chief last).
@@ -90,9 +94,6 @@ class PreemptedRecord:
             return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
         except TypeError:
             return None
-# Its last progress record says so: phase PREEMPTED_PHASE, ``global_step`` the agreed step (the
-# step its checkpoint holds). `tfl status`, the restart reasons and the summary show that step.
-PREEMPTED_PHASE: Final = "preempted"
 
 
 # --- the progress record -----------------------------------------------------------------

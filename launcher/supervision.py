@@ -6,10 +6,8 @@ from __future__ import annotations
 import os
 import signal
 
-from launcher.contract import PREEMPTED_EXIT_CODE
 from launcher.logstream import tail_lines
 from launcher.plan import LaunchPlan
-from launcher.preemption import preemption_reason
 from launcher.runstore import FailureRecord, RunRecord, TaskRecord
 
 
@@ -36,10 +34,8 @@ def initial_record(plan: LaunchPlan, created: float, max_restarts: int, backend:
                      created=created, max_restarts=max_restarts, tasks=tasks, plan=plan.to_dict(), backend=backend)
 
 
-def failure_record(task: TaskRecord, *, code: int | None, reason: str | None, log_path: str, progress_path: str,
-                   lines: int, time: float, attempt: int) -> FailureRecord:
+def failure_record(task: TaskRecord, *, code: int | None, reason: str | None, log_path: str, lines: int, time: float,
+                   attempt: int) -> FailureRecord:
     """A task that failed, as data: why (``reason``, else its exit told), its log's tail."""
-    if reason is None:
-        reason = preemption_reason(progress_path) if code == PREEMPTED_EXIT_CODE else describe_exit(code or 0)
-    return FailureRecord(task=task.task, host=task.host, pid=task.pid, exit_code=code, reason=reason,
+    return FailureRecord(task=task.task, host=task.host, pid=task.pid, exit_code=code, reason=reason or describe_exit(code or 0),
                          log_tail=tail_lines(log_path, lines), time=time, attempt=attempt)

@@ -40,7 +40,7 @@ from launcher.elastic_policy import ElasticOutcome, ElasticPolicy
 from launcher.errors import LaunchError, StateWriteError
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.policy import PREEMPTION_EXIT_CODES, SupervisorConfig
-from launcher.preemption import ended_state, saved_note
+from launcher.preemption import ended_state, preempted_file, preemption_reason, saved_note
 from launcher.runstore import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
 from launcher.states import RunState, TaskState
 from launcher.supervision import failure_record, progress_mtime
@@ -72,6 +72,7 @@ class Supervisor:
         self._force = False
         self._notice = False  # the stop came as a notice (the launcher's SIGTERM): a preemption unless `tfl stop` asked
         self._restarts = self._preemptions = 0  # this launcher's restarts (a resumed run counts anew)
+        self._preempted_file = preempted_file(record)  # where the chief says at which step it saved
         self._save_error: StateWriteError | None = None
         self._elastic = ElasticPolicy(plan, record, config, backend, clock=clock, wall=wall, wait=self._wait, say=say,
                                       stopping=lambda: self._stop_requested) if config.min_tasks and not self._group else None
@@ -200,15 +201,14 @@ class Supervisor:
                 self._record_failure(proc, code)
             self._save()
 
-    def _record_failure(self, proc: TaskProcess, code: int | None) -> None:
+    def _record_failure(self, proc: TaskProcess, code: int | None, reason: str | None = None, time: float | None = None) -> None:
         """A task failed (a lost host's: when its host stopped answering, before the survivors it took down)."""
         task = self.record.task(proc.launch.name)
-        self._add_failure(proc, task, code, proc.ended_by, proc.unreachable_since or task.ended or self._wall())
-
-    def _add_failure(self, proc: TaskProcess, task: TaskRecord, code: int | None, reason: str | None, time: float) -> None:
+        if reason is None and code == PREEMPTED_EXIT_CODE:
+            reason = preemption_reason(proc.launch.progress_path, self._preempted_file, self.record.attempt)
         self.record.failures.append(failure_record(
-            task, code=code, reason=reason, log_path=proc.launch.log_path, progress_path=proc.launch.progress_path,
-            lines=self._config.log_tail_lines, time=time, attempt=self.record.attempt))
+            task, code=code, reason=reason or proc.ended_by, log_path=proc.launch.log_path, lines=self._config.log_tail_lines,
+            time=time or proc.unreachable_since or task.ended or self._wall(), attempt=self.record.attempt))
 
     @staticmethod
     def _learn_where(task: TaskRecord, proc: TaskProcess) -> bool:
@@ -231,7 +231,7 @@ class Supervisor:
             last = max(task.started or now, self._progress_time(proc.launch.progress_path) or 0.0)
             if now - last > timeout:
                 task.state, task.ended = TaskState.FAILED, now
-                self._add_failure(proc, task, None, f"stalled: no progress for {timeout:g} s (--stall-timeout)", now)
+                self._record_failure(proc, None, f"stalled: no progress for {timeout:g} s (--stall-timeout)", now)
                 self._save()
 
     def _first_training_failure(self, preempted: bool | None = None) -> FailureRecord | None:

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow  # about 60 s: real processes, a few hundred launc
 
 SECTIONS = ("1. CLI latency", "2. Launch overhead", "3. Failure → teardown", "4. Scaling", "5. Supervisor cost",
             "6. Restart cost", "7. Throughput", "8. Training throughput", "9. Chaos", "10. Slurm",
-            "11. Lost hosts")
+            "11. Lost hosts", "11. Preemption in the job")  # two §11s from two branches: the lead renumbers
 NUMBER = re.compile(r"\d+(\.\d+)?")
 
 

@@ -159,7 +159,8 @@ def test_importing_the_kit_does_not_load_tensorflow() -> None:
     assert out.stdout.split() == ["None", "1"]
 
 
-TF_FREE = ("args", "context", "datasets", "devices", "execution", "finish", "layout", "progress", "reuters")
+TF_FREE = ("args", "context", "datasets", "devices", "execution", "finish", "layout", "notice", "position", "progress",
+           "reuters")
 
 
 def test_the_kits_tensorflow_free_modules_import_without_effects() -> None:

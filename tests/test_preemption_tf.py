@@ -144,7 +144,9 @@ def assert_trains_like(control: Control, resumed: Group, after_epoch: int) -> No
 def preempt_and_resume(tmp_path: Path, control: Control, steps_per_call: int, victims: tuple[str, ...],
                        seed: int) -> None:
     rng = random.Random(seed)
-    target = rng.randrange(2, 2 * STEPS - 2)  # in epoch 1 or 2: an epoch after it is left to compare
+    # Early enough that an epoch after the save is left to compare (progress records come
+    # every half second, so the group is a few steps further on than the record says).
+    target = rng.randrange(2, STEPS + 1)
     model_dir = tmp_path / "model"
     first = start_group(tmp_path, model_dir, 0, steps_per_call)
     try:
@@ -183,3 +185,112 @@ def test_sigterm_to_the_worker_four_steps_per_call(tmp_path: Path, controls: Cal
 
 def test_sigterm_to_both_at_once_gives_one_checkpoint(tmp_path: Path, controls: Callable[[int], Control]) -> None:
     preempt_and_resume(tmp_path, controls(1), 1, ("chief:0", "worker:0"), seed=3)
+
+
+
+def test_kill_9_of_a_worker_then_a_restart_redoes_the_steps_since_the_backup_on_the_same_batches(
+        tmp_path: Path, controls: Callable[[int], Control]) -> None:
+    model_dir = tmp_path / "model"
+    first = start_group(tmp_path, model_dir, 0, 1)
+    try:
+        seen = wait_for_step(first.chief, STEPS + 3, list(first.jobs.values()))
+        os.kill(first.jobs["worker:0"].popen.pid, signal.SIGKILL)
+        # The launcher's teardown: the notice to the survivor. Its peer is gone, so no
+        # step can be agreed: it stops without a checkpoint and claims no preemption.
+        time.sleep(0.5)
+        os.kill(first.jobs["chief:0"].popen.pid, signal.SIGTERM)
+        codes = first.codes()
+    finally:
+        kill_all(first.jobs.values())
+    assert codes["worker:0"] == -signal.SIGKILL
+    assert codes["chief:0"] != PREEMPTED_EXIT_CODE, first.logs()
+    assert not (model_dir / "preempted.json").exists()
+
+    second = start_group(tmp_path, model_dir, 1, 1)
+    codes = second.codes()
+    assert set(codes.values()) == {0}, second.logs()
+    chief = second.chief.output()
+    resumed_at = int(chief.split("resuming at global step ")[1].split(":")[0])
+    # The last backup (every 4 steps): the steps after it are trained again.
+    assert resumed_at % BACKUP_EVERY == 0 and STEPS <= resumed_at < EPOCHS * STEPS, chief[-3000:]
+    assert seen >= STEPS + 3
+    assert_trains_like(controls(1), second, after_epoch=-(-resumed_at // STEPS))
+
+
+def test_sigterm_to_the_evaluator_leaves_training_alone(tmp_path: Path, controls: Callable[[int], Control]) -> None:
+    group = start_group(tmp_path, tmp_path / "model", 0, 1, evaluator=True)
+    try:
+        wait_for_step(group.chief, STEPS + 2, list(group.jobs.values()))
+        os.kill(group.jobs["evaluator:0"].popen.pid, signal.SIGTERM)
+        codes = group.codes()
+    finally:
+        kill_all(group.jobs.values())
+    assert codes["evaluator:0"] == -signal.SIGTERM
+    assert codes["chief:0"] == 0 and codes["worker:0"] == 0, group.logs()
+    assert "preemption notice" not in group.chief.output() + group.jobs["worker:0"].output()
+    assert_trains_like(controls(1), group, after_epoch=0)
+
+
+# --- a custom training loop: jobkit.preemption_handler -------------------------------------------
+
+CUSTOM_LOOP = Path(__file__).resolve().parents[1] / "jobs" / "custom_loop.py"
+LOOP_STEPS = 40
+
+
+def start_loop(base: Path, model_dir: Path, attempt: int) -> Group:
+    ports = free_ports(2)
+    cluster = {kind: [f"localhost:{port}"] for kind, port in zip(("chief", "worker"), ports, strict=True)}
+    args = ["--steps", str(LOOP_STEPS), "--dtype", "float64", "--seed", "3", "--model-dir", str(model_dir)]
+    jobs = {f"{kind}:0": start_job(f"{kind}:0", base / f"attempt{attempt}", args, job=CUSTOM_LOOP,
+                                   tf_config_json=tf_config(cluster, kind, 0), extra_env={"TFL_ATTEMPT": str(attempt)})
+            for kind in ("chief", "worker")}
+    return Group(jobs, model_dir)
+
+
+def loop_losses(log: str) -> dict[int, float]:
+    return {int(line.split()[1]): float(line.split("loss=")[1]) for line in log.splitlines() if line.startswith("step ")}
+
+
+def digest(log: str) -> str:
+    return next(line for line in log.splitlines() if "weights digest" in line).split()[-1]
+
+
+def wait_for_line(job: JobProcess, prefix: str, others: list[JobProcess]) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        if any(line.startswith(prefix) for line in job.output().splitlines()):
+            return
+        if any(j.popen.poll() is not None for j in others):
+            break
+        time.sleep(0.02)
+    raise AssertionError(f"{prefix!r} never came\n" + "\n".join(j.output()[-2000:] for j in others))
+
+
+def test_custom_loop_resumes_exactly_after_a_notice(tmp_path: Path) -> None:
+    control = start_loop(tmp_path / "control", tmp_path / "control" / "model", 0)
+    codes = control.codes()
+    assert set(codes.values()) == {0}, control.logs()
+    reference = loop_losses(control.chief.output())
+    assert sorted(reference) == list(range(1, LOOP_STEPS + 1))
+
+    model_dir = tmp_path / "run" / "model"
+    first = start_loop(tmp_path / "run", model_dir, 0)
+    try:
+        wait_for_line(first.chief, "step 15 ", list(first.jobs.values()))
+        os.kill(first.jobs["worker:0"].popen.pid, signal.SIGTERM)
+        codes = first.codes()
+    finally:
+        kill_all(first.jobs.values())
+    assert codes == {"chief:0": PREEMPTED_EXIT_CODE, "worker:0": PREEMPTED_EXIT_CODE}, first.logs()
+    done = max(loop_losses(first.chief.output()))
+    assert 15 <= done < LOOP_STEPS
+
+    second = start_loop(tmp_path / "run", model_dir, 1)
+    codes = second.codes()
+    assert set(codes.values()) == {0}, second.logs()
+    resumed = loop_losses(second.chief.output())
+    assert f"custom loop: resuming after step {done}" in second.chief.output()
+    assert sorted(resumed) == list(range(done + 1, LOOP_STEPS + 1))  # steps lost: 0, none done twice
+    for number, loss in resumed.items():
+        assert loss == pytest.approx(reference[number], abs=TOLERANCE), number
+    assert digest(second.chief.output()) == digest(control.chief.output())

@@ -31,6 +31,7 @@ _LAZY = {
     "shard_by_data": "launcher.jobkit.strategy",
     "finish": "launcher.jobkit.finish",
     "fit": "launcher.jobkit.training",
+    "preemption_handler": "launcher.jobkit.preemption",
     "use_true_per_step_logs": "launcher.jobkit.training",
     "learning_rate": "launcher.jobkit.schedules",
     "run_evaluator": "launcher.jobkit.evaluator",

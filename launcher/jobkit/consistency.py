@@ -19,6 +19,7 @@ import tf_keras as keras
 
 from launcher.contract import TRAINING_TYPES
 from launcher.jobkit.context import JobKitError, TaskContext
+from launcher.jobkit.position import resume_point
 
 NOTHING = (-1, -1)  # BackupAndRestore's "no backup restored"
 
@@ -68,3 +69,21 @@ def _describe(state: tuple[int, int]) -> str:
     if epoch < 0:
         return "nothing (it would start afresh)"
     return f"the backup of epoch {epoch + 1}" + (f" step {batch + 1}" if batch >= 0 else "")
+
+
+class PositionCheck(keras.callbacks.Callback):  # type: ignore[misc]  # tf_keras is untyped
+    """Right after keras' restore: the state it restored is the one the stream was placed for."""
+
+    def __init__(self, expected: tuple[int, int], steps_per_epoch: int) -> None:
+        super().__init__()
+        self._expected = resume_point(expected, steps_per_epoch)
+        self._steps_per_epoch = steps_per_epoch
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        state = self.model._training_state  # BackupAndRestore's, while training
+        restored = resume_point((int(state._ckpt_saved_epoch.numpy()), int(state._ckpt_saved_batch.numpy())),
+                                self._steps_per_epoch)
+        if restored != self._expected:
+            raise JobKitError(f"the backup changed while training started: the input was placed at epoch "
+                              f"{self._expected[0] + 1} step {self._expected[1]} but keras restored epoch "
+                              f"{restored[0] + 1} step {restored[1]}; is another run writing to this model dir?")

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from launcher.contract import TRAINING_TYPES
 from launcher.jobkit.context import TaskContext, task_context
+from launcher.jobkit.notice import exit_on_notice
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -55,9 +56,11 @@ def finish(strategy: tf.distribute.Strategy, barrier_timeout_s: float = 60.0, co
     import tensorflow as tf
     from tensorflow.python.eager import context as tf_context  # the coordination service
 
+    context = context or task_context(os.environ)
+    exit_on_notice(context, "after training ended")  # a custom loop's training ends here
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return
-    leave_together(context or task_context(os.environ), tf_context.context(), barrier_timeout_s=barrier_timeout_s,
+    leave_together(context, tf_context.context(), barrier_timeout_s=barrier_timeout_s,
                    errors=(tf.errors.OpError, AttributeError))
 
 

@@ -12,7 +12,8 @@ reads it. What the thread does depends on where the task is:
   handler takes it from there (`preemption.py`: every training task saves at one agreed
   step). If the task then makes no progress for a while (no call of the train function
   ends; a peer is gone, so the agreement can never come), the thread ends the task as
-  SIGTERM's default action would: no checkpoint, nothing claimed.
+  SIGTERM's default action would: no checkpoint, nothing claimed. "A while" is learnt
+  from the gaps between calls, an epoch's end included (its checkpoint and backup).
 
 Pure: no TensorFlow. The evaluator is not a training task: its SIGTERM is left alone.
 """
@@ -31,8 +32,9 @@ from typing import NoReturn
 from launcher.contract import PREEMPTED_EXIT_CODE
 from launcher.jobkit.context import TaskContext
 
-STALL_FLOOR_S = 4.0  # inside training: no progress for this long after a notice ends the task
-STALL_FACTOR = 3.0  # ... or for this many times the longest gap between calls seen so far
+STALL_FLOOR_S = 2.0  # inside training: no progress for this long after a notice ends the task,
+STALL_FACTOR = 3.0  # or for this many times the longest gap between calls seen so far,
+FIRST_CALLS_S = 60.0  # or this long before two calls and an epoch's end (first saves) have been seen
 
 
 class _Notice:
@@ -44,6 +46,8 @@ class _Notice:
         self.saving = False  # the agreed save has begun: never cut it short
         self.last_progress = time.monotonic()
         self.longest_gap = 0.0
+        self.steps = 0  # calls ended since training began
+        self.epoch_ended = False  # an epoch's end (its checkpoint and backup) seen since training began
         self.installed = False
         self.lock = threading.Lock()
 
@@ -68,15 +72,24 @@ def training_begins() -> None:
     with _NOTICE.lock:
         _NOTICE.outside = None
         _NOTICE.last_progress = time.monotonic()
+        _NOTICE.steps = 0
+        _NOTICE.epoch_ended = False
 
 
 def step_done() -> None:
     """A call of the train function ended: the group is making progress."""
     now = time.monotonic()
     with _NOTICE.lock:
-        if _NOTICE.last_progress:
+        if _NOTICE.steps:  # not the first call's gap: it includes tracing the function
             _NOTICE.longest_gap = max(_NOTICE.longest_gap, now - _NOTICE.last_progress)
+        _NOTICE.steps += 1
         _NOTICE.last_progress = now
+
+
+def epoch_done() -> None:
+    """An epoch ended (its writes done): the gaps seen since include an epoch's end."""
+    step_done()
+    _NOTICE.epoch_ended = True
 
 
 def saving() -> None:
@@ -136,7 +149,8 @@ def _guard(at: float) -> None:
     """End the task if the group stops making progress before the agreed save begins."""
     while not _NOTICE.saving:
         with _NOTICE.lock:
-            limit = max(STALL_FLOOR_S, STALL_FACTOR * _NOTICE.longest_gap)
+            settled = _NOTICE.steps >= 2 and _NOTICE.epoch_ended
+            limit = max(STALL_FLOOR_S, STALL_FACTOR * _NOTICE.longest_gap) if settled else FIRST_CALLS_S
             idle = time.monotonic() - max(at, _NOTICE.last_progress)
         if _NOTICE.outside is not None:  # training ended meanwhile: nothing to save
             _act(at)

@@ -14,7 +14,8 @@ iterator, so the position in it is the number of steps trained:
 On a restart the position comes from the backup keras restores (its epoch and step),
 read before ``model.fit`` starts, and the stream starts with ``skip(position)``. Nothing
 is added per step: the backup already holds the epoch and step. Skipping costs one pass
-of the input pipeline over the skipped batches, at start-up only. A dataset of unknown
+of the input pipeline over the skipped batches, at start-up only (`consistency.PositionCheck`
+checks that keras restored the state the stream was placed for). A dataset of unknown
 length without ``steps_per_epoch`` (or an already distributed one) cannot be placed:
 keras then restarts it at the beginning of the epoch, and the kit says so.
 """
@@ -24,9 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import tensorflow as tf
-import tf_keras as keras
 
 from launcher.jobkit.context import JobKitError
 
@@ -47,6 +45,8 @@ class InputStream:
 
 def saved_state(backup_dir: Path) -> tuple[int, int]:
     """(epoch, batch) of the latest backup keras' BackupAndRestore will restore, or NOTHING."""
+    import tensorflow as tf  # here: the rest of this module is pure
+
     latest = tf.train.latest_checkpoint(str(backup_dir / "chief"))
     if latest is None:
         return NOTHING
@@ -66,6 +66,8 @@ def resume_point(state: tuple[int, int], steps_per_epoch: int) -> tuple[int, int
 
 def input_stream(dataset: Any, steps_per_epoch: int | None, state: tuple[int, int]) -> InputStream:
     """The stream keras reads, started at the position `state` (a backup's) leaves off at."""
+    import tensorflow as tf
+
     if not isinstance(dataset, tf.data.Dataset):
         return InputStream(dataset, steps_per_epoch, 0, exact=False)
     length = int(dataset.cardinality().numpy())
@@ -78,21 +80,3 @@ def input_stream(dataset: Any, steps_per_epoch: int | None, state: tuple[int, in
     epoch, step = resume_point(state, steps_per_epoch)
     start = epoch * steps_per_epoch + step
     return InputStream(dataset.skip(start) if start else dataset, steps_per_epoch, start, exact=True)
-
-
-class PositionCheck(keras.callbacks.Callback):  # type: ignore[misc]  # tf_keras is untyped
-    """Right after keras' restore: the state it restored is the one the stream was placed for."""
-
-    def __init__(self, expected: tuple[int, int], steps_per_epoch: int) -> None:
-        super().__init__()
-        self._expected = resume_point(expected, steps_per_epoch)
-        self._steps_per_epoch = steps_per_epoch
-
-    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        state = self.model._training_state  # BackupAndRestore's, while training
-        restored = resume_point((int(state._ckpt_saved_epoch.numpy()), int(state._ckpt_saved_batch.numpy())),
-                                self._steps_per_epoch)
-        if restored != self._expected:
-            raise JobKitError(f"the backup changed while training started: the input was placed at epoch "
-                              f"{self._expected[0] + 1} step {self._expected[1]} but keras restored epoch "
-                              f"{restored[0] + 1} step {restored[1]}; is another run writing to this model dir?")

@@ -149,6 +149,9 @@ class PreemptionCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]  # t
             self._batch = int(batch)
             self._handler.save_checkpoint_if_preempted()
 
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        notice.epoch_done()  # last of the kit's: the epoch's checkpoint and backup are written
+
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         exit_on_notice(self._context, "after training ended (the done marker is written)")
 

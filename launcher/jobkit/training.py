@@ -13,11 +13,11 @@ import tf_keras as keras
 from launcher.contract import ModelDirLayout
 from launcher.jobkit.backup import StepBackup
 from launcher.jobkit.callbacks import EpochCheckpoint, ProgressCallback, StepClock
-from launcher.jobkit.consistency import RestoredStateCheck
+from launcher.jobkit.consistency import PositionCheck, RestoredStateCheck
 from launcher.jobkit.context import JobKitError, TaskContext
 from launcher.jobkit.execution import check_steps_per_execution
 from launcher.jobkit.layout import chief_only_writes, finished_run, read_done_marker, write_json_atomically
-from launcher.jobkit.position import PositionCheck, input_stream, saved_state
+from launcher.jobkit.position import input_stream, saved_state
 from launcher.jobkit.preemption import PreemptionCheckpoint
 from launcher.jobkit.progress import ProgressWriter, progress_record
 from launcher.jobkit.stepping import AutoStepsPerExecution, chief_decides, install_train_function, uses_stock_step

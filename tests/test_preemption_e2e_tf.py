@@ -1,0 +1,167 @@
+"""Preemption, stop and resume end to end: real TensorFlow (jobs/mnist.py) under `tfl launch`.
+
+float64, seed 7, the offline digits; one uninterrupted run is the control (module-scoped).
+Every interrupted run must report, for each epoch after the interruption, the control's
+loss within 1e-6, and end 0 with --max-restarts 0: a preemption is not a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from launcher.runstore import RunStore
+from tests.conftest import ROOT
+from tests.procs import assert_none_left, tfl_processes
+
+pytestmark = pytest.mark.slow
+MNIST = str(ROOT / "jobs" / "mnist.py")
+EPOCHS, STEPS = 3, 30
+ARGS = ["--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS), "--batch-size", "16", "--dtype", "float64",
+        "--seed", "7", "--backup-every-steps", "5"]
+EPOCH_LINE = re.compile(r"^epoch (\d+)/\d+ loss=([0-9.]+)", re.M)
+TOLERANCE = 1e-6
+TIMEOUT = 400
+
+
+def env_for(home: Path) -> dict[str, str]:
+    """A private run store, HOME and TMPDIR (the offline digits, no keras cache), no proxy, one thread per op."""
+    for private in ("home", "tmp"):
+        (home.parent / private).mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CONFIG", "TFL_")) and "proxy" not in k.lower()}
+    env.update({"TFL_HOME": str(home), "HOME": str(home.parent / "home"), "TMPDIR": str(home.parent / "tmp"),
+                "https_proxy": "http://127.0.0.1:9", "no_proxy": "localhost,127.0.0.1",
+                "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+                "TFL_PROGRESS_LOG": str(home.parent / "steps.jsonl")})
+    return env
+
+
+def tfl(args: list[str], env: dict[str, str], timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "launcher", *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def only_run(home: Path) -> str:
+    (run,) = [p.name for p in (home / "runs").iterdir()]
+    return run
+
+
+def losses(home: Path) -> dict[int, float]:
+    """{epoch: loss} of the chief's epoch lines, the last attempt's where several reported one."""
+    text = (home / "runs" / only_run(home) / "logs" / "chief-0.log").read_text()
+    return {int(m[1]): float(m[2]) for m in EPOCH_LINE.finditer(text)}
+
+
+def chief_step(home: Path) -> int:
+    """The chief's latest global step in training (the kit's progress log)."""
+    try:
+        lines = (home.parent / "steps.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    steps = [r["global_step"] for r in map(_json, lines) if r and r.get("task") == "chief:0" and r.get("phase") == "train"]
+    return max(steps, default=0)
+
+
+def _json(line: str) -> dict[str, object] | None:
+    try:
+        found = json.loads(line)
+        return found if isinstance(found, dict) else None
+    except ValueError:
+        return None
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"never: {what}")
+
+
+def pid_of(home: Path, task: str) -> int:
+    pid = RunStore(home).load(only_run(home)).task(task).pid
+    assert pid
+    return pid
+
+
+def assert_like_the_control(home: Path, control: dict[int, float], after_epoch: int) -> None:
+    got = losses(home)
+    later = range(after_epoch + 1, EPOCHS + 1)
+    assert list(later), "interrupted too late: no epoch after it to compare"
+    for epoch in later:
+        assert got[epoch] == pytest.approx(control[epoch], abs=TOLERANCE), (epoch, got, control)
+
+
+@pytest.fixture(scope="module")
+def control(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, float]]:
+    home = tmp_path_factory.mktemp("control") / "tfl-home"
+    result = tfl(["launch", MNIST, "--local", "2", "--", *ARGS], env_for(home))
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = losses(home)
+    assert sorted(found) == list(range(1, EPOCHS + 1))
+    yield found
+    assert_none_left(str(home))
+
+
+def launch(home: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "launcher", "launch", MNIST, "--local", "2", *args, "--", *ARGS],
+                            env=env_for(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_sigterm_to_the_evaluator_then_the_worker_ends_0_like_the_control(control: dict[int, float],
+                                                                         tfl_home: Path) -> None:
+    launcher = launch(tfl_home, "--evaluator", "--max-restarts", "0", "--evaluator-timeout", "60")
+    try:
+        wait_until(lambda: chief_step(tfl_home) >= 3, "the chief trains")
+        os.kill(pid_of(tfl_home, "evaluator:0"), signal.SIGTERM)
+        wait_until(lambda: RunStore(tfl_home).load(only_run(tfl_home)).task("evaluator:0").state.is_terminal,
+                   "the evaluator leaves")
+        at = chief_step(tfl_home)
+        wait_until(lambda: chief_step(tfl_home) >= at + 3, "training goes on without the evaluator")
+        assert launcher.poll() is None and RunStore(tfl_home).load(only_run(tfl_home)).attempt == 0
+        target = min(STEPS - 2, chief_step(tfl_home) + 2)
+        wait_until(lambda: chief_step(tfl_home) >= target, f"the chief reaches step {target}")
+        os.kill(pid_of(tfl_home, "worker:0"), signal.SIGTERM)
+        _, err = launcher.communicate(timeout=TIMEOUT)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    assert launcher.returncode == 0, err[-4000:]
+    record = RunStore(tfl_home).load(only_run(tfl_home))
+    assert [r.kind for r in record.restarts] == ["preemption"], err[-3000:]
+    assert "preempted: saved the agreed checkpoint at step" in record.restarts[0].reason
+    step = int(record.restarts[0].reason.rsplit(" ", 1)[1])
+    assert step >= target and step < STEPS  # nothing before the notice lost; still epoch 1
+    assert_like_the_control(tfl_home, control, after_epoch=1)
+
+
+def test_stop_then_resume_trains_like_the_control(control: dict[int, float], tfl_home: Path) -> None:
+    env = env_for(tfl_home)
+    started = tfl(["launch", MNIST, "--local", "2", "--detach", "--", *ARGS], env)
+    run = started.stdout.strip()
+    assert started.returncode == 0, started.stderr
+    wait_until(lambda: chief_step(tfl_home) >= 8, "the chief trains")
+    stopped = tfl(["stop", run], env)
+    assert stopped.returncode == 0 and stopped.stdout.strip() == f"run {run}: stopped", stopped.stdout + stopped.stderr
+    record = RunStore(tfl_home).load(run)
+    assert record.state.value == "stopped" and {t.state.value for t in record.tasks} == {"preempted"}, record.message
+    assert tfl_processes(home=str(tfl_home)) == []
+    model = tfl_home / "runs" / run / "model"
+    saved = json.loads((model / "preempted.json").read_text())
+    assert saved["global_step"] >= 8
+
+    resumed = tfl(["resume", run], env)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert f"resuming at global step {saved['global_step']}:" in resumed.stdout
+    assert_like_the_control(tfl_home, control, after_epoch=(saved["global_step"] - 1) // STEPS + 1)
+    assert json.loads((model / "training_done.json").read_text())["global_step"] == EPOCHS * STEPS
