@@ -263,7 +263,7 @@ class Supervisor:
         if lost:  # a restart would wait on a host that does not answer (an elastic run goes on without it)
             self.record.stopped_because_of_failure = [n for n in self.record.stopped_because_of_failure
                                                       if self._procs[n].unreachable_since is None]
-            self._finish(RunState.FAILED, 1, f"{lost}; no restart on a host known lost (see --min-tasks)")
+            self._finish(RunState.FAILED, 1, f"{lost}; no restart on a host known lost")
             return False
         preempted = failure.exit_code == PREEMPTED_EXIT_CODE
         if self._group is not None and self._group_restarted():
