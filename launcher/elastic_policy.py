@@ -17,6 +17,9 @@ naming them if too few return. While the run goes on smaller, the supervisor ask
 supervisor gives those that answer again back to the group at an agreed checkpoint (the
 preemption notice: SIGTERM, each task saves at a step they agree on, exits 170).
 
+Probes run on the supervisor's thread: a host that does not answer holds it for up to its
+``ssh.connect_timeout`` every ``probe_interval`` s (a task's exit is seen after that).
+
 Every resize is recorded (``RunRecord.resizes``) and said on the console (``say``). Clock,
 wait and the backend are the supervisor's, so the tests drive this with a fake backend.
 """
