@@ -59,6 +59,7 @@ class ElasticPolicy:
         self.min_tasks: int = config.min_tasks
         self._clock, self._wall, self._wait, self._stopping, self._say = clock, wall, wait, stopping, say
         self._streak: dict[str, int] = {}  # host -> attempts in a row in which a task on it failed
+        self._blacklist: set[str] = set()  # lost for failing: it answers probes, so it is never taken back
         self._next_probe = 0.0
         self._attempt = -1  # the attempt ``_next_probe`` belongs to
         record.min_tasks = self.min_tasks
@@ -94,8 +95,10 @@ class ElasticPolicy:
         failed = {f.host for f in self.record.failures if f.attempt == self.record.attempt}
         for host in plan_hosts(current):
             self._streak[host] = self._streak.get(host, 0) + 1 if host in failed else 0
-        return {h: f"tasks on it failed {n} attempts in a row (--blacklist-after {k})"
-                for h, n in self._streak.items() if k and n >= k}
+        failing = {h: f"tasks on it failed {n} attempts in a row (--blacklist-after {k}; not taken back)"
+                   for h, n in self._streak.items() if k and n >= k}
+        self._blacklist.update(failing)
+        return failing
 
     def _wait_for_hosts(self, before: int, newly: dict[str, str]) -> ElasticOutcome:
         """Below the minimum: probe the lost hosts until enough answer, or ``elastic_wait`` ends."""
@@ -104,7 +107,7 @@ class ElasticPolicy:
         self._say(f"tfl: lost {_why(newly)}; {left} training task{'s' * (left != 1)} left, below --min-tasks "
                   f"{self.min_tasks}: waiting up to {self.config.elastic_wait:g} s for {', '.join(sorted(self.lost))}")
         while not self._stopping():
-            back = self._answering(list(self.lost))
+            back = self._answering(self._probed())
             for host in back:
                 del self.lost[host]
             if training_size(self.full, self.lost) >= self.min_tasks:
@@ -127,7 +130,7 @@ class ElasticPolicy:
         if not self.lost or self._clock() < self._next_probe:
             return []
         self._next_probe = self._clock() + self.config.probe_interval
-        return self._answering(list(self.lost))
+        return self._answering(self._probed())
 
     def grow(self, hosts: Collection[str]) -> LaunchPlan:
         """The next attempt's plan with ``hosts`` back (up to the cluster's size)."""
@@ -158,6 +161,10 @@ class ElasticPolicy:
     def _unreachable(self, hosts: list[str]) -> dict[str, str]:
         checks = self._probe(hosts) if hosts else []
         return {c.host: f"unreachable: {c.detail}" for c in checks if c.name == UNREACHABLE and c.status == "fail"}
+
+    def _probed(self) -> list[str]:
+        """The lost hosts worth probing: not those lost for failing (they answer, and would fail again)."""
+        return [h for h in self.lost if h not in self._blacklist]
 
     def _answering(self, hosts: list[str]) -> list[str]:
         """The ``hosts`` that pass every quick check again (reached, python, their ports free)."""

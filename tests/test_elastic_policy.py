@@ -171,8 +171,10 @@ def test_a_host_whose_tasks_fail_k_attempts_in_a_row_is_blacklisted(tmp_path: Pa
     assert record.exit_code == 0
     assert [len(hosts.attempts()[a]) for a in (0, 1, 2)] == [3, 3, 2]  # a counted restart first, then the resize
     assert len(record.restarts) == 1 and record.restarts[0].attempt == 1
-    assert record.resizes[0].reason == "lost: h1 (tasks on it failed 2 attempts in a row (--blacklist-after 2))"
-    assert hosts.attempts()[2] == [("chief:0", "h0"), ("worker:0", "h2")]
+    assert record.resizes[0].reason == ("lost: h1 (tasks on it failed 2 attempts in a row (--blacklist-after 2; "
+                                        "not taken back))")
+    assert hosts.attempts()[2] == [("chief:0", "h0"), ("worker:0", "h2")] and len(hosts.attempts()) == 3
+    assert all("h1" not in probed for _, probed in hosts.probes[2:])  # it answers, but it is never probed to come back
 
 
 def test_blacklisting_off_the_failures_spend_the_restarts(tmp_path: Path) -> None:
