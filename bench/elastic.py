@@ -8,8 +8,9 @@ the chief keeping a checkpoint of the step every B steps in the shared model dir
   cut to the first step of the resized attempt; against a restart of the same size: the
   third host's task is SIGKILLed (``--max-restarts 1``, no elastic), seconds from the kill to
   the first step of the next attempt.
-- **Steps lost per abrupt loss:** the steps the chief had done at the cut, minus the step the
-  resized attempt resumes from, for backup intervals B = 5 and 20.
+- **Steps lost per abrupt loss:** the last step the chief reached in the attempt that lost a
+  task, minus the step the next attempt resumes from (steps trained twice), for backup
+  intervals B = 5 and 20.
 
 Prints the section as Markdown (paste it into docs/benchmarks.md).
 """
@@ -97,10 +98,11 @@ def one_run(bed: NetBed, base: Path, *, elastic: bool, backup: int, at_step: int
             victims = [p for p in bed.pids(bed.host(h3)) if b"job.py" in Path(f"/proc/{p}/cmdline").read_bytes()]
             os.kill(victims[0], signal.SIGKILL)
         fault = time.time()
-        done = steps(shared)
-        reached = max(int(s["step"]) for s in done)
         wait(lambda: any(s["attempt"] == 1 for s in steps(shared)))
         first = next(s for s in steps(shared) if s["attempt"] == 1)
+        # The last step of the attempt that lost a task (this job has no all-reduce to stall on,
+        # so its chief steps on until the loss is known; TensorFlow's would stop at the cut).
+        reached = max(int(s["step"]) for s in steps(shared) if s["attempt"] == 0)
     finally:
         launcher.send_signal(signal.SIGTERM)
         try:
