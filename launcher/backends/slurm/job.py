@@ -228,6 +228,15 @@ class SlurmJob:
                       self.stopped, batch_tail=batch_tail(self.ref))
 
     # --- stopping ---------------------------------------------------------------------------
+    def node_down(self, node: str) -> str:
+        """What Slurm says of a node it took down (``jobstate.describe_node_down``); "" if nothing."""
+        from launcher.slurm.jobstate import describe_node_down, node_down_command, parse_slurmd_timeout
+
+        said = self._run(node_down_command(node))
+        config = self._run(["scontrol", "show", "config"])
+        timeout = parse_slurmd_timeout(config.stdout) if config.returncode == 0 else None
+        return describe_node_down(node, said.stdout, timeout) if said.returncode == 0 else ""
+
     def stop(self, signum: int) -> None:
         self.stopped = True
         stop_job(self.ref, self._run, signum)
