@@ -162,6 +162,9 @@ def preempt_and_resume(tmp_path: Path, control: Control, steps_per_call: int, vi
     assert record.global_step >= seen  # nothing trained before the notice is lost
     assert record.global_step == (record.epoch - 1) * STEPS + record.step
     assert record.notice_from in victims
+    for job in first.jobs.values():  # the launcher reads the agreed step from each task's last record
+        last = job.step_records()[-1]
+        assert (last["phase"], last["global_step"]) == ("preempted", record.global_step), job.name
     assert not (model_dir / "training_done.json").exists()
 
     second = start_group(tmp_path, model_dir, 1, steps_per_call)

@@ -100,6 +100,10 @@ class ProgressCallback(keras.callbacks.Callback):  # type: ignore[misc]  # tf_ke
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self._write(self._record("done", self._steps_done, logs or {}), force=True)
 
+    def preempted(self, step: int) -> None:
+        """The task's last record: it saved the agreed checkpoint after `step` of this epoch."""
+        self._write(self._record("preempted", step, {}), force=True)
+
     @property
     def _epochs(self) -> int:
         return int(self.params.get("epochs") or 0)

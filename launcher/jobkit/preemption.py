@@ -39,6 +39,7 @@ import tf_keras as keras
 from launcher.contract import PREEMPTED_BARRIER, PREEMPTED_EXIT_CODE, ModelDirLayout, PreemptedRecord
 from launcher.jobkit import notice
 from launcher.jobkit.backup import StepBackup
+from launcher.jobkit.callbacks import ProgressCallback
 from launcher.jobkit.context import TaskContext, task_context
 from launcher.jobkit.layout import write_json_atomically
 from launcher.jobkit.notice import exit_on_notice, leave_now
@@ -64,7 +65,7 @@ def preemption_handler(
     leave, the chief last, with PREEMPTED_EXIT_CODE). The notice is SIGTERM, as the kit
     sees it (`notice.py`); no grace-period countdown: every task saves at the end of the
     next call and goes. A custom loop calls `handler.run(train_step, ...)` for each step
-    and starts from `handler.total_run_calls` (see the README).
+    and starts its input where the restored checkpoint left it (`jobs/custom_loop.py`).
     """
     context = context or task_context(os.environ)
     exit_on_notice(context, "before training began")  # takes SIGTERM back if anything took it since
@@ -115,10 +116,11 @@ def leave_preempted(context: TaskContext) -> NoReturn:
 class PreemptionCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]  # tf_keras is untyped
     """The agreed checkpoint on a notice, inside `jobkit.fit`; after `StepBackup` in the list."""
 
-    def __init__(self, context: TaskContext, backup: StepBackup, model_dir: Path) -> None:
+    def __init__(self, context: TaskContext, backup: StepBackup, model_dir: Path, progress: ProgressCallback) -> None:
         super().__init__()
         self._supports_tf_logs = True
         self._context, self._backup, self._layout = context, backup, ModelDirLayout(model_dir)
+        self._progress = progress
         self._handler: Any = None
         self._epoch = 0
         self._batch = -1
@@ -166,6 +168,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]  # t
         return int(self.model.optimizer.iterations.numpy())
 
     def _exit(self) -> NoReturn:
+        self._progress.preempted(self._batch + 1)  # phase "preempted" at the agreed step, on every task
         if self._context.is_chief:
             record = PreemptedRecord(
                 run_id=self._context.run_id, attempt=self._context.attempt, global_step=self._global_step(),

@@ -109,9 +109,9 @@ def fit(
         writers = [ProgressWriter(context.progress_file, log_path=context.progress_log)]
         if context.is_chief:
             writers.append(ProgressWriter(real.training_progress, min_interval_s=HEARTBEAT_INTERVAL_S))
-        kit.append(ProgressCallback(context, writers, global_batch_size, clock))
+        progress = ProgressCallback(context, writers, global_batch_size, clock)
         # Last of the kit's: on a notice it saves after the others have seen the call.
-        kit.append(PreemptionCheckpoint(context, backup, model_dir))
+        kit += [progress, PreemptionCheckpoint(context, backup, model_dir, progress)]
         history: keras.callbacks.History = model.fit(
             stream.dataset, epochs=epochs, steps_per_epoch=stream.steps_per_epoch, callbacks=[*kit, *callbacks],
             verbose=0)
