@@ -36,6 +36,7 @@ from launcher.elastic import Resize, plan_hosts, resize_plan, training_size
 from launcher.plan import LaunchPlan
 from launcher.policy import SupervisorConfig
 from launcher.runstore import ResizeRecord, RunRecord, TaskRecord
+from launcher.states import RunState
 
 UNREACHABLE = "ssh"  # the check a probe fails when it cannot reach a host
 
@@ -48,6 +49,11 @@ class ElasticOutcome:
     plan: LaunchPlan | None
     message: str | None = None
     stopped: bool = False
+
+    @property
+    def end(self) -> tuple[RunState, int, str]:
+        """How the run ends when there is no next plan: state, exit code, message."""
+        return (RunState.STOPPED, 130, self.message or "") if self.stopped else (RunState.FAILED, 1, self.message or "")
 
 
 class ElasticPolicy:

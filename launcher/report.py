@@ -127,7 +127,10 @@ def summary(record: RunRecord) -> str:
     if record.state == RunState.SUCCEEDED:
         lines = [f"tfl: run {record.run_id} succeeded in {took} ({restart_counts(record)})"]
     elif record.state == RunState.STOPPED:
-        lines = [f"tfl: run {record.run_id} {record.message or 'stopped by the user'} after {took}"]
+        message = record.message or "stopped by the user"
+        by_user = message.startswith("stopped by the user")
+        lines = [f"tfl: run {record.run_id} stopped by the user after {took}{message.removeprefix('stopped by the user')}"
+                 if by_user else f"tfl: run {record.run_id} stopped after {took}: {message}"]
     else:
         said = (record.message or "").removeprefix(f"{record.state.value}: ")
         lines = [f"tfl: run {record.run_id} {record.state.value} after {took}: {said}"]

@@ -285,8 +285,12 @@ class RunStore:
             mark_ended(self.home, record.run_id)
 
     def request_stop(self, record: RunRecord) -> None:
-        """Say that the SIGTERM about to reach the run's launcher is `tfl stop`'s (the user's)."""
-        write_atomic(Path(record.run_dir) / STOP_REQUEST, "")
+        """Say that the SIGTERM about to reach the run's launcher is `tfl stop`'s (the user's).
+        A run dir that refuses the note still gets stopped: its run then reads as preempted."""
+        try:
+            write_atomic(Path(record.run_dir) / STOP_REQUEST, "")
+        except OSError:
+            pass
 
     def stop_requested(self, record: RunRecord) -> bool:
         return (Path(record.run_dir) / STOP_REQUEST).exists()

@@ -11,8 +11,9 @@ same. They get up to ``grace_period`` to leave on their own before the usual tea
 the group restarts without counting against ``max_restarts``, up to ``max_preemptions``
 times (a run over that cap ends PREEMPTED, to be resumed). A task killed by a bare SIGTERM
 without saving stays a failure. A stop with ``notice`` (the launcher's own SIGTERM) ends
-the run PREEMPTED, unless ``tfl stop`` asked for it (``RunStore.stop_requested``). The evaluator never stops training: its failure is
-recorded; after training it gets ``evaluator_timeout`` to finish its last checkpoint.
+the run PREEMPTED, unless ``tfl stop`` asked for it (``RunStore.stop_requested``).
+
+The evaluator never stops training: its failure is recorded; after training it gets ``evaluator_timeout`` to finish its last checkpoint.
 
 A backend that runs the group as one unit of its own (``backends.base.GroupBackend``:
 Slurm's batch script) applies that same policy itself, built from the same options: after a
@@ -20,9 +21,8 @@ training failure the supervisor stops only the failed task if it is still alive,
 the others as stopped, and follows the next attempt when the backend says it started one
 (``restarted``); the evaluator runs on across attempts.
 
-An elastic run (``--min-tasks``, ``launcher.elastic_policy``) goes on without the hosts lost
-in a failure (a resize: neither a failure nor a preemption) and takes back, at an agreed
-checkpoint (the notice), those that answer again.
+An elastic run (``--min-tasks``, ``elastic_policy``) goes on without hosts lost in a failure (a
+resize: neither failure nor preemption) and takes back, at an agreed checkpoint, those that answer.
 
 Mechanism is the backends'; clock and wait are injectable, so tests drive the state
 machine with a scripted backend in milliseconds.
@@ -124,7 +124,7 @@ class Supervisor:
             if failed is not None:
                 return self._on_training_failure(failed)
             if self._elastic is not None and (back := self._elastic.taken_back()):
-                return self._take_back(back)
+                return self._take_back(self._elastic, back)
             if all(self.record.task(t.name).state == TaskState.SUCCEEDED for t in self.plan.training_tasks):
                 self._finish_evaluator()
                 if not self._stop_requested:
@@ -272,7 +272,9 @@ class Supervisor:
         if self._group is None and (self._may_restart_preempted() if preempted else self._may_restart(failure)):
             self._record_restart(failure, preempted)
             return True
-        if preempted and not self._stop_requested:
+        if preempted and self._stop_requested:  # a stop came during the agreement: it decides how the run ends
+            self._stop()
+        elif preempted:
             self._finish(RunState.PREEMPTED, PREEMPTED_EXIT_CODE,
                          f"{failure.task} on {failure.host} was {failure.reason}; no preemption restart left "
                          f"(--max-preemptions {self._config.max_preemptions})")
@@ -283,20 +285,17 @@ class Supervisor:
     def _resized(self, outcome: ElasticOutcome) -> bool:
         """An elastic run lost hosts or takes them back: go on at the new size (True), or end."""
         if outcome.plan is None:
-            self._finish(RunState.STOPPED if outcome.stopped else RunState.FAILED, 130 if outcome.stopped else 1,
-                         outcome.message or "")
+            self._finish(*outcome.end)
             return False
         self.plan, self._procs = outcome.plan, {}
         self._save()
         return True
 
-    def _take_back(self, hosts: list[str]) -> bool:
-        """Lost hosts answer again: the notice (SIGTERM: the training tasks save at an agreed step
-        and leave, within the grace), then the next attempt with the hosts back."""
-        assert self._elastic is not None
+    def _take_back(self, elastic: ElasticPolicy, hosts: list[str]) -> bool:
+        """Lost hosts answer again: the notice (SIGTERM: the group saves at an agreed step), then the hosts back."""
         self._set_state(RunState.RESTARTING)
         self._teardown(list(self._procs.values()), TaskState.STOPPED)
-        return self._resized(ElasticOutcome(self._elastic.grow(hosts)))
+        return self._resized(ElasticOutcome(elastic.grow(hosts)))
 
     def _lost_hosts(self) -> str:
         """The hosts of this attempt known lost ("" when none): each one, since when, which tasks."""
@@ -372,7 +371,8 @@ class Supervisor:
             task = self.record.task(proc.launch.name)
             if task.state == TaskState.RUNNING:
                 code = self._backend.poll(proc)
-                task.state, task.exit_code, task.ended = ended_state(code, state), code, self._wall()
+                task.state = TaskState.PREEMPTED if code == PREEMPTED_EXIT_CODE else state  # it saved on our notice
+                task.exit_code, task.ended = code, self._wall()
         self._save()
 
     # --- small helpers ------------------------------------------------------------------

@@ -152,3 +152,12 @@ def test_a_stop_where_only_some_saved_says_so(tmp_path: Path) -> None:
     assert states(sup) == {"chief:0": TaskState.PREEMPTED, "worker:0": TaskState.STOPPED}
     assert record.message == ("preempted: tfl got SIGTERM; 1 of 2 training tasks saved the agreed checkpoint at step 9, "
                               "the others not within the 4 s grace (--grace-period)")
+
+
+def test_a_stop_during_the_agreement_decides_how_the_run_ends(tmp_path: Path) -> None:
+    sup, backend, _, _ = make(tmp_path, lambda c: NoticeAt(c, {"worker:0": [(2, P)]}), evaluator=False, max_preemptions=5)
+    backend.sup = sup  # type: ignore[attr-defined]  # the launcher's SIGTERM at t=3, while the chief is awaited
+    record = sup.run()
+    assert record.state == RunState.PREEMPTED and record.restarts == []
+    assert record.message == "preempted: tfl got SIGTERM; every training task saved the agreed checkpoint"
+    assert [(n, s) for n, s, _ in backend.signals] == [("chief:0", signal.SIGTERM)]

@@ -35,13 +35,16 @@ from launcher.contract import ATTEMPT, PROGRESS_FILE
 from launcher.files import open_private, write_atomic
 from launcher.logstream import attempt_banner
 from launcher.plan import LaunchPlan, TaskLaunch
+from launcher.policy import DEFAULT_GRACE_S
 from launcher.runstore import RunRecord
 
 if TYPE_CHECKING:
     from paramiko import Channel
 
 HEARTBEAT_EVERY = 2.0
-KILL_GRACE = 5.0  # the agent's SIGTERM -> SIGKILL delay when it has lost us
+# The agent's SIGTERM -> SIGKILL delay when it has lost us or got SIGTERM itself (its sshd or
+# machine going away): the task's notice, so it gets the grace to save the agreed checkpoint.
+KILL_GRACE = DEFAULT_GRACE_S
 START_TIMEOUT = 60.0  # for the agent to report the job's pid (python startup on a busy host)
 CONNECTION_LOST = 255  # ssh's own exit status for "the connection failed"
 

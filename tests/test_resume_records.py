@@ -1,0 +1,49 @@
+"""Records across versions and `tfl resume`'s pure parts: no processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from launcher.policy import SupervisorConfig
+from launcher.resume import refusal, resume_config
+from launcher.runstore import RECORD_VERSION, RestartRecord, RunRecord, RunStore
+from launcher.states import RunState
+
+
+def record(tmp_path: Path, **fields: object) -> RunRecord:
+    return RunRecord(run_id="r", job="/job.py", job_args=[], run_dir=str(tmp_path / "runs" / "r"), created=1.0,
+                     **fields)  # type: ignore[arg-type]
+
+
+def test_a_version_2_record_is_read_and_saved_in_this_version(tmp_path: Path) -> None:
+    old = dataclasses.asdict(record(tmp_path, state=RunState.STOPPED, max_restarts=2, grace_period=7.0,
+                                    restarts=[RestartRecord(attempt=1, time=2.0, reason="worker:0: exit code 1")]))
+    del old["config"]  # the fields version 3 added
+    for restart in old["restarts"]:
+        del restart["kind"]
+    old["version"] = 2
+    store = RunStore(tmp_path)
+    (tmp_path / "runs" / "r").mkdir(parents=True)
+    (tmp_path / "runs" / "r" / "state.json").write_text(json.dumps(old))
+    loaded = store.load("r")
+    assert loaded.version == 2 and loaded.restarts[0].kind == "failure" and loaded.config == {}
+    # A record from before tfl kept its options: resume takes what the record has.
+    assert resume_config(loaded) == SupervisorConfig(max_restarts=2, grace_period=7.0)
+    assert resume_config(loaded, {"max_restarts": 5, "grace_period": None}).max_restarts == 5
+    store.save(loaded)
+    assert json.loads((tmp_path / "runs" / "r" / "state.json").read_text())["version"] == RECORD_VERSION == 3
+
+
+def test_resume_keeps_the_runs_own_options_and_ignores_unknown_ones(tmp_path: Path) -> None:
+    config = dataclasses.asdict(SupervisorConfig(max_restarts=1, max_preemptions=4, stall_timeout=60.0))
+    got = resume_config(record(tmp_path, config={**config, "an_option_of_a_newer_tfl": 1}), {"max_preemptions": 9})
+    assert (got.max_restarts, got.max_preemptions, got.stall_timeout) == (1, 9, 60.0)
+
+
+def test_refusals_that_need_no_backend(tmp_path: Path) -> None:
+    done = record(tmp_path, state=RunState.SUCCEEDED, plan={"tasks": []})
+    assert refusal(done) == "run r succeeded: there is nothing to resume (launch the job again for a new run)"
+    never = record(tmp_path, state=RunState.FAILED)
+    assert refusal(never) == "run r has no recorded plan (it never started): launch the job again"
