@@ -8,6 +8,7 @@ Phases (each fills some of the issue's sections):
   training  8. training throughput: the job kit against hand-written tf_keras, on Fashion-MNIST
   chaos     9. chaos: many runs, each with a random task killed at a random moment
   slurm    10. Slurm: launch to every task running against plain sbatch, death → teardown, notice → tasks
+  hosts    13. lost hosts: a host cut off noticed, the run ended, every task stopped; launcher kill -9
   preemption 11. preemption in the job: the notice watch's and input position's cost, notice → checkpoint
 """
 
@@ -20,12 +21,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from bench import chaos, cli_latency, failures, launch, preemption, restart, scaling, slurm, ssh, training, training_report
+from bench import chaos, cli_latency, failures, launch, lost_hosts, preemption, restart, scaling, slurm, ssh, training, training_report
 from bench.common import PYTHON, ROOT, Section, Workspace, load1
 from bench.config import Config, machine, timestamp
 from bench.report import previous_report, render
 
-PHASES = ("cli", "launch", "failures", "scaling", "training", "chaos", "slurm", "preemption")
+PHASES = ("cli", "launch", "failures", "scaling", "training", "chaos", "slurm", "hosts", "preemption")
 
 
 def make_data(ws: Workspace) -> Path:
@@ -74,13 +75,18 @@ def phase_slurm(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
     return [slurm.slurm_section(cfg, slurm.slurm_runs(cfg, ws))]
 
 
+def phase_hosts(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
+    return [lost_hosts.lost_host_section(cfg, lost_hosts.lost_host_trials(cfg, ws))]
+
+
 def phase_preemption(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
     return [preemption.preemption_section(cfg, preemption.preemption_runs(cfg, ws))]
 
 
 RUNNERS: dict[str, Callable[[Config, Workspace, Path | None], list[Section]]] = {
     "cli": phase_cli, "launch": phase_launch, "failures": phase_failures, "scaling": phase_scaling,
-    "training": phase_training, "chaos": phase_chaos, "slurm": phase_slurm, "preemption": phase_preemption}
+    "training": phase_training, "chaos": phase_chaos, "slurm": phase_slurm,
+    "hosts": phase_hosts, "preemption": phase_preemption}
 
 
 def run_phase(name: str, cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:

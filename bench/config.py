@@ -40,6 +40,7 @@ class Config:
     store_runs: int = 50  # runs in the store for `tfl status`
     store_runs_many: int = 3000  # … and a store after weeks of sweeps
     chaos_trials: int = 20  # §9: runs, each with one task killed at a random moment
+    lost_host_trials: int = 10  # §13: trials of each lost-host measure (a cut host, a launcher killed -9)
 
     @classmethod
     def full(cls) -> Config:
@@ -53,7 +54,8 @@ class Config:
         return cls(quick=True, reps=2, train_reps=2, cli_reps=3, teardown_reps=3, tf_alone_reps=0, store_runs_many=300,
                    local_ns=(1, 4), ssh_ns=(1, 2), train_job=FAKE_TRAIN,
                    epochs=2, steps_per_epoch=10, global_batch=64, train_workers=(1, 2),
-                   backup_every=5, crash_step=12, train_rounds=2, throughput_epochs=3, chaos_trials=3)
+                   backup_every=5, crash_step=12, train_rounds=2, throughput_epochs=3, chaos_trials=3,
+                   lost_host_trials=2)
 
     @property
     def uses_mnist(self) -> bool:

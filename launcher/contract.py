@@ -39,6 +39,9 @@ PROGRESS_LOG: Final = "TFL_PROGRESS_LOG"  # tests: every progress record, one JS
 VIRTUAL_DEVICES: Final = "TFL_VIRTUAL_DEVICES"  # --virtual-devices N
 GPU_MEMORY_LIMIT_MB: Final = "TFL_GPU_MEMORY_LIMIT_MB"  # per GPU the task sees
 COLLECTIVE: Final = "TFL_COLLECTIVE"  # "ring" when training tasks share a GPU (NCCL refuses that)
+# An elastic run that keeps its global batch (``tfl launch --min-tasks N --global-batch G``):
+# the job batches by G whatever the number of replicas (``jobkit.global_batch_size``).
+GLOBAL_BATCH: Final = "TFL_GLOBAL_BATCH"
 HOME: Final = "TFL_HOME"  # the launcher's run store (not a task variable)
 RESERVED_PREFIX: Final = "TFL_"  # a cluster file's env may not set these, nor TF_CONFIG
 UNBUFFERED: Final = "PYTHONUNBUFFERED"  # "1": a task's output reaches its log line by line

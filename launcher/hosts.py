@@ -90,6 +90,7 @@ class SSHTarget:
     connect_timeout: float = 10.0
     known_hosts: str | None = None
     accept_new_host_keys: bool = False
+    fence_after: float = 30.0  # the agent's dead-man timer: no word from us for this long, it stops its task
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -18,6 +18,7 @@ from launcher import backends
 from launcher.backends.base import Backend
 from launcher.checks import host_tasks, raise_failures
 from launcher.contract import HOME
+from launcher.elastic import check_elastic
 from launcher.errors import LaunchError, UsageError
 from launcher.files import open_private, write_atomic
 from launcher.hosts import RemoteOptions
@@ -52,6 +53,9 @@ def make_plan(job: str, job_args: tuple[str, ...], spec: Any, store: RunStore,
                       python=sys.executable, cwd=os.getcwd(), remote=remote, virtual_devices=virtual_devices,
                       config=config)
     backends.name_for_plan(plan)  # one backend per run: refused here, before anything is written
+    if config is not None:
+        plan = check_elastic(plan, min_tasks=config.min_tasks, batch=config.elastic_batch,
+                             global_batch=config.global_batch, virtual_devices=virtual_devices)
     check_sharing(plan, config.max_restarts if config else 0)
     return plan
 
@@ -123,7 +127,7 @@ def supervise(prepared: Prepared, store: RunStore, record: RunRecord, config: Su
               colour: bool = False, verbose: bool = False) -> RunRecord:
     """Supervise a recorded run to its end, following its logs to ``out``."""
     plan = prepared.plan
-    supervisor = Supervisor(plan, record, store, config, backend=prepared.backend, wake=prepared.wake)
+    supervisor = Supervisor(plan, record, store, config, backend=prepared.backend, wake=prepared.wake, say=_say)
     follower = (LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour, hide_noise=not verbose,
                             from_end=bool(record.attempt)).start()  # a resumed run's earlier attempts are printed already
                 if out else None)
@@ -184,6 +188,11 @@ def resume_detached(run_id: str, config_json: str, store: RunStore) -> RunRecord
     config = SupervisorConfig(**json.loads(config_json))
     prepared, record = resume(run_id, store, config)
     return supervise(prepared, store, record, config, None)
+
+
+def _say(line: str) -> None:
+    """The supervisor's own lines (an elastic run's resizes): on stderr, beside the summary."""
+    print(line, file=sys.stderr, flush=True)
 
 
 @contextmanager

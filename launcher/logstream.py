@@ -3,7 +3,8 @@
 Tasks write straight to their log files (nothing lost if the launcher dies, no SIGPIPE
 for the tasks); the live console view of ``tfl launch`` and ``tfl logs --follow`` both
 tail those files with this one follower. By default it hides TensorFlow's known start-up
-noise (``launcher.noise``) and says, once per task at the end, how many lines it hid.
+noise (``launcher.noise``) and says, once per task at the end, how many lines it hid; and
+it folds into one line each traceback a lost peer caused (``launcher.fold``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import deque
 from pathlib import Path
 from typing import TextIO
 
+from launcher.fold import TracebackFold
 from launcher.noise import NoiseFilter
 
 _COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
@@ -37,11 +39,22 @@ def tail_lines(path: str | Path, count: int = 20) -> list[str]:
 
 
 class _Source:
-    def __init__(self, name: str, path: Path, prefix: str, from_end: bool, hide_noise: bool) -> None:
+    def __init__(self, name: str, path: Path, prefix: str, from_end: bool, hide_noise: bool,
+                 peer_lost: list[str]) -> None:
         self.name, self.path, self.prefix = name, path, prefix
         self.offset = path.stat().st_size if from_end and path.exists() else 0
         self.partial = b""
         self.noise = NoiseFilter() if hide_noise else None
+        self.fold = TracebackFold(peer_lost) if hide_noise else None
+
+    def shown(self, lines: list[str], idle: float) -> list[str]:
+        """What of ``lines`` the console shows: no start-up noise, no traceback a lost peer caused."""
+        if self.fold is None:
+            return lines
+        if not lines:
+            return self.fold.tick(idle)
+        kept = [line for line in lines if self.noise is None or not self.noise.is_noise(line)]
+        return [out for line in kept for out in self.fold.feed(line)]
 
     def read_lines(self, final: bool) -> list[str]:
         try:
@@ -66,10 +79,11 @@ class LogFollower:
                  interval: float = 0.1, from_end: bool = False, hide_noise: bool = False) -> None:
         width = max((len(name) for name, _ in sources), default=0)
         self._sources = []
+        peer_lost: list[str] = []  # shared: a host lost is known to every task's fold
         for i, (name, path) in enumerate(sources):
             tag = f"[{name}]".ljust(width + 2)
             prefix = f"\033[{_COLOURS[i % len(_COLOURS)]}m{tag}\033[0m " if colour else f"{tag} "
-            self._sources.append(_Source(name, Path(path), prefix, from_end, hide_noise))
+            self._sources.append(_Source(name, Path(path), prefix, from_end, hide_noise, peer_lost))
         self._out, self._interval = out, interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -77,10 +91,12 @@ class LogFollower:
     def poll_once(self, final: bool = False) -> int:
         printed = 0
         for src in self._sources:
-            for line in src.read_lines(final):
-                if src.noise is None or not src.noise.is_noise(line):
-                    self._out.write(f"{src.prefix}{line}\n")
-                    printed += 1
+            lines = src.shown(src.read_lines(final), self._interval)
+            if final and src.fold is not None:
+                lines += src.fold.flush()
+            for line in lines:
+                self._out.write(f"{src.prefix}{line}\n")
+                printed += 1
         if printed:
             self._out.flush()
         return printed

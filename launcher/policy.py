@@ -31,3 +31,10 @@ class SupervisorConfig:
     evaluator_timeout: float = 600.0
     stall_timeout: float | None = None  # no progress from a training task for this long = failure
     log_tail_lines: int = 20
+    # Elastic runs (``launcher.elastic``, ``launcher.elastic_policy``): None = a fixed size.
+    min_tasks: int | None = None  # the fewest training tasks, the chief included, the run goes on with
+    elastic_batch: str = "global"  # "global": the global batch is kept | "per-replica": the per-replica batch is
+    global_batch: int | None = None  # the job's global batch (every replica's together), "global" mode
+    blacklist_after: int = 2  # tasks on a host failed this many attempts in a row: the host is lost
+    elastic_wait: float = 600.0  # below min_tasks: wait this long for lost hosts to return
+    probe_interval: float = 30.0  # how often lost hosts are probed while the run goes on without them

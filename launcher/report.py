@@ -78,9 +78,21 @@ def run_detail(view: RunView, bar_width: int = 0) -> str:
     if view.backend_state:
         head.append(f"  {view.backend}: " + ", ".join(f"{key} {value}" for key, value in view.backend_state.items()))
     head += [f"  restart {i}: {reason}" for i, reason in enumerate(view.restart_reasons, 1)]
+    head += _elastic_lines(view)
     rows = [_task_row(t, bar_width) for t in view.tasks]
     return "\n".join(head) + "\n" + table(
         ("task", "host", "state", "pid", "cpu%", "rss_mb", "uptime", "exit", "progress"), rows)
+
+
+def _elastic_lines(view: RunView) -> list[str]:
+    """An elastic run's size, lost hosts and resizes (``tfl status RUN``)."""
+    if view.min_tasks is None:
+        return []
+    lines = [f"  elastic: {view.training_tasks} of {view.full_training_tasks} training tasks (--min-tasks {view.min_tasks})"
+             + (f"; lost: {', '.join(f'{h} ({why})' for h, why in sorted(view.lost_hosts.items()))}"
+                if view.lost_hosts else "")]
+    return lines + [f"  resize at attempt {r['attempt']}: {r['from_tasks']} -> {r['to_tasks']} tasks; {r['reason']}"
+                    for r in view.resizes]
 
 
 def _task_row(t: TaskView, bar_width: int = 0) -> tuple[Any, ...]:
@@ -124,6 +136,9 @@ def summary(record: RunRecord) -> str:
         lines = [f"tfl: run {record.run_id} {record.state.value} after {took}: {said}"]
     for restart in record.restarts:
         lines.append(f"  restart {restart.attempt}: {restart.reason}")
+    for resize in record.resizes:
+        lines.append(f"  resize at attempt {resize.attempt}: {resize.from_tasks} -> {resize.to_tasks} training tasks; "
+                     f"{resize.reason}")
     if record.state == RunState.FAILED and record.failures:
         last = [f for f in record.failures if f.attempt == record.attempt and not f.task.startswith("evaluator")]
         failed = [f for f in last if f.exit_code != PREEMPTED_EXIT_CODE] or last  # a preemption before it is not the cause

@@ -31,9 +31,10 @@ from launcher.states import RunState, TaskState
 STATE_FILE = "state.json"
 STOP_REQUEST = "stop_requested"  # written by `tfl stop` before its SIGTERM: the launcher's SIGTERM is then no preemption
 # Bump when a record changes so that an older tfl cannot read it right (2: backend_data; 3: the
-# preempted states, RestartRecord.kind, RunRecord.config). This tfl reads every older version
-# (each new field has a default) and saves what it read in its own.
-RECORD_VERSION = 3
+# preempted states, RestartRecord.kind, RunRecord.config; 4: an elastic run's min_tasks,
+# lost_hosts and resizes). This tfl reads every older version (each new field has a default)
+# and saves what it read in its own.
+RECORD_VERSION = 4
 # The latest run is the newest created among the active runs and this many whose record changed last.
 LATEST_AMONG = 20
 
@@ -88,6 +89,19 @@ class RestartRecord:
 
 
 @dataclass
+class ResizeRecord:
+    """An elastic run changed size between two attempts (``launcher.elastic_policy``)."""
+
+    attempt: int  # the attempt that runs at the new size
+    time: float
+    from_tasks: int  # training tasks, the chief included
+    to_tasks: int
+    reason: str  # "lost: host2 (unreachable: …)", "back: host2 answers again"
+    hosts: list[str]  # the hosts lost, or taken back
+    notes: list[str] = field(default_factory=list)  # renamed tasks, the evaluator left out
+
+
+@dataclass
 class RunRecord:
     run_id: str
     job: str
@@ -115,6 +129,9 @@ class RunRecord:
     launcher_boot_id: str | None = None
     launcher_host: str | None = None  # `tfl status`/`stop` elsewhere (a shared TFL_HOME) can tell it is not theirs
     config: dict[str, Any] = field(default_factory=dict)  # the supervisor's options (SupervisorConfig): `tfl resume` reuses them
+    min_tasks: int | None = None  # an elastic run's --min-tasks
+    lost_hosts: dict[str, str] = field(default_factory=dict)  # an elastic run's hosts left out now, each with why
+    resizes: list[ResizeRecord] = field(default_factory=list)
 
     def task(self, name: str) -> TaskRecord:
         return next(t for t in self.tasks if t.task == name)

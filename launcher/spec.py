@@ -12,7 +12,7 @@ import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -100,6 +100,9 @@ class SSHSettings(_Strict):
     identity_file: PathText | None = Field(None, description="private key file")
     connect_timeout: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False, description="seconds to wait for the connection")
     known_hosts: PathText | None = Field(None, description="known_hosts file (default: ~/.ssh/known_hosts)")
+    fence_after: float = Field(30.0, ge=5, le=3600, allow_inf_nan=False,
+                               description="seconds without word from tfl after which a host's agent stops its tasks "
+                                           "(the fence: nothing of a lost run writes on)")
 
 
 class HostSettings(_Strict):
@@ -182,6 +185,17 @@ def _check_distinct(addresses: list[Address]) -> None:
                              "and ::1 are all this machine); give each task its own host:port")
 
 
+class ElasticSettings(_Strict):
+    """An elastic run (``tfl launch --min-tasks``): it goes on with fewer training tasks when a
+    host is lost, and takes the host back when it returns (``launcher.elastic``)."""
+
+    min_tasks: int = Field(ge=1, description="the fewest training tasks, the chief included, the run goes on with")
+    global_batch: int | None = Field(None, ge=1, description="the job's global batch (all replicas together), kept "
+                                                             "whatever the size (--global-batch)")
+    batch: Literal["global", "per-replica"] = Field("global", description="what a resize keeps: the global batch "
+                                                                          "(default) or the per-replica batch")
+
+
 class TaskDevices(_Strict):
     """The devices of one task (``devices.<task>``)."""
 
@@ -252,6 +266,8 @@ class ClusterSpec(_Strict):
     storage: StorageSettings | None = Field(None, description="shared storage for the runs' model dirs; needed when "
                                                               "tasks on several hosts restart or an evaluator runs on "
                                                               "another host than the chief")
+    elastic: ElasticSettings | None = Field(None, description="go on with fewer training tasks when a host is lost "
+                                                              "(like tfl launch --min-tasks)")
     _placement: Placement = PrivateAttr(default_factory=lambda: Placement({}))
 
     @model_validator(mode="after")

@@ -16,6 +16,7 @@ from launcher.backends.base import GroupBackend, TaskLive
 from launcher.procs import launcher_identity
 from launcher.runstore import RunRecord, RunStore, TaskRecord, UnreadableRun
 from launcher.states import RunState
+from launcher.tasks import TaskId
 
 
 @dataclass
@@ -50,6 +51,13 @@ class RunView:
     backend: str = "local"
     backend_state: dict[str, str] = field(default_factory=dict)  # a group backend's own view (Slurm: job, state, reason)
     preemptions: int = 0  # among the restarts: those after a preemption (not counted against --max-restarts)
+    # An elastic run (--min-tasks): its training tasks now, its minimum and full size, the hosts
+    # left out now (each with why) and every resize (from, to, why, hosts).
+    min_tasks: int | None = None
+    training_tasks: int = 0
+    full_training_tasks: int = 0
+    lost_hosts: dict[str, str] = field(default_factory=dict)
+    resizes: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,7 +103,10 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
         restart_reasons=[r.reason for r in record.restarts], message=record.message, tasks=tasks,
         elsewhere=None if record.state.is_terminal else launcher_identity(record).elsewhere,
         backend=record.backend, backend_state=backend_state,
-        preemptions=sum(r.kind == "preemption" for r in record.restarts),
+        preemptions=sum(r.kind == "preemption" for r in record.restarts), min_tasks=record.min_tasks,
+        training_tasks=sum(TaskId.parse(t.task).is_training for t in record.tasks),
+        full_training_tasks=sum(TaskId.parse(t["task"]).is_training for t in record.plan.get("tasks", [])),
+        lost_hosts=dict(record.lost_hosts), resizes=[asdict(r) for r in record.resizes],
     )
 
 

@@ -21,53 +21,33 @@ training failure the supervisor stops only the failed task if it is still alive,
 the others as stopped, and follows the next attempt when the backend says it started one
 (``restarted``); the evaluator runs on across attempts.
 
+An elastic run (``--min-tasks``, ``elastic_policy``) goes on without hosts lost in a failure (a
+resize: neither failure nor preemption) and takes back, at an agreed checkpoint, those that answer.
+
 Mechanism is the backends'; clock and wait are injectable, so tests drive the state
 machine with a scripted backend in milliseconds.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from launcher.backends.base import Backend, GroupBackend, TaskProcess
 from launcher.contract import PREEMPTED_EXIT_CODE
+from launcher.elastic_policy import ElasticOutcome, ElasticPolicy
 from launcher.errors import LaunchError, StateWriteError
-from launcher.logstream import tail_lines
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.policy import PREEMPTION_EXIT_CODES, SupervisorConfig
 from launcher.preemption import ended_state, preempted_file, preemption_reason, saved_note
 from launcher.runstore import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
 from launcher.states import RunState, TaskState
+from launcher.supervision import failure_record, progress_mtime
+from launcher.supervision import initial_record as initial_record  # where the launcher has always found it
 from launcher.tasks import TaskId
 from launcher.teardown import teardown
 from launcher.waker import Waker
-
-
-def progress_mtime(path: str) -> float | None:
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return None
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-def initial_record(plan: LaunchPlan, created: float, max_restarts: int, backend: str) -> RunRecord:
-    tasks = [TaskRecord(task=t.name, host=t.host, backend=backend, log_path=t.log_path,
-                        progress_path=t.progress_path) for t in plan.tasks]
-    return RunRecord(run_id=plan.run_id, job=plan.job, job_args=list(plan.job_args), run_dir=plan.run_dir,
-                     created=created, max_restarts=max_restarts, tasks=tasks, plan=plan.to_dict(), backend=backend)
 
 
 class Supervisor:
@@ -78,7 +58,8 @@ class Supervisor:
     def __init__(self, plan: LaunchPlan, record: RunRecord, store: RunStore, config: SupervisorConfig, *,
                  backend: Backend, wake: Waker | None = None, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, wait: Callable[[float], None] | None = None,
-                 progress_time: Callable[[str], float | None] = progress_mtime) -> None:
+                 progress_time: Callable[[str], float | None] = progress_mtime,
+                 say: Callable[[str], None] = lambda line: None) -> None:
         self.plan, self.record, self._store, self._config = plan, record, store, config
         self._backend, self._clock, self._wall = backend, clock, wall
         # A backend that runs the group as one unit restarts it itself (see backends.base.GroupBackend).
@@ -93,6 +74,9 @@ class Supervisor:
         self._restarts = self._preemptions = 0  # this launcher's restarts (a resumed run counts anew)
         self._preempted_file = preempted_file(record)  # where the chief says at which step it saved
         self._save_error: StateWriteError | None = None
+        self._elastic = ElasticPolicy(plan, record, config, backend, clock=clock, wall=wall, wait=self._wait, say=say,
+                                      stopping=lambda: self._stop_requested) if config.min_tasks and not self._group else None
+        self.plan = self._elastic.resumed() if self._elastic else plan  # a resumed run: without the hosts it had lost
 
     # --- called from signal handlers / other threads ------------------------------------
     def notify(self) -> None:
@@ -139,6 +123,8 @@ class Supervisor:
             failed = self._first_training_failure()
             if failed is not None:
                 return self._on_training_failure(failed)
+            if self._elastic is not None and (back := self._elastic.taken_back()):
+                return self._take_back(self._elastic, back)
             if all(self.record.task(t.name).state == TaskState.SUCCEEDED for t in self.plan.training_tasks):
                 self._finish_evaluator()
                 if not self._stop_requested:
@@ -212,14 +198,17 @@ class Supervisor:
             task.exit_code, task.ended = code, self._wall()
             task.state = ended_state(code, TaskState.FAILED)
             if code != 0:
-                reason = (preemption_reason(proc.launch.progress_path, self._preempted_file, self.record.attempt)
-                          if code == PREEMPTED_EXIT_CODE
-                          else proc.ended_by or describe_exit(code))
-                self.record.failures.append(FailureRecord(
-                    task=name, host=task.host, pid=task.pid, exit_code=code, reason=reason,
-                    log_tail=tail_lines(proc.launch.log_path, self._config.log_tail_lines),
-                    time=task.ended, attempt=self.record.attempt))
+                self._record_failure(proc, code)
             self._save()
+
+    def _record_failure(self, proc: TaskProcess, code: int | None, reason: str | None = None, time: float | None = None) -> None:
+        """A task failed (a lost host's: when its host stopped answering, before the survivors it took down)."""
+        task = self.record.task(proc.launch.name)
+        if reason is None and code == PREEMPTED_EXIT_CODE:
+            reason = preemption_reason(proc.launch.progress_path, self._preempted_file, self.record.attempt)
+        self.record.failures.append(failure_record(
+            task, code=code, reason=reason or proc.ended_by, log_path=proc.launch.log_path, lines=self._config.log_tail_lines,
+            time=time or proc.unreachable_since or task.ended or self._wall(), attempt=self.record.attempt))
 
     @staticmethod
     def _learn_where(task: TaskRecord, proc: TaskProcess) -> bool:
@@ -242,11 +231,7 @@ class Supervisor:
             last = max(task.started or now, self._progress_time(proc.launch.progress_path) or 0.0)
             if now - last > timeout:
                 task.state, task.ended = TaskState.FAILED, now
-                self.record.failures.append(FailureRecord(
-                    task=name, host=task.host, pid=task.pid, exit_code=None,
-                    reason=f"stalled: no progress for {timeout:g} s (--stall-timeout)",
-                    log_tail=tail_lines(proc.launch.log_path, self._config.log_tail_lines), time=now,
-                    attempt=self.record.attempt))
+                self._record_failure(proc, None, f"stalled: no progress for {timeout:g} s (--stall-timeout)", now)
                 self._save()
 
     def _first_training_failure(self, preempted: bool | None = None) -> FailureRecord | None:
@@ -271,6 +256,15 @@ class Supervisor:
             self._teardown(list(self._procs.values()), TaskState.STOPPED)
         if self.record.task(failure.task).exit_code is None:
             self.record.task(failure.task).exit_code = self._backend.poll(failed)
+        lost = self._lost_hosts()
+        outcome = self._elastic.after_failure(self.plan, self._procs.values()) if self._elastic else None
+        if outcome is not None:  # hosts lost: an elastic run goes on without them (``elastic_policy``)
+            return self._resized(outcome)
+        if lost:  # a restart would wait on a host that does not answer (an elastic run goes on without it)
+            self.record.stopped_because_of_failure = [n for n in self.record.stopped_because_of_failure
+                                                      if self._procs[n].unreachable_since is None]
+            self._finish(RunState.FAILED, 1, f"{lost}; no restart on a host known lost")
+            return False
         preempted = failure.exit_code == PREEMPTED_EXIT_CODE
         if self._group is not None and self._group_restarted():
             self._record_restart(failure, preempted)
@@ -287,6 +281,32 @@ class Supervisor:
         else:
             self._finish(RunState.FAILED, 1, f"{failure.task} on {failure.host} failed: {failure.reason}")
         return False
+
+    def _resized(self, outcome: ElasticOutcome) -> bool:
+        """An elastic run lost hosts or takes them back: go on at the new size (True), or end."""
+        if outcome.plan is None:
+            self._finish(*outcome.end)
+            return False
+        self.plan, self._procs = outcome.plan, {}
+        self._save()
+        return True
+
+    def _take_back(self, elastic: ElasticPolicy, hosts: list[str]) -> bool:
+        """Lost hosts answer again: the notice (SIGTERM: the group saves at an agreed step), then the hosts back."""
+        self._set_state(RunState.RESTARTING)
+        self._teardown(list(self._procs.values()), TaskState.STOPPED)
+        return self._resized(ElasticOutcome(elastic.grow(hosts)))
+
+    def _lost_hosts(self) -> str:
+        """The hosts of this attempt known lost ("" when none): each one, since when, which tasks."""
+        lost: dict[str, list[TaskProcess]] = {}
+        for name, proc in self._procs.items():
+            self._backend.poll(proc)  # fills in ``unreachable_since``
+            if proc.unreachable_since is not None:
+                lost.setdefault(self.record.task(name).host, []).append(proc)
+                if not any(f.task == name and f.attempt == self.record.attempt for f in self.record.failures):
+                    self._record_failure(proc, self.record.task(name).exit_code)
+        return "; ".join(f"{procs[0].ended_by}: lost {', '.join(p.launch.name for p in procs)}" for procs in lost.values())
 
     def _await_agreement(self) -> None:
         """A training task was preempted: the others reach the same agreed checkpoint and leave

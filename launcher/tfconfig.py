@@ -11,7 +11,7 @@ from launcher.tasks import TaskId
 if TYPE_CHECKING:
     from launcher.spec import Topology
 
-__all__ = ["TaskId", "tasks_of", "tf_config", "tf_config_json"]
+__all__ = ["TaskId", "tasks_of", "tf_config", "tf_config_json", "tf_config_of"]
 
 
 def tasks_of(topology: Topology) -> list[TaskId]:
@@ -26,8 +26,13 @@ def tf_config(topology: Topology, task: TaskId) -> dict[str, Any]:
     MultiWorkerMirroredStrategy's collectives and must not be waited for. The evaluator
     sees the whole cluster, itself included, as TensorFlow's sidecar evaluation expects.
     """
+    return tf_config_of({t: list(getattr(topology, t)) for t in TASK_TYPES}, task)
+
+
+def tf_config_of(addresses: dict[str, list[str]], task: TaskId) -> dict[str, Any]:
+    """``tf_config`` from each task type's addresses (a resized cluster's: ``launcher.elastic``)."""
     kinds = TASK_TYPES if task.type == "evaluator" else TRAINING_TYPES
-    cluster = {t: list(getattr(topology, t)) for t in kinds if getattr(topology, t)}
+    cluster = {t: list(addresses[t]) for t in kinds if addresses.get(t)}
     return {"cluster": cluster, "task": {"type": task.type, "index": task.index}}
 
 

@@ -274,6 +274,7 @@ def slurm_conf(directory: Path, host: str, user: str, ctld_port: int, node_ports
         "JobCompType=jobcomp/none",
         "ReturnToService=2",
         "KillWait=5",
+        "SlurmdTimeout=20",  # a node whose slurmd is gone is noticed (DOWN, Not responding) within this, not 300 s
         f"StateSaveLocation={d}/state",
         f"SlurmdSpoolDir={d}/spool/%n",
         f"SlurmctldPidFile={d}/run/slurmctld.pid",

@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol
 
 import pytest
 
@@ -48,7 +48,8 @@ class Sshd:
         return self.dir / f"home-{host}"
 
     def known_hosts_for(self, hosts: tuple[str, ...], path: Path) -> Path:
-        path.write_text("".join(f"[{h}]:{self.port} {self.host_key_line}\n" for h in hosts))
+        named = (h if self.port == 22 else f"[{h}]:{self.port}" for h in hosts)  # ssh's own spelling
+        path.write_text("".join(f"{n} {self.host_key_line}\n" for n in named))
         return path
 
     def ssh_settings(self, **override: Any) -> dict[str, Any]:
@@ -71,9 +72,10 @@ def _keygen(path: Path) -> None:
 
 
 def start_sshd(directory: Path, hosts: tuple[str, ...] = HOSTS, keys_from: Sshd | None = None,
-               namespace: tuple[Path, Path] | None = None) -> Sshd:
+               namespace: tuple[Path, Path] | None = None, netns: str | None = None, port: int | None = None) -> Sshd:
     """``keys_from``: reuse that sshd's keys (one known_hosts for both). ``namespace`` (source,
-    target): run in a mount namespace of its own where ``source`` is bind-mounted on ``target``."""
+    target): run in a mount namespace of its own where ``source`` is bind-mounted on ``target``.
+    ``netns``: run in that network namespace (``tests.netbed``'s hosts), on ``port`` (default: a free one)."""
     directory.mkdir(parents=True, exist_ok=True)
     if keys_from is None:
         _keygen(directory / "host_ed25519")
@@ -82,7 +84,7 @@ def start_sshd(directory: Path, hosts: tuple[str, ...] = HOSTS, keys_from: Sshd 
         for name in ("host_ed25519", "host_ed25519.pub", "client_key", "client_key.pub"):
             shutil.copy(keys_from.dir / name, directory / name)
     shutil.copy(directory / "client_key.pub", directory / "authorized_keys")
-    port = _free_port(hosts[0])
+    port = port or _free_port(hosts[0])
     for host in hosts:
         (directory / f"home-{host}").mkdir(mode=0o700, exist_ok=True)
     config = directory / "sshd_config"
@@ -100,6 +102,8 @@ def start_sshd(directory: Path, hosts: tuple[str, ...] = HOSTS, keys_from: Sshd 
     if namespace is not None:  # the mount is private to sshd and its sessions: the rest of the machine sees nothing
         command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$1" "$2" && shift 2 && exec "$@"',
                    "sh", str(namespace[0]), str(namespace[1]), *command]
+    if netns is not None:  # `ip netns exec` execs sshd: the pid is sshd's
+        command = ["ip", "netns", "exec", netns, *command]
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     host_key_line = " ".join((directory / "host_ed25519.pub").read_text().split()[:2])
     server = Sshd(directory, port, directory / "client_key", directory / "known_hosts", host_key_line, proc, hosts)
@@ -141,7 +145,13 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     stop_sshd(server)
 
 
-def cluster_file(path: Path, server: Sshd, tasks: dict[str, list[str]], workdirs: dict[str, Path | None],
+class Hosts(Protocol):
+    """What reaches the test hosts: an ``Sshd`` on loopback, a ``tests.netbed.NetBed``."""
+
+    def ssh_settings(self, **override: Any) -> dict[str, Any]: ...
+
+
+def cluster_file(path: Path, server: Hosts, tasks: dict[str, list[str]], workdirs: dict[str, Path | None],
                  python: str | Path = sys.executable, **extra: Any) -> Path:
     """A cluster file whose hosts are reached over the test sshd, running ``python`` (this venv's:
     it has tfl; ``tests.hostenv``'s: it has not). A workdir None: the host's default."""

@@ -21,6 +21,8 @@ def test_a_version_2_record_is_read_and_saved_in_this_version(tmp_path: Path) ->
     old = dataclasses.asdict(record(tmp_path, state=RunState.STOPPED, max_restarts=2, grace_period=7.0,
                                     restarts=[RestartRecord(attempt=1, time=2.0, reason="worker:0: exit code 1")]))
     del old["config"]  # the fields version 3 added
+    for key in ("min_tasks", "lost_hosts", "resizes"):  # and version 4 (elastic runs)
+        del old[key]
     for restart in old["restarts"]:
         del restart["kind"]
     old["version"] = 2
@@ -29,11 +31,12 @@ def test_a_version_2_record_is_read_and_saved_in_this_version(tmp_path: Path) ->
     (tmp_path / "runs" / "r" / "state.json").write_text(json.dumps(old))
     loaded = store.load("r")
     assert loaded.version == 2 and loaded.restarts[0].kind == "failure" and loaded.config == {}
+    assert (loaded.min_tasks, loaded.lost_hosts, loaded.resizes) == (None, {}, [])
     # A record from before tfl kept its options: resume takes what the record has.
     assert resume_config(loaded) == SupervisorConfig(max_restarts=2, grace_period=7.0)
     assert resume_config(loaded, {"max_restarts": 5, "grace_period": None}).max_restarts == 5
     store.save(loaded)
-    assert json.loads((tmp_path / "runs" / "r" / "state.json").read_text())["version"] == RECORD_VERSION == 3
+    assert json.loads((tmp_path / "runs" / "r" / "state.json").read_text())["version"] == RECORD_VERSION == 4
 
 
 def test_resume_keeps_the_runs_own_options_and_ignores_unknown_ones(tmp_path: Path) -> None:

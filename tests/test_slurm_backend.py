@@ -87,10 +87,10 @@ def test_node_failure_is_the_failure_of_a_task_on_that_node() -> None:
     nodes = {0: "n1", 1: "n2"}
     expected = "node n2 failed: Slurm ended job 7 (NODE_FAIL); `sinfo -R` says why"
     # the job ended under the step (the batch script went with it) ...
-    assert training_outcome(1, 0, StepEvents((0,)), err, end, nodes, job_id="7") == Outcome(1, expected)
+    assert training_outcome(1, 0, StepEvents((0,)), err, end, nodes, job_id="7") == Outcome(1, expected, "n2")
     assert training_outcome(0, 0, StepEvents((0,)), err, end, nodes, job_id="7") is None
     # ... or the script saw its step end first: srun's stderr names the node all the same
-    assert training_outcome(1, 0, EXITED_143, err, None, nodes, job_id="7") == Outcome(143, expected)
+    assert training_outcome(1, 0, EXITED_143, err, None, nodes, job_id="7") == Outcome(143, expected, "n2")
     assert training_outcome(0, 0, EXITED_143, err, None, nodes, job_id="7") is None
 
 

@@ -515,3 +515,14 @@ def test_query_job_failures_are_one_line(answers: dict[str, CommandResult], expe
     with pytest.raises(SlurmError) as err:
         query_job("7", FakeSlurm(**answers))
     assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_node_slurm_took_down_says_when_and_why() -> None:
+    from launcher.slurm.jobstate import describe_node_down, parse_slurmd_timeout
+
+    timeout = parse_slurmd_timeout("KillWait                = 5 sec\nSlurmdTimeout           = 20 sec\n")
+    assert timeout == "20 sec"
+    assert describe_node_down("n2", "Not responding|2026-11-25T01:55:03\n", timeout) == (
+        "; Slurm marked n2 down at 01:55:03 (Not responding, at most SlurmdTimeout = 20 sec after its slurmd fell silent)")
+    assert describe_node_down("n2", "tfl-test|2026-11-25T01:55:03\n", timeout) == "; Slurm marked n2 down at 01:55:03 (tfl-test)"
+    assert describe_node_down("n2", "", timeout) == ""

@@ -320,3 +320,38 @@ def test_node_failure_is_named(slurm_cluster: SlurmCluster, tfl_home: Path, tmp_
         assert_job_gone(cluster, job_id)
     finally:
         stop_cluster(cluster)
+
+
+def test_a_node_whose_slurmd_dies_is_named_with_when_slurm_noticed_and_its_task_goes_when_it_is_back(
+        slurm_cluster: SlurmCluster, tfl_home: Path, tmp_path: Path) -> None:
+    """n2's slurmd killed mid-run: slurmctld takes n2 down (Not responding) within SlurmdTimeout,
+    the job ends NODE_FAIL, tfl names n2 with when Slurm noticed. The task there outlives its
+    slurmd (a partition); once n2's slurmd is back, Slurm ends what is left of the job there."""
+    from tests.slurm_cluster import SBIN, _daemon
+
+    cluster = start_cluster(tmp_path / "slurm")
+    env = {**cluster.env, "TFL_HOME": str(tfl_home)}
+    try:
+        launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", sleeper(tmp_path), "--cluster",
+                                     str(description(tmp_path)), "--", "ok", "600"],
+                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            cluster.wait_for("both tasks", lambda: len(list(tfl_home.glob("runs/*/slurm/tasks/*.json"))) == 2)
+            cluster.procs["n2"].kill()
+            cluster.procs["n2"].wait(10)
+            _, err = launcher.communicate(timeout=240)
+        finally:
+            if launcher.poll() is None:
+                launcher.send_signal(signal.SIGINT)
+                launcher.communicate(timeout=60)
+        assert launcher.returncode == 1, err
+        job_id = job_id_of(only_run(tfl_home))
+        assert f"worker:0 on n2 failed: node n2 failed: Slurm ended job {job_id} (NODE_FAIL)" in err, err
+        assert re.search(r"Slurm (marked n2 down at \d\d:\d\d:\d\d \(Not responding, at most SlurmdTimeout = 20 sec "
+                         r"after its slurmd fell silent\)|found n2 not responding at \d\d:\d\d:\d\d \(its slurmd "
+                         r"silent for SlurmdTimeout = 20 sec\))", err), err
+        cluster.procs["n2"] = _daemon(cluster, "slurmd-n2", [str(SBIN / "slurmd"), "-D", "-N", "n2"])
+        cluster.wait_for("the lost node's task ended by Slurm", lambda: tfl_processes(run_id=only_run(tfl_home).name) == [],
+                         timeout=120)
+    finally:
+        stop_cluster(cluster)

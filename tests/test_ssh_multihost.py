@@ -1,8 +1,9 @@
-"""Multi-host runs as a real cluster has them: hosts with their own disks and a Python that
-has TensorFlow but not tfl (``tests.hostenv``), reached over the test sshd (loopback only).
+"""Multi-host runs as a real cluster has them: hosts with networks of their own (``tests.netbed``:
+a network namespace, an address on a private bridge and an sshd each), their own disks and a
+Python that has TensorFlow but not tfl (``tests.hostenv``).
 
-Each host has its own HOME (``tests.sshd``), so its per-user run dirs are its own; only
-what a test names as shared storage is seen by both. The ``tfl_home`` fixture proves at the
+Each host has its own HOME, so its per-user run dirs are its own; only what a test names as
+shared storage is seen by both. The ``tfl_home`` fixture proves at the
 end of each test that no task of its runs is left alive, on any host.
 """
 
@@ -22,13 +23,13 @@ import pytest
 from launcher.spec import free_port
 from tests.conftest import ROOT
 from tests.hostenv import host_python
+from tests.netbed import NetBed
 from tests.procs import pid_alive, tfl_processes
-from tests.sshd import Sshd, cluster_file, start_sshd, stop_sshd
+from tests.sshd import cluster_file, start_sshd, stop_sshd
 from tests.test_ssh import only_run, tfl, wait_for, write_job
 
 pytestmark = pytest.mark.ssh
 MNIST = str(ROOT / "jobs" / "mnist.py")
-CHIEF_HOST, WORKER_HOST = "127.0.0.2", "127.0.0.3"
 EPOCH = re.compile(r"^epoch (\d+)/\d+ loss=", re.M)
 QUIET = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 
@@ -38,17 +39,19 @@ def hostenv() -> Path:
     return host_python("hostenv")
 
 
-def cluster(tmp_path: Path, sshd: Sshd, python: str | Path, workdirs: dict[str, Path | None] | None = None,
+def cluster(tmp_path: Path, bed: NetBed, python: str | Path, workdirs: dict[str, Path | None] | None = None,
             evaluator: str | None = None, **extra: Any) -> Path:
+    """The chief on the bed's first host, a worker on its second."""
+    CHIEF_HOST, WORKER_HOST = bed.addresses[:2]
     tasks = {"chief": [f"{CHIEF_HOST}:{free_port()}"], "worker": [f"{WORKER_HOST}:{free_port()}"]}
     if evaluator:
         tasks["evaluator"] = [f"{evaluator}:{free_port()}"]
     workdirs = workdirs or {CHIEF_HOST: None, WORKER_HOST: None}  # the default: each host's own private run dir
-    return cluster_file(tmp_path / "cluster.json", sshd, tasks, workdirs, python=python, **extra)
+    return cluster_file(tmp_path / "cluster.json", bed, tasks, workdirs, python=python, **extra)
 
 
-def run_dir_on(sshd: Sshd, host: str, run: str) -> Path:
-    return sshd.home(host) / ".cache" / "tfl" / "runs" / run / host
+def run_dir_on(bed: NetBed, host: str, run: str) -> Path:
+    return bed.home(host) / ".cache" / "tfl" / "runs" / run / host
 
 
 def epochs_after_restart(log: str) -> list[int]:
@@ -56,14 +59,15 @@ def epochs_after_restart(log: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_the_main_job_trains_over_two_hosts_with_default_settings(sshd: Sshd, tmp_path: Path, tfl_home: Path,
+def test_the_main_job_trains_over_two_hosts_with_default_settings(netbed: NetBed, tmp_path: Path, tfl_home: Path,
                                                                  child_env: dict[str, str], hostenv: Path) -> None:
-    result = tfl(["launch", MNIST, "--cluster", str(cluster(tmp_path, sshd, hostenv, env=QUIET)), "--",
+    CHIEF_HOST, WORKER_HOST = netbed.addresses[:2]
+    result = tfl(["launch", MNIST, "--cluster", str(cluster(tmp_path, netbed, hostenv, env=QUIET)), "--",
                   "--epochs", "2", "--steps-per-epoch", "5", "--batch-size", "32"], child_env, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
     run = only_run(tfl_home)
     logs = tfl_home / "runs" / run / "logs"
-    chief_dir, worker_dir = run_dir_on(sshd, CHIEF_HOST, run), run_dir_on(sshd, WORKER_HOST, run)
+    chief_dir, worker_dir = run_dir_on(netbed, CHIEF_HOST, run), run_dir_on(netbed, WORKER_HOST, run)
     for log in ("chief-0.log", "worker-0.log"):
         assert [int(e) for e in EPOCH.findall((logs / log).read_text())] == [1, 2]
     assert f"jobkit: model dir {chief_dir / 'model'}" in (logs / "chief-0.log").read_text()
@@ -77,10 +81,11 @@ def test_the_main_job_trains_over_two_hosts_with_default_settings(sshd: Sshd, tm
 
 @pytest.mark.slow
 def test_a_remote_worker_killed_mid_training_and_restarted_resumes_with_the_chief(
-        sshd: Sshd, tmp_path: Path, tfl_home: Path, child_env: dict[str, str], hostenv: Path) -> None:
+        netbed: NetBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str], hostenv: Path) -> None:
+    CHIEF_HOST, WORKER_HOST = netbed.addresses[:2]
     shared = tmp_path / "shared"
     shared.mkdir()
-    path = cluster(tmp_path, sshd, hostenv, env=QUIET, storage={"path": str(shared)})
+    path = cluster(tmp_path, netbed, hostenv, env=QUIET, storage={"path": str(shared)})
     launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", MNIST, "--cluster", str(path),
                                  "--max-restarts", "1", "--", "--epochs", "4", "--steps-per-epoch", "100",
                                  "--batch-size", "16"], env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -92,7 +97,7 @@ def test_a_remote_worker_killed_mid_training_and_restarted_resumes_with_the_chie
     finally:
         launcher.kill()
     assert launcher.returncode == 0, err[-3000:]
-    assert "restart 1: worker:0 on 127.0.0.3: killed by SIGKILL" in err
+    assert f"restart 1: worker:0 on {WORKER_HOST}: killed by SIGKILL" in err
     run = only_run(tfl_home)
     chief, worker = ((tfl_home / "runs" / run / "logs" / f"{t}-0.log").read_text() for t in ("chief", "worker"))
     restored = [re.search(r"every training task restored the backup of epoch (\d+)", log.split("--- tfl: attempt 1")[1])
@@ -112,10 +117,11 @@ def _progress(home: Path, slug: str) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_an_evaluator_on_the_workers_host_evaluates_the_chiefs_checkpoints(
-        sshd: Sshd, tmp_path: Path, tfl_home: Path, child_env: dict[str, str], hostenv: Path) -> None:
+        netbed: NetBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str], hostenv: Path) -> None:
+    CHIEF_HOST, WORKER_HOST = netbed.addresses[:2]
     shared = tmp_path / "shared"
     shared.mkdir()
-    path = cluster(tmp_path, sshd, hostenv, evaluator=WORKER_HOST, env=QUIET, storage={"path": str(shared)})
+    path = cluster(tmp_path, netbed, hostenv, evaluator=WORKER_HOST, env=QUIET, storage={"path": str(shared)})
     result = tfl(["launch", MNIST, "--cluster", str(path), "--", "--epochs", "2", "--steps-per-epoch", "5",
                   "--batch-size", "32"], child_env, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -126,16 +132,17 @@ def test_an_evaluator_on_the_workers_host_evaluates_the_chiefs_checkpoints(
 
 
 @pytest.mark.parametrize("needs", ["restarts", "evaluator"])
-def test_per_host_disks_are_refused_before_anything_starts_with_the_fix(needs: str, sshd: Sshd, tmp_path: Path,
+def test_per_host_disks_are_refused_before_anything_starts_with_the_fix(needs: str, netbed: NetBed, tmp_path: Path,
                                                                          tfl_home: Path, child_env: dict[str, str]) -> None:
-    path = cluster(tmp_path, sshd, sys.executable, evaluator=WORKER_HOST if needs == "evaluator" else None)
-    sessions = sshd.log().count("Accepted publickey")
+    CHIEF_HOST, WORKER_HOST = netbed.addresses[:2]
+    path = cluster(tmp_path, netbed, sys.executable, evaluator=WORKER_HOST if needs == "evaluator" else None)
+    sessions = netbed.sshd_log().count("Accepted publickey")
     result = tfl(["launch", MNIST, "--cluster", str(path), *(["--max-restarts", "1"] if needs == "restarts" else [])], child_env)
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
     assert result.stderr.startswith("tfl: error: --max-restarts 1: a restarted group resumes from the chief's backup"
-                                    if needs == "restarts" else "tfl: error: the evaluator on 127.0.0.3 would never see")
+                                    if needs == "restarts" else f"tfl: error: the evaluator on {WORKER_HOST} would never see")
     assert 'name storage every host mounts at the same path in the cluster file ("storage": {"path": ' in result.stderr
-    assert sshd.log().count("Accepted publickey") == sessions and not (tfl_home / "runs").exists()  # no host was reached
+    assert netbed.sshd_log().count("Accepted publickey") == sessions and not (tfl_home / "runs").exists()  # no host was reached
 
 
 @pytest.fixture(scope="session")
@@ -143,9 +150,10 @@ def no_tf_keras() -> Path:
     return host_python("hostenv-no-tf-keras", ("tensorflow",))
 
 
-def test_a_host_without_tf_keras_is_one_line_in_doctor_and_in_launch(sshd: Sshd, tmp_path: Path, tfl_home: Path,
+def test_a_host_without_tf_keras_is_one_line_in_doctor_and_in_launch(netbed: NetBed, tmp_path: Path, tfl_home: Path,
                                                                      child_env: dict[str, str], no_tf_keras: Path) -> None:
-    path = cluster(tmp_path, sshd, sys.executable, hosts={WORKER_HOST: {"python": str(no_tf_keras)}})
+    CHIEF_HOST, WORKER_HOST = netbed.addresses[:2]
+    path = cluster(tmp_path, netbed, sys.executable, hosts={WORKER_HOST: {"python": str(no_tf_keras)}})
     doctor = tfl(["doctor", "--cluster", str(path)], child_env)
     assert doctor.returncode == 1
     failed = [line for line in doctor.stdout.splitlines() if " FAIL " in line]
@@ -157,24 +165,28 @@ def test_a_host_without_tf_keras_is_one_line_in_doctor_and_in_launch(sshd: Sshd,
     assert not (tfl_home / "runs").exists() or not list((tfl_home / "runs").iterdir())
 
 
-def test_doctor_proves_the_storage_shared_and_names_the_host_that_does_not_see_it(sshd: Sshd, tmp_path: Path) -> None:
+def test_doctor_proves_the_storage_shared_and_names_the_host_that_does_not_see_it(netbed: NetBed, tmp_path: Path) -> None:
+    CHIEF_HOST, WORKER_HOST = netbed.addresses[:2]
     storage, elsewhere = tmp_path / "storage", tmp_path / "host3-local-disk"
     storage.mkdir()
     elsewhere.mkdir()
-    shared = cluster(tmp_path, sshd, sys.executable, storage={"path": str(storage)})
+    shared = cluster(tmp_path, netbed, sys.executable, storage={"path": str(storage)})
     checks = _doctor(shared)
     assert checks[(CHIEF_HOST, "storage")] == ("ok", f"{storage} shared with every other host")
     assert checks[(WORKER_HOST, "storage")] == ("ok", f"{storage} shared with {CHIEF_HOST} (the chief's host)")
-    # 127.0.0.3 behind an sshd in a mount namespace of its own, where another dir is mounted at the storage's path.
+    # The worker's host gets a second sshd (port 2222) in a mount namespace of its own, where another dir is mounted
+    # at the storage's path.
     if subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
         if os.environ.get("CI") == "true":
             pytest.fail("unshare --mount failed; CI must allow mount namespaces (root)")
         pytest.skip("unshare --mount not allowed here; needed to give one host its own view of a path")
-    apart = start_sshd(tmp_path / "sshd-apart", hosts=(WORKER_HOST,), keys_from=sshd, namespace=(elsewhere, storage))
+    apart = start_sshd(tmp_path / "sshd-apart", hosts=(WORKER_HOST,), keys_from=netbed.hosts[0].sshd,
+                       namespace=(elsewhere, storage), netns=netbed.host(WORKER_HOST).netns, port=2222)
     try:
         known = tmp_path / "known_hosts"
-        known.write_text(sshd.known_hosts.read_text() + apart.known_hosts.read_text())
-        unshared = cluster(tmp_path, sshd, sys.executable, storage={"path": str(storage)}, ssh={"known_hosts": str(known)},
+        assert netbed.known_hosts is not None
+        known.write_text(netbed.known_hosts.read_text() + apart.known_hosts.read_text())
+        unshared = cluster(tmp_path, netbed, sys.executable, storage={"path": str(storage)}, ssh={"known_hosts": str(known)},
                            hosts={WORKER_HOST: {"ssh": {"port": apart.port}}})
         checks = _doctor(unshared, expect=1)
     finally:
@@ -194,31 +206,32 @@ def _doctor(path: Path, expect: int = 0) -> dict[tuple[str, str], tuple[str, str
 
 
 @pytest.mark.parametrize("hostile", ["symlinked workdir", "someone else's workdir", "symlinked run dir"])
-def test_a_hostile_working_dir_is_refused_and_nothing_runs(hostile: str, sshd: Sshd, tmp_path: Path, tfl_home: Path,
+def test_a_hostile_working_dir_is_refused_and_nothing_runs(hostile: str, netbed: NetBed, tmp_path: Path, tfl_home: Path,
                                                            child_env: dict[str, str]) -> None:
+    CHIEF_HOST, WORKER_HOST = netbed.addresses[:2]
     if hostile == "someone else's workdir" and os.geteuid() != 0:
         pytest.skip("needs root to give a directory to another user")
     job = write_job(tmp_path / "src", "print('ran')")
     target = tmp_path / "planted"
     target.mkdir()
     workdir = tmp_path / "work"
-    cache = sshd.home(WORKER_HOST) / ".cache" / "tfl"
+    cache = netbed.home(WORKER_HOST) / ".cache" / "tfl"
     if hostile == "symlinked workdir":
         workdir.symlink_to(target)
-        expected = (f"127.0.0.3: working dir {workdir} is a symlink (to {target}); whoever can change the link can swap "
-                    "the code tfl ships; fix: set hosts.127.0.0.3.workdir to a directory of your own")
+        expected = (f"{WORKER_HOST}: working dir {workdir} is a symlink (to {target}); whoever can change the link can swap "
+                    f"the code tfl ships; fix: set hosts.{WORKER_HOST}.workdir to a directory of your own")
     elif hostile == "someone else's workdir":
         workdir.mkdir()
         os.chown(workdir, 65534, 65534)
-        expected = f"127.0.0.3: working dir {workdir} belongs to nobody, not to root who runs the tasks"
+        expected = f"{WORKER_HOST}: working dir {workdir} belongs to nobody, not to root who runs the tasks"
     else:
         cache.parent.mkdir(parents=True, exist_ok=True)
         if cache.exists():
             cache.rename(cache.with_name("tfl.aside"))  # earlier tests' runs: put back below
         cache.symlink_to(target)
-        expected = f"127.0.0.3: run dir {cache} is a symlink (to {target});"
+        expected = f"{WORKER_HOST}: run dir {cache} is a symlink (to {target});"
     try:
-        path = cluster(tmp_path, sshd, sys.executable,
+        path = cluster(tmp_path, netbed, sys.executable,
                        workdirs={CHIEF_HOST: None, WORKER_HOST: None if hostile == "symlinked run dir" else workdir})
         result = tfl(["launch", str(job), "--cluster", str(path)], child_env)
     finally:
@@ -240,12 +253,13 @@ LEAVES_A_CHILD = """
 
 
 def test_a_child_left_by_a_remote_job_is_gone_at_the_end_and_a_chatty_bashrc_breaks_nothing(
-        sshd: Sshd, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+        netbed: NetBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    CHIEF_HOST, WORKER_HOST = netbed.addresses[:2]
     """This python has an installed tfl: the tasks still import the kit tfl shipped with the run."""
-    chatty = sshd.home(WORKER_HOST) / ".bashrc"
+    chatty = netbed.home(WORKER_HOST) / ".bashrc"
     chatty.write_text('echo "Welcome to worker host!"\nprintf "no newline, \\x1b[1mbold"\necho "to stderr" >&2\n')
     try:
-        path = cluster(tmp_path, sshd, sys.executable)
+        path = cluster(tmp_path, netbed, sys.executable)
         result = tfl(["launch", str(write_job(tmp_path / "src", LEAVES_A_CHILD)), "--cluster", str(path)], child_env)
         doctor = tfl(["doctor", "--cluster", str(path)], child_env)
         run = only_run(tfl_home)
@@ -258,7 +272,7 @@ def test_a_child_left_by_a_remote_job_is_gone_at_the_end_and_a_chatty_bashrc_bre
         line = next(x for x in result.stdout.splitlines() if x.startswith(f"[{task}]") and " child " in x)
         pid, kit = line.split(" child ", 1)[1].split()
         children.append(int(pid))
-        assert kit == str(run_dir_on(sshd, host, run) / "kit" / "launcher" / "jobkit" / "__init__.py")
+        assert kit == str(run_dir_on(netbed, host, run) / "kit" / "launcher" / "jobkit" / "__init__.py")
     assert not any(pid_alive(p) for p in children)  # ended with their groups, before the launcher returned
     assert doctor.returncode == 0 and "doctor: all 2 host(s) ready" in doctor.stdout, doctor.stdout
     assert json.loads(status.stdout)["state"] == "succeeded"

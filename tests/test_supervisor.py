@@ -13,6 +13,7 @@ from launcher.backends import TaskProcess
 from launcher.errors import LaunchError
 from launcher.plan import LaunchPlan, TaskLaunch, build_plan
 from launcher.policy import SupervisorConfig
+from launcher.report import summary
 from launcher.runstore import RunStore
 from launcher.spec import parse_cluster
 from launcher.states import RunState, TaskState
@@ -248,3 +249,28 @@ def test_a_failed_round_trip_start_stops_those_that_started(tmp_path: Path) -> N
         sup.run()
     assert sorted((n, s) for n, s, _ in backend.signals) == [("chief:0", signal.SIGTERM), ("evaluator:0", signal.SIGTERM)]
     assert store.load("r").state == RunState.FAILED
+
+
+class LosesAHost(FakeBackend):
+    """worker:0's host stops answering at t=3; the backend knows it (and says so) at t=5."""
+
+    def poll(self, proc: TaskProcess) -> int | None:
+        code = super().poll(proc)
+        if code == 255 and proc.launch.name == "worker:0":
+            proc.unreachable_since, proc.ended_by = 3.0, "host localhost unreachable since 00:00:03 (no answer for 2 s)"
+        return code
+
+    def signal(self, proc: TaskProcess, signum: int) -> None:
+        if proc.launch.name != "worker:0":  # no signal reaches a host cut off
+            super().signal(proc, signum)
+
+
+def test_a_lost_host_is_the_root_cause_even_after_a_survivors_crash_and_nothing_restarts(tmp_path: Path) -> None:
+    sup, backend, clock, _ = make(tmp_path, lambda c: LosesAHost(c, {"chief:0": [(4, 1)], "worker:0": [(5, 255)]}),
+                                  evaluator=False, max_restarts=2)
+    record = sup.run()
+    assert record.state == RunState.FAILED and record.restarts == [] and backend.started == [("chief:0", 0), ("worker:0", 0)]
+    assert record.message == "host localhost unreachable since 00:00:03 (no answer for 2 s): lost worker:0; no restart on a host known lost"
+    root = min((f for f in record.failures if f.attempt == 0), key=lambda f: f.time)
+    assert (root.task, root.time, root.exit_code) == ("worker:0", 3.0, 255)
+    assert "root cause: worker:0 on localhost" in summary(record) and record.stopped_because_of_failure == []

@@ -44,9 +44,22 @@ def launch(
                                  "(hidden by default; the task logs keep it)"),
     keep_remote: bool = typer.Option(False, "--keep-remote",
                                      help="SSH hosts: keep the shipped code and job kit there after the run (default: removed)"),
+    min_tasks: int | None = typer.Option(None, "--min-tasks", min=1, help="elastic: go on with at least N training tasks "
+                                         "(the chief included) when hosts are lost; take them back when they return"),
+    elastic_batch: str | None = typer.Option(None, "--elastic-batch", help="elastic: what a resize keeps: global (the "
+                                             "global batch, default) | per-replica"),
+    global_batch: int | None = typer.Option(None, "--global-batch", min=1, help="elastic: the job's global batch, kept "
+                                            "over every size (the job gets it as TFL_GLOBAL_BATCH)"),
+    blacklist_after: int = typer.Option(2, "--blacklist-after", min=0, help="elastic: a host whose tasks failed K "
+                                        "attempts in a row is lost (0: never)"),
+    elastic_wait: float = typer.Option(600.0, "--elastic-wait", min=0, help="elastic: below --min-tasks, wait this "
+                                       "long for lost hosts to return, then fail"),
+    probe_interval: float = typer.Option(30.0, "--probe-interval", min=0.1, help="elastic: probe lost hosts every "
+                                         "S seconds"),
 ) -> None:
     """Launch JOB on a cluster (--cluster FILE), on local processes (--local N), or inside a Slurm allocation (--slurm)."""
     from launcher import launch as core
+    from launcher.elastic import elastic_options
     from launcher.hosts import RemoteOptions
     from launcher.plan import render_plan
     from launcher.policy import SupervisorConfig
@@ -62,7 +75,9 @@ def launch(
                            accept_new_host_keys=accept_new_host_keys, keep_remote=keep_remote)
     config = SupervisorConfig(max_restarts=max_restarts, retry_on=retry_on, grace_period=grace_period,
                               evaluator_timeout=evaluator_timeout, stall_timeout=stall_timeout,
-                              max_preemptions=max_preemptions)
+                              max_preemptions=max_preemptions,
+                              blacklist_after=blacklist_after, elastic_wait=elastic_wait, probe_interval=probe_interval,
+                              **elastic_options(spec, min_tasks, elastic_batch, global_batch))
     plan = _core(lambda: core.make_plan(job, tuple(ctx.args), spec, store, remote, virtual_devices, config))
     if dry_run:
         typer.echo(render_plan(plan))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import tensorflow as tf
 
+from launcher.contract import GLOBAL_BATCH
 from launcher.jobkit.context import JobKitError, TaskContext
 from launcher.jobkit.devices import LocalDevices, choose_strategy, gpu_split
 from launcher.jobkit.notice import exit_on_notice
@@ -83,8 +86,18 @@ def _split(device: tf.config.PhysicalDevice, configs: list[tf.config.LogicalDevi
 
 
 def global_batch_size(per_replica_batch_size: int, strategy: tf.distribute.Strategy) -> int:
-    """Batch the dataset with this: the strategy splits it back into per-replica batches."""
-    return per_replica_batch_size * int(strategy.num_replicas_in_sync)
+    """Batch the dataset with this: the strategy splits it back into per-replica batches.
+
+    An elastic run that keeps its global batch (``TFL_GLOBAL_BATCH``, set by tfl) gets that
+    batch whatever the number of replicas: each replica takes its share of it."""
+    replicas = int(strategy.num_replicas_in_sync)
+    kept = os.environ.get(GLOBAL_BATCH)
+    if not kept:
+        return per_replica_batch_size * replicas
+    if int(kept) % replicas:
+        raise JobKitError(f"{GLOBAL_BATCH}={kept} (tfl launch --global-batch) cannot be split over {replicas} replicas; "
+                          "launch with a global batch every allowed size divides")
+    return int(kept)
 
 
 def shard_by_data(dataset: tf.data.Dataset) -> tf.data.Dataset:

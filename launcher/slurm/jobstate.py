@@ -234,3 +234,30 @@ def query_steps(job_id: str, run: Runner = run_command) -> list[SlurmStep]:
     if _UNKNOWN_JOB in done.stderr:
         return []
     raise _failure(argv, done)
+
+
+def node_down_command(node: str) -> list[str]:
+    """Why and since when Slurm holds ``node`` down (``sinfo -R``: reason, its time) and how long
+    it waits on a silent slurmd (SlurmdTimeout), in one call's worth of output each."""
+    return ["sinfo", "-h", "-R", "-n", node, "-o", "%E|%H"]
+
+
+def describe_node_down(node: str, sinfo_out: str, slurmd_timeout: str | None) -> str:
+    """``; Slurm marked n2 down at 01:02:03 (Not responding), ...`` or "" when sinfo says nothing."""
+    line = next((x for x in sinfo_out.splitlines() if "|" in x), "")
+    if not line:
+        return ""
+    reason, when = (part.strip() for part in line.rsplit("|", 1))
+    clock = when.split("T", 1)[1] if "T" in when else when
+    silent = reason.startswith("Not responding") and slurmd_timeout
+    noticed = f", at most SlurmdTimeout = {slurmd_timeout} after its slurmd fell silent" if silent else ""
+    return f"; Slurm marked {node} down at {clock} ({reason}{noticed})"
+
+
+def parse_slurmd_timeout(config_out: str) -> str | None:
+    """SlurmdTimeout from ``scontrol show config`` ("300 sec")."""
+    for line in config_out.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "SlurmdTimeout":
+            return value.strip()
+    return None

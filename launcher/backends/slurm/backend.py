@@ -66,6 +66,7 @@ class SlurmBackend:
         self._notify, self._run = notify, run
         self._environ = dict(os.environ) if environ is None else environ
         self._job: SlurmJob | None = None
+        self._node_notes: dict[str, str] = {}  # node -> what Slurm says of it once it took it down
 
     # --- before a run -------------------------------------------------------------------
     def probe(self, hosts: Sequence[HostTasks], *, quick: bool) -> list[Check]:
@@ -122,6 +123,11 @@ class SlurmBackend:
         if outcome is None:
             return None
         proc.ended_by = outcome.ended_by
+        if outcome.failed_node and proc.ended_by:  # when Slurm noticed, and why (asked once per node)
+            node = outcome.failed_node
+            if node not in self._node_notes:
+                self._node_notes[node] = proc.handle.node_down(node)
+            proc.ended_by += self._node_notes[node]
         return outcome.code
 
     def _outcome(self, proc: TaskProcess) -> Outcome | None:

@@ -241,6 +241,23 @@ class SlurmJob:
                       self.stopped, batch_tail=batch_tail(self.ref))
 
     # --- stopping ---------------------------------------------------------------------------
+    def node_down(self, node: str) -> str:
+        """What Slurm says of a node it lost under a task, and when it noticed (``jobstate``); "" if nothing."""
+        from launcher.slurm.jobstate import describe_node_down, node_down_command, parse_slurmd_timeout
+
+        config = self._run(["scontrol", "show", "config"])
+        timeout = parse_slurmd_timeout(config.stdout) if config.returncode == 0 else None
+        said = self._run(node_down_command(node))
+        note = describe_node_down(node, said.stdout, timeout) if said.returncode == 0 else ""
+        if note:
+            return note
+        # srun hears of the failure when slurmctld finds the node not responding, before it takes it down
+        shown = self._run(["scontrol", "show", "node", node])
+        if "NOT_RESPONDING" in shown.stdout:
+            return (f"; Slurm found {node} not responding at {time.strftime('%H:%M:%S')} "
+                    f"(its slurmd silent{f' for SlurmdTimeout = {timeout}' if timeout else ''})")
+        return ""
+
     def stop(self, signum: int) -> None:
         self.stopped = True
         stop_job(self.ref, self._run, signum)

@@ -50,6 +50,7 @@ class JobEnd:
 class Outcome:
     code: int  # as poll() reports it: 0, the exit status, or -signal
     ended_by: str | None = None  # why, when the code does not say
+    failed_node: str | None = None  # the node Slurm lost under the task (NODE_FAIL), when named
 
 
 def failure_code(failure: SrunTaskFailure) -> int:
@@ -102,7 +103,7 @@ def training_outcome(rank: int, attempt: int, events: StepEvents, srun_err: str,
     node = failed_node(srun_err)
     if node is not None or (end is not None and end.state == "NODE_FAIL"):
         victim = next((r for r, n in sorted(nodes.items()) if n == node), 0)
-        return Outcome(status or 1, node_failure(job_id, node)) if rank == victim else None
+        return Outcome(status or 1, node_failure(job_id, node), node) if rank == victim else None
     if status is not None:
         cause = root_cause(parse_srun_failures(srun_err))
         if cause is None:  # srun failed without naming a task (e.g. it could not start the step)

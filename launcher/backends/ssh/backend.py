@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -27,6 +28,7 @@ from launcher.backends.ssh.pool import HEARTBEAT_TIMEOUT, HostPool
 from launcher.backends.ssh.prepare import cleanup_hosts, prepare_hosts
 from launcher.backends.ssh.probe import probe_hosts
 from launcher.backends.ssh.restart import PREDECESSOR_WAIT, stop_lost_attempt
+from launcher.backends.ssh.watch import CHECK_EVERY, HostWatch
 from launcher.backends.ssh.wire import MARK, agent_request, python_failure
 from launcher.checks import Check, HostTasks
 from launcher.contract import ATTEMPT, PROGRESS_FILE
@@ -50,11 +52,17 @@ CONNECTION_LOST = 255  # ssh's own exit status for "the connection failed"
 class RemoteTask:
     """One task's agent channel: output to the log, control frames to us, lines to the agent."""
 
-    def __init__(self, chan: Channel, launch: TaskLaunch, attempt: int, notify: Callable[[], None]) -> None:
-        self.chan, self.launch, self._notify = chan, launch, notify
+    def __init__(self, chan: Channel, launch: TaskLaunch, attempt: int, notify: Callable[[], None],
+                 confirm: Callable[[RemoteTask], None] = lambda task: None) -> None:
+        """``confirm``: called when the connection ends without the task's exit (``HostWatch.confirm``)."""
+        self.chan, self.launch, self._notify, self._confirm = chan, launch, notify, confirm
         self.header: dict[str, Any] = {}
         self.exit_code: int | None = None
         self.lost = False  # the connection ended before the agent reported an exit: the task may live on
+        self.lost_since: float | None = None  # its host stopped answering then (wall time; ``watch``)
+        self.host, self.port = launch.host, launch.ssh.port if launch.ssh else 22
+        self.heard, self.heard_wall = time.monotonic(), time.time()
+        self._cause: str | None = None
         self.started, self.closed = threading.Event(), threading.Event()
         self._send_lock = threading.Lock()
         self._log = open_private(launch.log_path)
@@ -73,10 +81,22 @@ class RemoteTask:
     def close(self) -> None:
         self.chan.close()
 
+    def running(self) -> bool:
+        """Started, and neither exited nor lost."""
+        return "pid" in self.header and self.exit_code is None and not self.closed.is_set()
+
+    def declare_lost(self, cause: str, since: float) -> None:
+        """Its host stopped answering (``watch``): end our side now; the agent there fences the task."""
+        if self._cause is None:
+            self._cause, self.lost_since = cause, since
+            if not self.closed.is_set():
+                threading.Thread(target=self.chan.close, daemon=True).start()  # wakes ``_read``, which finishes
+
     def _read(self) -> None:
         buffer, cause, marked = b"", None, False
         try:
             while data := self.chan.recv(65536):
+                self.heard, self.heard_wall = time.monotonic(), time.time()
                 buffer += data
                 if not marked:  # what the login shell printed comes first: the frames follow the agent's MARK
                     marked = MARK in buffer
@@ -117,16 +137,26 @@ class RemoteTask:
             stderr = b""
         self.header.setdefault("stderr", stderr.decode(errors="replace"))
         if self.exit_code is None and "pid" in self.header:
+            if self._cause is None:
+                self._confirm(self)  # may find its host lost
             self.exit_code, self.lost = CONNECTION_LOST, True
             said = stderr.decode(errors="replace").strip().splitlines()[-1:]  # an agent that crashed says why
-            why = cause or (f"the agent failed: {said[0]}" if said else "the connection closed")
-            self._write(f"tfl: lost {self.launch.name} on {self.launch.host}: {why}; the agent there kills the task "
-                        f"when it notices (at most {HEARTBEAT_TIMEOUT:g} s)\n".encode())
+            why = self._cause or cause or (f"the agent failed: {said[0]}" if said else "the connection closed")
+            self._write(f"tfl: lost {self.launch.name} on {self.launch.host}: {why}; the agent there stops the task "
+                        f"when it notices (at most {self.fence_after:g} s)\n".encode())
         self._log.close()
         self.chan.close()
         self.closed.set()
         self.started.set()
         self._notify()
+
+    @property
+    def fence_after(self) -> float:
+        return self.launch.ssh.fence_after if self.launch.ssh else HEARTBEAT_TIMEOUT
+
+    @property
+    def cause(self) -> str | None:
+        return self._cause
 
     def log(self, text: str) -> None:
         """A line of tfl's own in the task's log (before its agent says anything)."""
@@ -161,10 +191,15 @@ class SSHBackend:
         self._closing = threading.Event()
         self._pinger: threading.Thread | None = None
         self._pinger_lock = threading.Lock()
+        self._watch = HostWatch(notify)
 
     # --- before a run -------------------------------------------------------------------
     def probe(self, hosts: Sequence[HostTasks], *, quick: bool) -> list[Check]:
-        return probe_hosts(hosts, quick=quick)
+        checks = probe_hosts(hosts, quick=quick)
+        for check in checks:  # reached again: a host lost earlier in the run may take tasks again
+            if check.name == "ssh" and check.status == "ok" and self._watch.forget(check.host):
+                self._pool.drop(check.host)  # its connections from before the loss are dead
+        return checks
 
     def prepare(self, plan: LaunchPlan) -> list[Check]:
         self._plan = plan
@@ -179,10 +214,13 @@ class SSHBackend:
 
     # --- a live run ---------------------------------------------------------------------
     def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
+        lost = self._watch.lost(launch.host)
+        if lost is not None:  # never wait on a host known lost
+            raise SSHError(launch.host, f"{lost.describe()}; nothing starts there again in this run", launch.name)
         python = launch.python
         note = self._stop_lost_attempt(launch)
         chan = self._pool.agent(launch)
-        task = RemoteTask(chan, launch, attempt, self._notify)
+        task = RemoteTask(chan, launch, attempt, self._notify, self._watch.confirm)
         if note:
             task.log(note)
         task.send(self._request(launch, attempt))  # a dead channel shows as a missing pid below
@@ -205,7 +243,7 @@ class SSHBackend:
         return {
             "mode": "run", "argv": list(launch.argv), "env": {**launch.env, ATTEMPT: str(attempt)},
             "cwd": launch.cwd, "mkdirs": [os.path.dirname(progress)] if progress else [], "progress_file": progress,
-            "heartbeat_timeout": HEARTBEAT_TIMEOUT, "grace": KILL_GRACE,
+            "heartbeat_timeout": launch.ssh.fence_after if launch.ssh else HEARTBEAT_TIMEOUT, "grace": KILL_GRACE,
         }
 
     def _stop_lost_attempt(self, launch: TaskLaunch) -> str | None:
@@ -218,7 +256,10 @@ class SSHBackend:
                                  launch.name, lost[-1].header)
 
     def poll(self, proc: TaskProcess) -> int | None:
-        code: int | None = proc.handle.exit_code
+        task: RemoteTask = proc.handle
+        code = task.exit_code
+        if code is not None and task.lost_since is not None:
+            proc.ended_by, proc.unreachable_since = task.cause, task.lost_since
         return code
 
     def signal(self, proc: TaskProcess, signum: int) -> None:
@@ -234,7 +275,8 @@ class SSHBackend:
             task.close()
         if self._plan is not None and self._caches and not self._cleaned:
             self._cleaned = True
-            cleanup_hosts(self.resolve(self._plan), self._pool, list(self._caches))
+            # A host known lost keeps its copy (``tfl rm`` removes it once it is back): no wait on it.
+            cleanup_hosts(self.resolve(self._plan), self._pool, [h for h in self._caches if self._watch.lost(h) is None])
         self._pool.close()
 
     def _ensure_pinger(self) -> None:
@@ -244,9 +286,14 @@ class SSHBackend:
                 self._pinger.start()
 
     def _ping(self) -> None:
-        while not self._closing.wait(HEARTBEAT_EVERY):
-            for task in [t for t in self._tasks if not t.closed.is_set()]:
-                task.send({"ping": 1})
+        pinged = 0.0
+        while not self._closing.wait(CHECK_EVERY):
+            live = [t for t in self._tasks if not t.closed.is_set()]
+            if time.monotonic() - pinged >= HEARTBEAT_EVERY:
+                pinged = time.monotonic()
+                for task in live:
+                    task.send({"ping": 1})
+            self._watch.check(live)
 
     # --- a recorded run -----------------------------------------------------------------
     def inspect(self, record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:

@@ -16,7 +16,10 @@ if TYPE_CHECKING:
     from fabric import Connection
     from paramiko import Channel
 
-HEARTBEAT_TIMEOUT = 30.0  # silence after which either side takes the other for lost
+# Silence after which we take a task's agent for lost even though its host answers (``watch``
+# knows a host that does not answer as lost within seconds). The agent's own dead-man timer,
+# after which it stops its task, is the cluster file's ``ssh.fence_after`` (30 s by default).
+HEARTBEAT_TIMEOUT = 30.0
 
 
 class HostPool:
@@ -67,6 +70,12 @@ class HostPool:
         # starting the tasks one after another later costs a round trip each, not a python startup.
         chan = self._ready[launch.name] = self.agent(launch)
         return chan
+
+    def drop(self, host: str) -> None:
+        """Close the host's connections: after it was lost, a transport may look active and be dead."""
+        with self._locks[host]:
+            for conn in self._conns.pop(host, []):
+                conn.close()
 
     def _live(self, host: str) -> list[Connection]:
         conns = self._conns.setdefault(host, [])

@@ -1,0 +1,192 @@
+"""Elastic runs (``tfl launch --min-tasks N``): what is allowed at launch, and the plan of the
+next attempt once hosts are lost or come back. Pure: no I/O, no engine.
+
+MultiWorkerMirroredStrategy cannot change its cluster while it runs, but every attempt
+builds TF_CONFIG anew: an attempt after a resize is the launch plan without the lost hosts'
+tasks (``resize_plan``), always derived from the *full* plan, so taking a host back is the
+same function with a smaller set of lost hosts.
+
+The rules of a resized plan:
+- the surviving training tasks keep their order (chief, then workers by index) and are
+  renumbered: workers 0..k-1; when the chief's host is lost, the first surviving worker
+  becomes ``chief:0`` (a cluster without a chief keeps none: ``worker:0`` leads);
+- each survivor's TF_CONFIG is rebuilt from the survivors' own addresses, and its
+  ``TFL_TASK`` names its new identity; its log and progress files stay those of the task as
+  launched (one file per task slot for the whole run: ``tfl logs`` reads them as before);
+- the evaluator stays where its host survived (its TF_CONFIG sees the resized cluster);
+  when its host is lost, it is dropped for as long as the host is, and the resize says so
+  (it is not moved: a port free on another host is not known here, and training never
+  waits for the evaluator).
+
+The batch (``check_elastic``): by default the job's global batch is kept whatever the size,
+so each replica takes global / replicas and the maths, the learning rate included, is
+unchanged. tfl must know that batch (``--global-batch`` or ``elastic.global_batch``); it
+reaches the job as ``TFL_GLOBAL_BATCH`` (``jobkit.global_batch_size``). Every size from
+``min_tasks`` to the cluster's must divide it. ``--elastic-batch per-replica`` keeps the
+per-replica batch instead (the job's own ``--batch-size``): the global batch shrinks with
+the group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from launcher import contract
+from launcher.errors import UsageError
+from launcher.plan import LaunchPlan, TaskLaunch
+from launcher.storage import EXAMPLE, model_dir_given
+from launcher.tasks import TaskId
+from launcher.tfconfig import tf_config_of
+
+BATCH_MODES = ("global", "per-replica")
+
+
+@dataclass(frozen=True)
+class Resize:
+    """The next attempt's plan, and what changed from the full plan."""
+
+    plan: LaunchPlan
+    renamed: tuple[tuple[str, str], ...]  # (as launched, now) for each task whose name changed
+    dropped: tuple[str, ...]  # tasks of the full plan left out (their host is lost)
+    notes: tuple[str, ...]  # one line each, for the console and the record
+
+    @property
+    def training_size(self) -> int:
+        return len(self.plan.training_tasks)
+
+
+def training_size(plan: LaunchPlan, lost: Collection[str] = ()) -> int:
+    """How many training tasks the plan has once the ``lost`` hosts' are left out."""
+    return sum(t.host not in lost for t in plan.training_tasks)
+
+
+def plan_hosts(plan: LaunchPlan) -> list[str]:
+    """The plan's hosts, in task order."""
+    return list(dict.fromkeys(t.host for t in plan.tasks))
+
+
+def _address(launch: TaskLaunch) -> str:
+    """The task's own address, exactly as its launch TF_CONFIG writes it."""
+    config = json.loads(launch.env[contract.TF_CONFIG])
+    address: str = config["cluster"][launch.task.type][launch.task.index]
+    return address
+
+
+def _new_ids(count: int, had_chief: bool) -> list[TaskId]:
+    """The survivors' new ids, in their order: a chief first (the old one, else the first
+    worker promoted) when the cluster had one, then workers from 0."""
+    chief = [TaskId(contract.CHIEF, 0)] if had_chief and count else []
+    return chief + [TaskId(contract.WORKER, i) for i in range(count - len(chief))]
+
+
+def resize_plan(full: LaunchPlan, lost: Collection[str]) -> Resize:
+    """``full`` without the tasks on the ``lost`` hosts (see the module's rules)."""
+    survivors = [t for t in full.training_tasks if t.host not in lost]
+    had_chief = any(t.task.type == contract.CHIEF for t in full.training_tasks)
+    ids = _new_ids(len(survivors), had_chief)
+    evaluator = next((t for t in full.tasks if not t.task.is_training), None)
+    kept_evaluator = evaluator if evaluator is not None and evaluator.host not in lost else None
+    addresses: dict[str, list[str]] = {kind: [] for kind in contract.TASK_TYPES}
+    for new, launch in zip(ids, survivors, strict=True):
+        addresses[new.type].append(_address(launch))
+    if kept_evaluator is not None:
+        addresses[contract.EVALUATOR].append(_address(kept_evaluator))
+    moved = list(zip(ids, survivors, strict=True)) + ([(kept_evaluator.task, kept_evaluator)] if kept_evaluator else [])
+    tasks = tuple(_as(launch, new, addresses) for new, launch in moved)
+    renamed = tuple((launch.name, str(new)) for new, launch in moved if new != launch.task)
+    dropped = tuple(t.name for t in full.tasks if t.host in lost)
+    notes = [f"{old} on {_host_of(full, old)} is now {new}" for old, new in renamed]
+    if evaluator is not None and kept_evaluator is None:
+        notes.append(f"the evaluator is left out while {evaluator.host} is lost (training goes on without it)")
+    return Resize(plan=dataclasses.replace(full, tasks=tasks), renamed=renamed, dropped=dropped, notes=tuple(notes))
+
+
+def _host_of(plan: LaunchPlan, name: str) -> str:
+    return next(t.host for t in plan.tasks if t.name == name)
+
+
+def _as(launch: TaskLaunch, new: TaskId, addresses: dict[str, list[str]]) -> TaskLaunch:
+    """The task as ``new`` in the resized cluster: its TF_CONFIG and name; same files."""
+    env = {**launch.env, contract.TF_CONFIG: json.dumps(tf_config_of(addresses, new), separators=(",", ":")),
+           contract.TASK: str(new)}
+    return dataclasses.replace(launch, task=new, env=env)
+
+
+# --- at launch ---------------------------------------------------------------------------
+def elastic_options(spec: object, min_tasks: int | None, batch: str | None, global_batch: int | None) -> dict[str, Any]:
+    """The run's elastic options: the command line's, else the cluster file's ``elastic`` block."""
+    settings = getattr(spec, "elastic", None)
+    return {
+        "min_tasks": min_tasks if min_tasks is not None else getattr(settings, "min_tasks", None),
+        "elastic_batch": batch or getattr(settings, "batch", None) or "global",
+        "global_batch": global_batch if global_batch is not None else getattr(settings, "global_batch", None),
+    }
+
+
+def check_elastic(plan: LaunchPlan, *, min_tasks: int | None, batch: str = "global", global_batch: int | None = None,
+                  virtual_devices: int | None = None) -> LaunchPlan:
+    """Refuse, with the fix, an elastic run that could not go on; else the plan with the kept
+    global batch in every training task's environment. Without ``min_tasks``: the plan as is."""
+    if min_tasks is None:
+        if global_batch is not None:
+            raise UsageError("--global-batch goes with --min-tasks (an elastic run); remove it, or add --min-tasks N")
+        return plan
+    if batch not in BATCH_MODES:
+        raise UsageError(f"--elastic-batch {batch}: choose 'global' (keep the global batch) or 'per-replica'")
+    if plan.unit is not None:
+        raise UsageError(f"--min-tasks with a '{plan.unit.kind}' description: elastic runs are not supported there yet; "
+                         "launch with a cluster file of hosts (--cluster FILE) or remove --min-tasks")
+    size = len(plan.training_tasks)
+    if min_tasks > size:
+        raise UsageError(f"--min-tasks {min_tasks}: the cluster has {size} training task{'s' * (size != 1)} "
+                         f"(the chief included); give --min-tasks {size} or less")
+    _check_shared(plan, min_tasks)
+    if batch == "per-replica":
+        if global_batch is not None:
+            raise UsageError("--global-batch with --elastic-batch per-replica: the per-replica batch is kept, the global "
+                             "one changes with the size; remove --global-batch or use --elastic-batch global")
+        return plan
+    return _with_global_batch(plan, _check_batch(min_tasks, size, global_batch, virtual_devices or 1))
+
+
+def _check_shared(plan: LaunchPlan, min_tasks: int) -> None:
+    hosts = sorted({t.host for t in plan.tasks})
+    remote = any(t.ssh is not None for t in plan.tasks)
+    shared = model_dir_given(plan.job_args) or any(contract.MODEL_DIR in t.env for t in plan.tasks)
+    if remote and len(hosts) > 1 and not shared:
+        raise UsageError(f"--min-tasks {min_tasks} on hosts {', '.join(hosts)} without shared storage: the tasks that "
+                         f"survive a lost host must find its checkpoint; name storage every host mounts at the same "
+                         f"path in the cluster file ({EXAMPLE}), or pass the job a shared --model-dir")
+
+
+def _check_batch(min_tasks: int, size: int, global_batch: int | None, per_task: int) -> int:
+    sizes = range(min_tasks, size + 1)
+    hint = math.lcm(*sizes) * per_task
+    if global_batch is None:
+        raise UsageError(f"--min-tasks {min_tasks} keeps the job's global batch over every size, so tfl must know it: "
+                         f"add --global-batch G (all replicas together; e.g. {hint}), or \"global_batch\" in the "
+                         f"cluster file's elastic block, or keep the per-replica batch with --elastic-batch per-replica")
+    good = [n for n in sizes if global_batch % (n * per_task) == 0]
+    bad = [n for n in sizes if n not in good]
+    if bad:
+        replicas = f" x {per_task} replicas each" if per_task > 1 else ""
+        raise UsageError(f"--global-batch {global_batch} cannot be split over {_listed(bad)} training tasks{replicas} "
+                         f"(--min-tasks {min_tasks} allows {min_tasks} to {size}); sizes that can: "
+                         f"{_listed(good) or 'none'}; use a global batch every size divides (e.g. {hint}) or raise "
+                         "--min-tasks")
+    return global_batch
+
+
+def _listed(values: list[int]) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def _with_global_batch(plan: LaunchPlan, global_batch: int) -> LaunchPlan:
+    tasks = tuple(dataclasses.replace(t, env={**t.env, contract.GLOBAL_BATCH: str(global_batch)}) if t.task.is_training
+                  else t for t in plan.tasks)
+    return dataclasses.replace(plan, tasks=tasks)
