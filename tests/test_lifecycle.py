@@ -83,7 +83,7 @@ def status_json(env: dict[str, str], run: str | None = None) -> object:
     return json.loads(tfl(["status", *([run] if run else []), "--json"], env).stdout)
 
 
-def wait_for(predicate: object, timeout: float = 20.0) -> None:
+def wait_for(predicate: object, timeout: float = 60.0) -> None:  # a hang guard, not a latency target
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():  # type: ignore[operator]
