@@ -94,6 +94,7 @@ class LaunchPlan:
     job_args: tuple[str, ...]
     tasks: tuple[TaskLaunch, ...]
     slurm: SlurmJobPlan | None = None  # the batch script that starts the tasks (a `slurm` description)
+    unit: Any = None  # an engine's own part with a ``kind`` and ``to_dict`` (a `ray` description: RayUnit)
 
     @property
     def training_tasks(self) -> tuple[TaskLaunch, ...]:
@@ -104,6 +105,7 @@ class LaunchPlan:
             "run_id": self.run_id, "run_dir": self.run_dir, "job": self.job,
             "job_args": list(self.job_args), "tasks": [t.to_dict() for t in self.tasks],
             **({"slurm": self.slurm.to_dict()} if self.slurm else {}),
+            **({"unit": self.unit.to_dict()} if self.unit is not None else {}),
         }
 
     @classmethod
@@ -112,12 +114,22 @@ class LaunchPlan:
             run_id=data["run_id"], run_dir=data["run_dir"], job=data["job"],
             job_args=tuple(data["job_args"]), tasks=tuple(TaskLaunch.from_dict(t) for t in data["tasks"]),
             slurm=SlurmJobPlan.from_dict(data["slurm"]) if data.get("slurm") else None,
+            unit=_load_unit(data["unit"]) if data.get("unit") else None,
         )
 
     def on_hosts(self, caches: dict[str, str]) -> LaunchPlan:
         """The plan with each remote host's ``{tfl-cache}`` as that host resolved it (``caches``)."""
         tasks = tuple(t.on_host(caches[t.host]) if t.host in caches else t for t in self.tasks)
         return dataclasses.replace(self, tasks=tasks)
+
+
+def _load_unit(data: dict[str, Any]) -> Any:
+    """A recorded plan's engine part, by its kind (stdlib: a plan is read without pydantic)."""
+    if data.get("kind") == "ray":
+        from launcher.ray.plan import RayUnit
+
+        return RayUnit.from_dict(data)
+    raise ValueError(f"unknown plan unit kind {data.get('kind')!r}")
 
 
 def build_plan(
@@ -133,6 +145,11 @@ def build_plan(
     """
     from launcher.spec import ClusterSpec  # loaded already (spec is one); reading a plan needs no pydantic
 
+    if is_ray_description_spec(spec):  # a `ray` description: Ray places the tasks
+        from launcher.ray.plan import build_ray_plan
+
+        return build_ray_plan(spec, job, job_args, run_id=run_id, run_dir=run_dir,  # type: ignore[arg-type]
+                              virtual_devices=virtual_devices)
     if not isinstance(spec, ClusterSpec):  # a `slurm` description: Slurm places the tasks
         from launcher.slurm.plan import build_slurm_plan
         from launcher.supervisor import SupervisorConfig
@@ -177,6 +194,10 @@ def task_launch(spec: ClusterSpec, task: TaskId, host: HostPlan, port: int, job:
 
 def render_plan(plan: LaunchPlan) -> str:
     """Human-readable plan for ``--dry-run``: every task's host, command, env and log."""
+    if plan.unit is not None and plan.unit.kind == "ray":
+        from launcher.ray.plan import render_ray_plan
+
+        return render_ray_plan(plan)
     if plan.slurm is not None:
         from launcher.slurm.plan import render_slurm_plan
 
@@ -200,6 +221,11 @@ def render_plan(plan: LaunchPlan) -> str:
             else:
                 lines.append(f"    {key}={value}")
     return "\n".join(lines)
+
+
+def is_ray_description_spec(spec: object) -> bool:
+    """Whether a parsed description is a `ray` one (by its block; no import of its models)."""
+    return type(spec).__name__ == "RayClusterSpec"
 
 
 def job_name(job: str) -> str:

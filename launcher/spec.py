@@ -34,6 +34,7 @@ from launcher.fields import (
     valid_host,
 )
 from launcher.placement import GpuInputs, Placement, place_gpus
+from launcher.ray import is_ray_description
 from launcher.slurm import is_slurm_description
 from launcher.tasks import LOCAL_HOSTS, TaskId, task_ids
 
@@ -307,6 +308,10 @@ def load_description(path: Path) -> ClusterSpec | SlurmClusterSpec:
 
 
 def parse_description(data: Any, name: str = "cluster") -> ClusterSpec | SlurmClusterSpec:
+    if is_ray_description(data):
+        from launcher.ray.settings import parse_ray_cluster  # only then: a cluster file never builds its models
+
+        return parse_ray_cluster(data, name)  # type: ignore[return-value]
     if is_slurm_description(data):
         from launcher.slurm.settings import parse_slurm_cluster  # only then: a cluster file never builds its models
 
@@ -318,7 +323,8 @@ def load_cluster(path: Path) -> ClusterSpec:
     """A description with a ``cluster`` block, for the commands that need hosts (doctor, export)."""
     spec = load_description(path)
     if not isinstance(spec, ClusterSpec):
-        raise ClusterFileError(f"{path}: a 'slurm' description has no hosts of its own for this command; give a file "
+        kind = "ray" if type(spec).__name__ == "RayClusterSpec" else "slurm"
+        raise ClusterFileError(f"{path}: a '{kind}' description has no hosts of its own for this command; give a file "
                                f"with a 'cluster' block, or launch it with `tfl launch JOB --cluster {path}`")
     return spec
 

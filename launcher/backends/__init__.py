@@ -24,6 +24,7 @@ BACKENDS: dict[str, str] = {
     "local": "launcher.backends.local:LocalBackend",
     "ssh": "launcher.backends.ssh.backend:SSHBackend",
     "slurm": "launcher.backends.slurm.backend:SlurmBackend",
+    "ray": "launcher.backends.ray.backend:RayBackend",
 }
 
 
@@ -40,7 +41,9 @@ def name_for(hosts: Iterable[tuple[str, bool]]) -> str:
 
 
 def name_for_plan(plan: LaunchPlan) -> str:
-    """A plan with a batch script runs on Slurm; any other by its hosts (``name_for``)."""
+    """A plan with a batch script runs on Slurm, one with a Ray unit on Ray; any other by its hosts (``name_for``)."""
+    if plan.unit is not None:
+        return str(plan.unit.kind)  # the unit's kind names its backend
     if plan.slurm is not None:
         return "slurm"
     return name_for((t.host, t.ssh is not None) for t in plan.tasks)

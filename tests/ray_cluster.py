@@ -1,0 +1,134 @@
+"""A private Ray cluster of three nodes on this machine, on loopback only (session fixture).
+
+``ray.cluster_utils.Cluster``: a head and two more nodes, each its own raylet with one logical
+CPU and an 80 MB object store, all on 127.0.0.1 (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` and
+``node_ip_address``: Ray would take the machine's interface otherwise). Ray tells the nodes
+apart by node id, so STRICT_SPREAD puts each task on a node of its own. The nodes' session
+dirs and their per-user cache (where the task runners keep their dirs) lie in a private temp
+dir. At the end every Ray process the fixture started is stopped by pid, and the fixture
+proves none is left.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+import pytest
+
+NODE_ARGS: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 * 2**20, "node_ip_address": "127.0.0.1"}
+ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+@dataclass
+class RayCluster:
+    cluster: Any  # ray.cluster_utils.Cluster
+    root: str  # the private dir of its sessions and caches
+    pids: set[int] = field(default_factory=set)  # every Ray process it started (more join as nodes are added)
+
+    @property
+    def address(self) -> str:
+        return str(self.cluster.address)
+
+    def nodes(self) -> list[Any]:
+        return [self.cluster.head_node, *self.cluster.worker_nodes]
+
+    def node_of(self, node_id: str) -> Any:
+        return next(n for n in self.nodes() if n.node_id == node_id)
+
+    def add_node(self) -> Any:
+        node = self.cluster.add_node(**NODE_ARGS)
+        self._note(node)
+        self.cluster.wait_for_nodes()
+        return node
+
+    def _note(self, node: Any) -> None:
+        for infos in node.all_processes.values():
+            self.pids.update(i.process.pid for i in infos)
+
+    def kill_node(self, node_id: str) -> None:
+        """A node's death: its raylet and every process on it, at once (SIGKILL)."""
+        node = self.node_of(node_id)
+        raylet = next(i.process.pid for i in node.all_processes["raylet"])
+        victims = [raylet, *(c.pid for c in _children(raylet))]
+        self.cluster.remove_node(node, allow_graceful=False)
+        for pid in victims:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _alive(pids: set[int]) -> list[int]:
+    found = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                found.append(pid)
+        except psutil.Error:
+            pass
+    return found
+
+
+def start_ray_cluster(nodes: int = 3) -> RayCluster:
+    from ray.cluster_utils import Cluster
+
+    root = tempfile.mkdtemp(prefix="tfl-ray-")  # short: Ray's unix sockets live under it (107-byte limit)
+    os.environ.update(ENV, XDG_CACHE_HOME=os.path.join(root, "cache"))  # the nodes inherit this process's env
+    cluster = Cluster(initialize_head=True, head_node_args={**NODE_ARGS, "include_dashboard": False,
+                                                            "temp_dir": os.path.join(root, "t")})
+    found = RayCluster(cluster, root)
+    found._note(cluster.head_node)
+    for _ in range(nodes - 1):
+        found._note(cluster.add_node(**NODE_ARGS))
+    cluster.wait_for_nodes()
+    return found
+
+
+def stop_ray_cluster(found: RayCluster) -> list[int]:
+    """Shut the cluster down, kill by pid whatever of it outlived that; the pids that were left."""
+    pids = set(found.pids)
+    for pid in list(pids):  # workers and runners the raylets started are theirs: take them too
+        pids.update(c.pid for c in _children(pid))
+    try:
+        found.cluster.shutdown()
+    except Exception:  # noqa: BLE001 (a node already removed by a test; the pids below are the proof)
+        pass
+    deadline = time.monotonic() + 15
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _alive(pids)
+    for pid in left:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+    shutil.rmtree(found.root, ignore_errors=True)
+    return left
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayCluster]:
+    pytest.importorskip("ray")
+    saved = dict(os.environ)
+    found = start_ray_cluster()
+    try:
+        yield found
+    finally:
+        left = stop_ray_cluster(found)
+        os.environ.clear()
+        os.environ.update(saved)
+        assert not left, f"Ray processes left after the cluster's shutdown (killed now): {left}"
