@@ -12,7 +12,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, TextIO
+from typing import Any, Iterator, TextIO
 
 from launcher import backends
 from launcher.backends.base import Backend
@@ -23,11 +23,11 @@ from launcher.files import open_private, write_atomic
 from launcher.hosts import RemoteOptions
 from launcher.logstream import LogFollower, tail_lines
 from launcher.plan import LaunchPlan, build_plan, job_name
+from launcher.policy import SupervisorConfig
 from launcher.procs import ProcessIdentity
 from launcher.runstore import RunRecord, RunStore
-from launcher.spec import ClusterSpec
 from launcher.storage import check_sharing
-from launcher.supervisor import Supervisor, SupervisorConfig, initial_record
+from launcher.supervisor import Supervisor, initial_record
 from launcher.waker import Waker
 
 # SIGINT (Ctrl-C) and SIGHUP (the terminal closed) come from a terminal: an inherited SIG_IGN
@@ -36,10 +36,8 @@ from launcher.waker import Waker
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 KEEP_IGNORED = frozenset({signal.SIGINT, signal.SIGHUP})
 
-if TYPE_CHECKING:
-    from launcher.slurm.settings import SlurmClusterSpec
 
-def make_plan(job: str, job_args: tuple[str, ...], spec: ClusterSpec | SlurmClusterSpec, store: RunStore,
+def make_plan(job: str, job_args: tuple[str, ...], spec: Any, store: RunStore,
               remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None,
               config: SupervisorConfig | None = None) -> LaunchPlan:
     path = Path(job)

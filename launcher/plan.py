@@ -13,18 +13,14 @@ import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import PurePath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from launcher import contract
-from launcher.hosts import HOST_CACHE, HostPlan, RemoteDirs, RemoteOptions, SSHTarget, host_plan, on_host, shipping
-from launcher.slurm.batch import SlurmJobPlan
+from launcher import contract, descriptions
+from launcher.hosts import HOST_CACHE, RemoteDirs, RemoteOptions, SSHTarget, on_host
 from launcher.tasks import TaskId
-from launcher.tfconfig import tf_config_json
 
 if TYPE_CHECKING:  # a plan is read (status, the detached launcher) without pydantic
-    from launcher.slurm.settings import SlurmClusterSpec
-    from launcher.spec import ClusterSpec
-    from launcher.supervisor import SupervisorConfig
+    from launcher.policy import SupervisorConfig
 
 
 @dataclass(frozen=True)
@@ -86,6 +82,16 @@ class TaskLaunch:
         return self.argv[3:]  # python -u JOB ARGS...
 
 
+class UnitPlan(Protocol):
+    """An engine's own part of a plan, for engines that start the tasks as one unit (Slurm's
+    batch script). Its ``kind`` is its description kind's name, and the backend's."""
+
+    @property
+    def kind(self) -> str: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     run_id: str
@@ -93,8 +99,7 @@ class LaunchPlan:
     job: str
     job_args: tuple[str, ...]
     tasks: tuple[TaskLaunch, ...]
-    slurm: SlurmJobPlan | None = None  # the batch script that starts the tasks (a `slurm` description)
-    unit: Any = None  # an engine's own part with a ``kind`` and ``to_dict`` (a `ray` description: RayUnit)
+    unit: UnitPlan | None = None  # what starts the tasks as one unit (a `slurm` description: the batch script)
 
     @property
     def training_tasks(self) -> tuple[TaskLaunch, ...]:
@@ -104,8 +109,7 @@ class LaunchPlan:
         return {
             "run_id": self.run_id, "run_dir": self.run_dir, "job": self.job,
             "job_args": list(self.job_args), "tasks": [t.to_dict() for t in self.tasks],
-            **({"slurm": self.slurm.to_dict()} if self.slurm else {}),
-            **({"unit": self.unit.to_dict()} if self.unit is not None else {}),
+            **({"unit": {"kind": self.unit.kind, **self.unit.to_dict()}} if self.unit else {}),
         }
 
     @classmethod
@@ -113,8 +117,7 @@ class LaunchPlan:
         return cls(
             run_id=data["run_id"], run_dir=data["run_dir"], job=data["job"],
             job_args=tuple(data["job_args"]), tasks=tuple(TaskLaunch.from_dict(t) for t in data["tasks"]),
-            slurm=SlurmJobPlan.from_dict(data["slurm"]) if data.get("slurm") else None,
-            unit=_load_unit(data["unit"]) if data.get("unit") else None,
+            unit=_unit(data),
         )
 
     def on_hosts(self, caches: dict[str, str]) -> LaunchPlan:
@@ -123,85 +126,41 @@ class LaunchPlan:
         return dataclasses.replace(self, tasks=tasks)
 
 
-def _load_unit(data: dict[str, Any]) -> Any:
-    """A recorded plan's engine part, by its kind (stdlib: a plan is read without pydantic)."""
-    if data.get("kind") == "ray":
-        from launcher.ray.plan import RayUnit
-
-        return RayUnit.from_dict(data)
-    raise ValueError(f"unknown plan unit kind {data.get('kind')!r}")
+def _unit(data: dict[str, Any]) -> UnitPlan | None:
+    if data.get("unit"):
+        return descriptions.load_unit(data["unit"])  # type: ignore[no-any-return]
+    if data.get("slurm"):  # recorded before plans named their unit's kind (record version 2)
+        return descriptions.load_unit({"kind": "slurm", **data["slurm"]})  # type: ignore[no-any-return]
+    return None
 
 
 def build_plan(
-    spec: ClusterSpec | SlurmClusterSpec, job: str, job_args: tuple[str, ...], *, run_id: str, run_dir: str, python: str,
+    spec: Any, job: str, job_args: tuple[str, ...], *, run_id: str, run_dir: str, python: str,
     cwd: str, remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None,
     config: SupervisorConfig | None = None,
 ) -> LaunchPlan:
-    """What runs where. ``job`` is an absolute path; ``python``/``cwd`` are the local defaults.
+    """What runs where, by the planner of the description's kind (``launcher.descriptions``).
 
-    ``virtual_devices`` (``--virtual-devices N``): the job kit splits each task's device into N.
-    A ``slurm`` description becomes a plan with a batch script (``launcher.slurm.plan``), which
-    carries the run's restart policy (``config``).
+    ``job`` is an absolute path; ``python``/``cwd`` are the local defaults; ``remote`` how code
+    reaches other hosts; ``virtual_devices`` (``--virtual-devices N``): the job kit splits each
+    task's device into N; ``config``: the run's policy, for planners that write it down (a batch
+    script that restarts its own group).
     """
-    from launcher.spec import ClusterSpec  # loaded already (spec is one); reading a plan needs no pydantic
+    from launcher.policy import SupervisorConfig
 
-    if is_ray_description_spec(spec):  # a `ray` description: Ray places the tasks
-        from launcher.ray.plan import build_ray_plan
-
-        return build_ray_plan(spec, job, job_args, run_id=run_id, run_dir=run_dir,  # type: ignore[arg-type]
-                              virtual_devices=virtual_devices)
-    if not isinstance(spec, ClusterSpec):  # a `slurm` description: Slurm places the tasks
-        from launcher.slurm.plan import build_slurm_plan
-        from launcher.supervisor import SupervisorConfig
-
-        return build_slurm_plan(spec, job, job_args, run_id=run_id, run_dir=run_dir, python=python, cwd=cwd,
-                                virtual_devices=virtual_devices, config=config or SupervisorConfig())
-    hosts: dict[str, HostPlan] = {}
-    tasks = []
-    for task in spec.cluster.tasks():
-        address = spec.cluster.address(task)
-        if address.host not in hosts:
-            hosts[address.host] = host_plan(spec, address.host, run_id=run_id, run_dir=run_dir, python=python,
-                                            cwd=cwd, options=remote)
-        tasks.append(task_launch(spec, task, hosts[address.host], address.port, job, job_args, run_id=run_id,
-                                 run_dir=run_dir, remote=remote, virtual_devices=virtual_devices))
-    return LaunchPlan(run_id=run_id, run_dir=run_dir, job=job, job_args=job_args, tasks=tuple(tasks))
-
-
-def task_launch(spec: ClusterSpec, task: TaskId, host: HostPlan, port: int, job: str, job_args: tuple[str, ...], *,
-                run_id: str, run_dir: str, remote: RemoteOptions, virtual_devices: int | None) -> TaskLaunch:
-    """One task, built once: its host's settings, devices, environment and paths."""
-    progress_name = f"{contract.PROGRESS_SUBDIR}/{task.slug}.json"
-    job_there, sync = shipping(job, host.workdir, remote) if host.ssh else (job, ())
-    env = {
-        **spec.env,
-        **spec.host(host.host).env,
-        **spec.placement.env(task),
-        contract.TF_CONFIG: tf_config_json(spec.cluster, task),
-        **contract.run_variables(run_id, host.run_dir, virtual_devices),
-        **contract.task_variables(task.type, task.index, host.run_dir),
-    }
-    if spec.storage is not None:
-        env[contract.MODEL_DIR] = contract.shared_model_dir(spec.storage.path, run_id)
-    if host.dirs is not None:  # the shipped job kit before anything else the task could import
-        env["PYTHONPATH"] = ":".join(p for p in (host.dirs.kit, env.get("PYTHONPATH")) if p)
-    return TaskLaunch(
-        task=task, host=host.host, port=port, argv=(host.python, "-u", job_there, *job_args), env=env,
-        cwd=host.workdir, log_path=f"{run_dir}/{contract.LOGS_SUBDIR}/{task.slug}.log",
-        progress_path=f"{run_dir}/{progress_name}", ssh=host.ssh, sync=sync, dirs=host.dirs,
-    )
+    plan: LaunchPlan = descriptions.planner(spec)(
+        spec, job, job_args, run_id=run_id, run_dir=run_dir, python=python, cwd=cwd, remote=remote,
+        virtual_devices=virtual_devices, config=config or SupervisorConfig())
+    return plan
 
 
 def render_plan(plan: LaunchPlan) -> str:
-    """Human-readable plan for ``--dry-run``: every task's host, command, env and log."""
-    if plan.unit is not None and plan.unit.kind == "ray":
-        from launcher.ray.plan import render_ray_plan
-
-        return render_ray_plan(plan)
-    if plan.slurm is not None:
-        from launcher.slurm.plan import render_slurm_plan
-
-        return render_slurm_plan(plan)
+    """Human-readable plan for ``--dry-run``: every task's host, command, env and log (an engine
+    with a unit of its own renders its plans itself)."""
+    render = descriptions.render_unit(plan.unit) if plan.unit is not None else None
+    if render is not None:
+        text: str = render(plan)
+        return text
     lines = [f"run {plan.run_id}", f"  dir: {plan.run_dir}", f"  job: {plan.job} {shlex.join(plan.job_args)}".rstrip()]
     if any(HOST_CACHE in t.env.get(contract.RUN_DIR, "") for t in plan.tasks):
         lines.append(f"  {HOST_CACHE}: each remote host's $XDG_CACHE_HOME/tfl or ~/.cache/tfl (asked when the run starts)")
@@ -223,23 +182,11 @@ def render_plan(plan: LaunchPlan) -> str:
     return "\n".join(lines)
 
 
-def is_ray_description_spec(spec: object) -> bool:
-    """Whether a parsed description is a `ray` one (by its block; no import of its models)."""
-    return type(spec).__name__ == "RayClusterSpec"
-
-
 def job_name(job: str) -> str:
     return PurePath(job).stem
 
 
-def describe(spec: ClusterSpec | SlurmClusterSpec, runs_dir: str, python: str, cwd: str) -> tuple[list[str], int]:
-    """``tfl validate``: each task and its address as written; for a ``slurm`` description, the
-    plan of a run of a placeholder JOB: its tasks, srun lines and batch script. Also the task count."""
-    from launcher.spec import ClusterSpec
-    from launcher.tfconfig import tasks_of
-
-    if not isinstance(spec, ClusterSpec):
-        plan = build_plan(spec, "JOB", (), run_id="RUN", run_dir=f"{runs_dir}/RUN", python=python, cwd=cwd)
-        return render_plan(plan).splitlines(), len(plan.tasks)
-    tasks = tasks_of(spec.cluster)
-    return [f"{task}\t{getattr(spec.cluster, task.type)[task.index]}" for task in tasks], len(tasks)
+def describe(spec: Any, runs_dir: str, python: str, cwd: str) -> tuple[list[str], int]:
+    """``tfl validate``: the description's tasks as its kind shows them, and the task count."""
+    described: tuple[list[str], int] = descriptions.describer(spec)(spec, runs_dir, python, cwd)
+    return described

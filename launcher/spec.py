@@ -1,8 +1,8 @@
 """The cluster description: what runs where, validated with pydantic.
 
-Pure data. ``load_description`` turns a JSON file into a ``ClusterSpec``, or a
-``SlurmClusterSpec`` for a file with a ``slurm`` block (``launcher.slurm.settings``), or
-raises ``ClusterFileError`` whose message names the file, the field and the fix.
+Pure data. ``parse_cluster`` turns a ``cluster`` description (``launcher.descriptions``
+tells the kinds apart) into a ``ClusterSpec``, or raises ``ClusterFileError`` whose message
+names the file, the field and the fix.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -26,7 +26,6 @@ from launcher.fields import (
     HostName,
     PathText,
     UserName,
-    decode_json,
     describe_error,
     one_line,
     parse_port,
@@ -34,12 +33,7 @@ from launcher.fields import (
     valid_host,
 )
 from launcher.placement import GpuInputs, Placement, place_gpus
-from launcher.ray import is_ray_description
-from launcher.slurm import is_slurm_description
 from launcher.tasks import LOCAL_HOSTS, TaskId, task_ids
-
-if TYPE_CHECKING:
-    from launcher.slurm.settings import SlurmClusterSpec
 
 MAX_GPUS = 1024  # per host; a count beyond any machine is a typo (and a huge range to build)
 MAX_GPU_MEMORY_MB = 16 * 1024 * 1024
@@ -249,6 +243,7 @@ class Topology(_Strict):
 class ClusterSpec(_Strict):
     """A cluster description file."""
 
+    kind: ClassVar[str] = "cluster"  # its description kind (launcher.descriptions)
     cluster: Topology
     env: dict[EnvName, EnvValue] = Field(default_factory=dict, description="extra environment for every task")
     hosts: dict[HostName, HostSettings] = Field(default_factory=dict, description="per-host settings, keyed by host")
@@ -289,42 +284,13 @@ class ClusterSpec(_Strict):
         return self.hosts.get(name, HostSettings())
 
 
-def load_description(path: Path) -> ClusterSpec | SlurmClusterSpec:
-    """A cluster description file: a ``cluster`` block (hosts and ports per task) or a ``slurm``
-    block (Slurm places the tasks). The one place the two kinds part; a plan is built from either."""
-    name = str(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ClusterFileError(one_line(f"{name}: no such file (pass a cluster description, "
-                                        "e.g. --cluster cluster.example.json, or use --local N)")) from None
-    except OSError as exc:
-        raise ClusterFileError(one_line(f"{name}: cannot be read: {exc.strerror}")) from None
-    try:
-        parsed = decode_json(data)
-    except ValueError as exc:
-        raise ClusterFileError(one_line(f"{name}: {exc}")) from None
-    return parse_description(parsed, name)
-
-
-def parse_description(data: Any, name: str = "cluster") -> ClusterSpec | SlurmClusterSpec:
-    if is_ray_description(data):
-        from launcher.ray.settings import parse_ray_cluster  # only then: a cluster file never builds its models
-
-        return parse_ray_cluster(data, name)  # type: ignore[return-value]
-    if is_slurm_description(data):
-        from launcher.slurm.settings import parse_slurm_cluster  # only then: a cluster file never builds its models
-
-        return parse_slurm_cluster(data, name)
-    return parse_cluster(data, name)
-
-
 def load_cluster(path: Path) -> ClusterSpec:
     """A description with a ``cluster`` block, for the commands that need hosts (doctor, export)."""
+    from launcher.descriptions import load_description
+
     spec = load_description(path)
     if not isinstance(spec, ClusterSpec):
-        kind = "ray" if type(spec).__name__ == "RayClusterSpec" else "slurm"
-        raise ClusterFileError(f"{path}: a '{kind}' description has no hosts of its own for this command; give a file "
+        raise ClusterFileError(f"{path}: a '{spec.kind}' description has no hosts of its own for this command; give a file "
                                f"with a 'cluster' block, or launch it with `tfl launch JOB --cluster {path}`")
     return spec
 

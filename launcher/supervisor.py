@@ -22,32 +22,18 @@ import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Callable
 
 from launcher.backends.base import Backend, GroupBackend, TaskProcess
 from launcher.errors import LaunchError, StateWriteError
 from launcher.logstream import tail_lines
 from launcher.plan import LaunchPlan, TaskLaunch
+from launcher.policy import PREEMPTION_EXIT_CODES, SupervisorConfig
 from launcher.runstore import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
 from launcher.states import RunState, TaskState
 from launcher.tasks import TaskId
 from launcher.teardown import teardown
 from launcher.waker import Waker
-
-# TensorFlow's preemption exit code, and a SIGTERM from outside tfl: always worth a retry.
-PREEMPTION_EXIT_CODES = frozenset({143, -signal.SIGTERM})
-
-
-@dataclass(frozen=True)
-class SupervisorConfig:
-    max_restarts: int = 0
-    retry_on: str = "any"  # "any": every failure; "preemption": only PREEMPTION_EXIT_CODES
-    grace_period: float = 5.0
-    poll_interval: float = 0.5  # an upper bound: local exits wake the supervisor at once
-    evaluator_timeout: float = 600.0
-    stall_timeout: float | None = None  # no progress from a training task for this long = failure
-    log_tail_lines: int = 20
 
 
 def progress_mtime(path: str) -> float | None:

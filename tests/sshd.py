@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -51,7 +52,8 @@ class Sshd:
         return path
 
     def ssh_settings(self, **override: Any) -> dict[str, Any]:
-        return {"user": "root", "port": self.port, "identity_file": str(self.client_key),
+        # A private sshd lets in only the user who started it: root in CI, anyone else elsewhere.
+        return {"user": pwd.getpwuid(os.getuid()).pw_name, "port": self.port, "identity_file": str(self.client_key),
                 "known_hosts": str(self.known_hosts), "connect_timeout": 5, **override}
 
     def log(self) -> str:

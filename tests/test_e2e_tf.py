@@ -140,7 +140,7 @@ def test_chaos_trials_each_end_in_success(child_env: dict[str, str], tmp_path: P
 def test_peer_death_stops_the_chief_by_sigterm_not_after_the_grace(child_env: dict[str, str], tfl_home: Path) -> None:
     """TensorFlow takes SIGTERM as a preemption notice under MWMS; the job kit makes it stop the task."""
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "launcher", "launch", MNIST, "--local", "2", "--grace-period", "30", "--",
+        [sys.executable, "-m", "launcher", "launch", MNIST, "--local", "2", "--grace-period", "120", "--",
          "--epochs", "20", "--steps-per-epoch", "60"], env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _kill_task_when(tfl_home, "worker:0", lambda run: len(epoch_lines(run / "logs" / "chief-0.log")) >= 1)
@@ -151,7 +151,7 @@ def test_peer_death_stops_the_chief_by_sigterm_not_after_the_grace(child_env: di
             launcher.kill()
             launcher.communicate()
     assert launcher.returncode == 1 and "root cause: worker:0" in err
-    assert time.monotonic() - killed < 10  # not the 30 s grace
+    assert time.monotonic() - killed < 60  # a hang guard: not the 120 s grace
     view = json.loads(tfl(["status", only_run(tfl_home).name, "--json"], child_env).stdout)
     chief = next(t for t in view["tasks"] if t["task"] == "chief:0")
     assert chief["state"] == "stopped" and chief["exit_code"] == -signal.SIGTERM

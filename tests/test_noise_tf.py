@@ -31,9 +31,19 @@ except ValueError:
     traceback.print_exc()
 sys.stderr.flush()
 '''
-# Printed by every TensorFlow task on a CPU machine, or by one of the two (server, coordination).
-ALWAYS = {"absl pre-init warning", "oneDNN notice", "gRPC server", "coordination service"}
-WITHOUT_CUDA_DRIVER = {"CUDA stub", "cuInit without a driver"}
+# Printed by one of two MultiWorkerMirroredStrategy tasks whatever the machine (absl before its
+# first log line, the distributed runtime's server and coordination lines).
+ALWAYS = {"absl pre-init warning", "gRPC server", "coordination service"}
+# Printed only on some machines: the oneDNN notice where TensorFlow turns oneDNN's custom
+# operations on (it depends on the CPU), the CPU-features note (on the CPU's flags), the CUDA
+# lines (on the TensorFlow build and the driver). When TensorFlow prints one of these, it must
+# be recognised and hidden; whether it prints them is not this test's business.
+SOMETIMES = {
+    "oneDNN notice": "oneDNN custom operations are on",
+    "CPU features": "This TensorFlow binary is optimized to use available CPU instructions",
+    "CUDA stub": "Could not find cuda drivers on your machine",
+    "cuInit without a driver": "failed call to cuInit",
+}
 # The only known lines above info level; any other hidden line at W/E/F would be a bug.
 LOUD_KINDS = {"absl pre-init warning", "cuInit without a driver"}
 LOUD = re.compile(r"[WEF]\d{4} |\d{4}-\d\d-\d\d [\d:.]+: [WEF] |WARNING|ERROR|Traceback|\s+File ")
@@ -58,7 +68,6 @@ def test_real_tensorflow_start_up_noise(tmp_path: Path, child_env: dict[str, str
     launched = tfl(["launch", str(job), "--local", "2"], env)
     assert launched.returncode == 0, launched.stderr[-3000:] + launched.stdout[-3000:]
     (run,) = (tfl_home / "runs").iterdir()
-    no_driver = not Path("/dev/nvidiactl").exists()
     seen: set[str] = set()
     for task in ("chief:0", "worker:0"):
         log = (run / "logs" / f"{task.replace(':', '-')}.log").read_text().splitlines()
@@ -68,6 +77,12 @@ def test_real_tensorflow_start_up_noise(tmp_path: Path, child_env: dict[str, str
         assert note == f"tfl: {len(hidden)} line(s) of TensorFlow start-up noise hidden (the task's log keeps them; --verbose shows them)"
         kinds = {noise.kind for line in hidden if (noise := known(line))}
         seen |= kinds
+        for kind, text in SOMETIMES.items():  # printed by TensorFlow itself (not the job's E-level copy)
+            if kind == "cuInit without a driver" and "CUDA stub" not in kinds:
+                continue  # an expected error only where the stub said there is no driver (noise.py's `after`)
+            printed = [line for line in log if text in line and not line.startswith("E0000 00:00:1795345087")]
+            assert all(line in hidden for line in printed), (kind, printed)
+            assert not printed or kind in kinds, f"TensorFlow printed its {kind} line, which launcher/noise.py no longer recognises: {printed[0]}"
         # Nothing loud is hidden but the known loud lines; nothing of the job's own is hidden.
         assert [line for line in hidden if LOUD.match(line) and (known(line) is None or known(line).kind not in LOUD_KINDS)] == []  # type: ignore[union-attr]
         assert "job: replicas 2" in shown and "ValueError: the job's own error" in shown and "Traceback (most recent call last):" in shown
@@ -80,7 +95,7 @@ def test_real_tensorflow_start_up_noise(tmp_path: Path, child_env: dict[str, str
         assert console_lines(verbose.stdout, task, len(task)) == log  # --verbose: every line of the log
         again = tfl(["logs", run.name, "--task", task], env)
         assert console_lines(again.stdout, task, len(task)) == [*shown, note]  # tfl logs hides the same lines
-    missing = (ALWAYS | (WITHOUT_CUDA_DRIVER if no_driver else set())) - seen
+    missing = ALWAYS - seen
     assert not missing, f"TensorFlow no longer prints these known lines as launcher/noise.py expects: {missing}"
 
 

@@ -21,10 +21,11 @@ from launcher.backends.local import LocalBackend
 from launcher.cli import app
 from launcher.errors import RunExistsError, StateWriteError, UnreadableRunError
 from launcher.plan import build_plan
+from launcher.policy import SupervisorConfig
 from launcher.runstore import RECORD_VERSION, RunRecord, RunStore, TaskRecord
 from launcher.spec import free_port, parse_cluster
 from launcher.states import RunState
-from launcher.supervisor import Supervisor, SupervisorConfig, initial_record
+from launcher.supervisor import Supervisor, initial_record
 from tests.procs import assert_none_left
 from tests.test_supervisor import FakeBackend, FakeClock
 

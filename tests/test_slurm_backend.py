@@ -27,14 +27,15 @@ from launcher.backends.slurm.outcome import (
     training_outcome,
 )
 from launcher.cli import app
+from launcher.descriptions import load_description
 from launcher.errors import ClusterFileError, LaunchError, UsageError
 from launcher.plan import LaunchPlan, build_plan
+from launcher.policy import SupervisorConfig
 from launcher.slurm.batch import RunFiles, SlurmJobPlan, StepEvents
 from launcher.slurm.errors import SlurmError
 from launcher.slurm.jobstate import CommandResult
 from launcher.slurm.settings import allocation_cluster, parse_slurm_cluster
-from launcher.spec import load_cluster, load_description
-from launcher.supervisor import SupervisorConfig
+from launcher.spec import load_cluster
 
 runner = CliRunner()
 KILL_ON_BAD_EXIT = ("srun: error: n2: task 1: Exited with exit code 3\n"
@@ -191,7 +192,7 @@ def test_start_submits_once_and_records_the_job(tmp_path: Path, monkeypatch: pyt
     procs = [backend.start(t, 0) for t in plan.tasks]
     submits = [a for a in fake.asked if "--test-only" not in a]
     assert submits == [["sbatch", "--parsable", RunFiles(plan.run_dir).script]]
-    assert Path(RunFiles(plan.run_dir).script).read_text() == plan.slurm.script  # type: ignore[union-attr]
+    assert Path(RunFiles(plan.run_dir).script).read_text() == plan.unit.script  # type: ignore[union-attr]
     assert oct(Path(RunFiles(plan.run_dir).script).stat().st_mode & 0o777) == "0o600"
     assert backend.run_data() == {"job_id": "42", "job_name": "tfl-mnist-1"}
     assert all(p.pid is None and p.handle is procs[0].handle for p in procs)

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from launcher.descriptions import kind_of
 from launcher.errors import ClusterFileError
-from launcher.slurm import is_slurm_description
 from launcher.slurm.errors import SlurmError, SlurmLayoutError
 from launcher.slurm.jobstate import (
     CommandResult,
@@ -153,10 +153,10 @@ def test_bad_slurm_description(data: Any, expected: str) -> None:
     assert expected in str(err.value) and "\n" not in str(err.value)
 
 
-def test_is_slurm_description() -> None:
-    assert is_slurm_description(ISSUE_EXAMPLE)
-    assert not is_slurm_description({"cluster": {"chief": ["localhost:1"]}})
-    assert not is_slurm_description(["slurm"])
+def test_a_slurm_block_makes_a_slurm_description() -> None:
+    assert kind_of(ISSUE_EXAMPLE).name == "slurm"
+    assert kind_of({"cluster": {"chief": ["localhost:1"]}}).name == "cluster"
+    assert kind_of(["slurm"]).name == "cluster"  # not an object: the cluster parser says what is wrong
 
 
 # --- nodes, ports and TF_CONFIG ---------------------------------------------------------

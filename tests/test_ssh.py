@@ -130,7 +130,7 @@ def test_failure_on_one_host_stops_the_other(sshd: Sshd, tmp_path: Path, tfl_hom
     assert result.returncode == 1, result.stderr
     assert "root cause: worker:0 on 127.0.0.3" in result.stderr and "exit code 3" in result.stderr
     assert "| boom: worker is failing" in result.stderr and "stopped because of it: chief:0" in result.stderr
-    assert time.monotonic() - start < 20  # the chief sleeps 120 s: it was stopped, not waited for
+    assert time.monotonic() - start < 90  # a hang guard: the chief sleeps 120 s; it was stopped, not waited for
     tasks = {t.task: t for t in RunStore(tfl_home).load(only_run(tfl_home)).tasks}
     assert tasks["chief:0"].state.value == "stopped" and tasks["chief:0"].exit_code == -signal.SIGTERM
 

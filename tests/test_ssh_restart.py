@@ -19,10 +19,11 @@ import pytest
 
 from launcher import launch as core
 from launcher.backends.ssh import backend as ssh_backend
+from launcher.backends.ssh import pool as ssh_pool
+from launcher.policy import SupervisorConfig
 from launcher.runstore import RunStore
 from launcher.spec import free_port, load_cluster
 from launcher.states import RunState
-from launcher.supervisor import SupervisorConfig
 from tests.procs import pid_alive, tfl_processes
 from tests.sshd import Sshd, cluster_file
 
@@ -64,6 +65,7 @@ def silence_the_agent_of(run_dir: Path, task: str, stopped: list[psutil.Process]
 def test_restart_after_a_silent_connection_waits_for_the_old_task(sshd: Sshd, tmp_path: Path, tfl_home: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ssh_backend, "HEARTBEAT_TIMEOUT", 6.0)  # 30 s in real life; the agents ping every 2 s
+    monkeypatch.setattr(ssh_pool, "HEARTBEAT_TIMEOUT", 6.0)
     job = tmp_path / "src" / "job.py"
     job.parent.mkdir()
     job.write_text(textwrap.dedent(BINDS_ITS_PORT))

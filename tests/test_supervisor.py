@@ -12,10 +12,11 @@ import pytest
 from launcher.backends import TaskProcess
 from launcher.errors import LaunchError
 from launcher.plan import LaunchPlan, TaskLaunch, build_plan
+from launcher.policy import SupervisorConfig
 from launcher.runstore import RunStore
 from launcher.spec import parse_cluster
 from launcher.states import RunState, TaskState
-from launcher.supervisor import Supervisor, SupervisorConfig, initial_record
+from launcher.supervisor import Supervisor, initial_record
 
 
 class FakeClock:

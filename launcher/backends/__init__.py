@@ -41,11 +41,10 @@ def name_for(hosts: Iterable[tuple[str, bool]]) -> str:
 
 
 def name_for_plan(plan: LaunchPlan) -> str:
-    """A plan with a batch script runs on Slurm, one with a Ray unit on Ray; any other by its hosts (``name_for``)."""
+    """A plan with a unit of its own runs on that unit's engine (a batch script: Slurm); any
+    other by its hosts (``name_for``)."""
     if plan.unit is not None:
-        return str(plan.unit.kind)  # the unit's kind names its backend
-    if plan.slurm is not None:
-        return "slurm"
+        return plan.unit.kind
     return name_for((t.host, t.ssh is not None) for t in plan.tasks)
 
 

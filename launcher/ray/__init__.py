@@ -9,16 +9,8 @@ need TensorFlow and Ray, not tfl. The backend that drives a Ray run (placement g
 log relay, the recorded run) is ``launcher.backends.ray``.
 
 Nothing here imports ``ray`` at module level: a cluster file, ``tfl status`` and ``tfl --help``
-never pay for it; only the backend imports it, when a ``ray`` description is launched.
+never pay for it; only the backend imports it, when a ``ray`` description is launched. The
+``ray`` kind is registered in ``launcher.descriptions`` (parser, planner, unit, dry-run text).
 """
 
-from __future__ import annotations
-
-from typing import Any
-
 INSTALL_HINT = "install the Ray extra: `uv sync --extra ray` (or `pip install 'tfl[ray]'`)"
-
-
-def is_ray_description(data: Any) -> bool:
-    """Whether parsed JSON is a Ray description (has a ``ray`` key); needs no pydantic model."""
-    return isinstance(data, dict) and "ray" in data

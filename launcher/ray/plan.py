@@ -16,7 +16,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import PurePath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from launcher import contract
 from launcher.errors import UsageError
@@ -25,6 +25,8 @@ from launcher.tasks import TaskId, task_ids
 from launcher.tfconfig import tf_config_json
 
 if TYPE_CHECKING:
+    from launcher.hosts import RemoteOptions
+    from launcher.policy import SupervisorConfig
     from launcher.ray.settings import RayClusterSpec
 
 RAY_HOST = "ray"  # a task's host until its actor has reported its node
@@ -43,7 +45,7 @@ class RayUnit:
     ready_timeout: float
     working_dir: str  # the job script's directory: Ray's runtime_env working_dir
     nodes: dict[str, str] = field(default_factory=dict, hash=False)  # task -> Ray node id, once resolved
-    kind: str = UNIT_KIND
+    kind: ClassVar[str] = UNIT_KIND  # its description kind (launcher.descriptions) and its backend's name
 
     def group_name(self, run_id: str) -> str:
         return f"tfl-{run_id}"
@@ -70,9 +72,11 @@ class NodeAddress:
     port: int
 
 
-def build_ray_plan(spec: RayClusterSpec, job: str, job_args: tuple[str, ...], *, run_id: str, run_dir: str,
-                   virtual_devices: int | None) -> LaunchPlan:
-    """What would run: every task and the Ray unit (pure)."""
+def build_ray_plan(spec: RayClusterSpec, job: str, job_args: tuple[str, ...], *, run_id: str, run_dir: str, python: str,
+                   cwd: str, remote: RemoteOptions, virtual_devices: int | None, config: SupervisorConfig) -> LaunchPlan:
+    """What would run: every task and the Ray unit (pure). ``python``, ``cwd`` and ``remote`` are
+    this machine's and SSH's: the nodes run the job with their own Python from the shipped job dir;
+    ``config`` is the supervisor's to apply (nothing of it goes in the plan)."""
     settings = spec.ray
     counts = {contract.CHIEF: int(settings.chief), contract.WORKER: settings.workers, contract.EVALUATOR: int(settings.evaluator)}
     tasks = task_ids(counts)
@@ -129,6 +133,17 @@ def with_addresses(plan: LaunchPlan, reported: dict[TaskId, NodeAddress]) -> Lau
                   for t in placed)
     nodes = {**unit.nodes, **{str(task): a.node_id for task, a in reported.items()}}
     return dataclasses.replace(plan, tasks=tasks, unit=dataclasses.replace(unit, nodes=nodes))
+
+
+def describe_ray(spec: RayClusterSpec, runs_dir: str, python: str, cwd: str) -> tuple[list[str], int]:
+    """``tfl validate``: the plan of a run of a placeholder JOB (its tasks, the placement group)."""
+    from launcher.hosts import RemoteOptions
+    from launcher.policy import SupervisorConfig
+
+    plan = build_ray_plan(spec, f"{cwd}/JOB", ("--model-dir", "DIR") if spec.storage is None else (), run_id="RUN",
+                          run_dir=f"{runs_dir}/RUN", python=python, cwd=cwd, remote=RemoteOptions(), virtual_devices=None,
+                          config=SupervisorConfig())
+    return render_ray_plan(plan).splitlines(), len(plan.tasks)
 
 
 def render_ray_plan(plan: LaunchPlan) -> str:

@@ -14,7 +14,7 @@ and the fix.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -112,6 +112,7 @@ class RaySettings(_Strict):
 class RayClusterSpec(_Strict):
     """A cluster description whose tasks Ray places."""
 
+    kind: ClassVar[str] = "ray"  # its description kind (launcher.descriptions)
     ray: RaySettings
     storage: StorageSettings | None = Field(None, description="storage every node mounts at the same path: the runs' model dirs")
     env: dict[EnvName, EnvValue] = Field(default_factory=dict, description="extra environment for every task")

@@ -26,7 +26,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 SLURM_SUBDIR = "slurm"
 EVENTS_FILE = "events"
@@ -84,7 +84,10 @@ class RunFiles:
 
 @dataclass(frozen=True)
 class SlurmJobPlan:
-    """How a plan's tasks reach Slurm: one batch script, submitted or run inside an allocation."""
+    """How a plan's tasks reach Slurm: one batch script, submitted or run inside an allocation
+    (a ``slurm`` plan's ``LaunchPlan.unit``)."""
+
+    kind: ClassVar[str] = "slurm"  # the description kind, and the backend, of plans with this unit
 
     script: str  # the whole batch script; the first start writes it to RunFiles.script
     sbatch: tuple[str, ...]  # the sbatch command before the script's path; () inside an allocation

@@ -12,18 +12,16 @@ cannot carry are refused here, in one line.
 from __future__ import annotations
 
 import shlex
-from typing import TYPE_CHECKING
 
 from launcher.contract import EVALUATOR, LOGS_SUBDIR, PROGRESS_SUBDIR, task_variables
 from launcher.errors import UsageError
+from launcher.hosts import RemoteOptions
 from launcher.plan import LaunchPlan, TaskLaunch
+from launcher.policy import SupervisorConfig
 from launcher.slurm.batch import EVALUATOR_ROLE, TRAINING_ROLE, RunFiles, SlurmJobPlan
 from launcher.slurm.script import BatchJob, batch_env, driver_argv, evaluator_srun, render_batch_script, sbatch_command, training_srun
 from launcher.slurm.settings import AllocationSpec, SlurmClusterSpec
 from launcher.tasks import TaskId, task_ids
-
-if TYPE_CHECKING:
-    from launcher.supervisor import SupervisorConfig
 
 SLURM_HOST = "slurm"  # a task's host until its node is known
 
@@ -39,8 +37,10 @@ def refuse_unsupported(config: SupervisorConfig) -> None:
 
 
 def build_slurm_plan(spec: SlurmClusterSpec, job: str, job_args: tuple[str, ...], *, run_id: str, run_dir: str,
-                     python: str, cwd: str, virtual_devices: int | None, config: SupervisorConfig) -> LaunchPlan:
-    """What would run: every task, and the batch script with its sbatch command (pure)."""
+                     python: str, cwd: str, remote: RemoteOptions, virtual_devices: int | None,
+                     config: SupervisorConfig) -> LaunchPlan:
+    """What would run: every task, and the batch script with its sbatch command (pure). ``remote``
+    is the SSH backend's: Slurm's nodes share the run dir, nothing is shipped to them."""
     refuse_unsupported(config)
     allocation = spec.job_id if isinstance(spec, AllocationSpec) else None
     batch = BatchJob(settings=spec.slurm, job=job, job_args=job_args, run_id=run_id, run_dir=run_dir, env=spec.env,
@@ -56,7 +56,7 @@ def build_slurm_plan(spec: SlurmClusterSpec, job: str, job_args: tuple[str, ...]
                          job_name=batch.job_name, allocation=allocation,
                          test_only=() if allocation else tuple(sbatch_command(batch, "--test-only")), steps=tuple(steps),
                          max_restarts=config.max_restarts)
-    return LaunchPlan(run_id=run_id, run_dir=run_dir, job=job, job_args=job_args, tasks=tasks, slurm=slurm)
+    return LaunchPlan(run_id=run_id, run_dir=run_dir, job=job, job_args=job_args, tasks=tasks, unit=slurm)
 
 
 def _task(batch: BatchJob, task: TaskId) -> TaskLaunch:
@@ -69,8 +69,7 @@ def _task(batch: BatchJob, task: TaskId) -> TaskLaunch:
 
 def render_slurm_plan(plan: LaunchPlan) -> str:
     """``--dry-run`` (and ``tfl validate``): the tasks, the srun lines and the whole batch script."""
-    assert plan.slurm is not None
-    slurm, files = plan.slurm, RunFiles(plan.run_dir)
+    slurm, files = slurm_unit(plan), RunFiles(plan.run_dir)
     how = (f"run inside allocation {slurm.allocation}: bash {files.script}" if slurm.allocation
            else f"submitted: {shlex.join([*slurm.sbatch, files.script])}")
     lines = [f"run {plan.run_id}", f"  dir: {plan.run_dir} (on storage every node shares)",
@@ -84,3 +83,17 @@ def render_slurm_plan(plan: LaunchPlan) -> str:
     lines += [f"  {role}: {line}" for role, line in slurm.steps]
     lines += ["", f"batch script ({files.script}):", *(f"  {line}" for line in slurm.script.splitlines())]
     return "\n".join(lines)
+
+
+def slurm_unit(plan: LaunchPlan) -> SlurmJobPlan:
+    """A Slurm plan's batch script (its ``unit``)."""
+    if not isinstance(plan.unit, SlurmJobPlan):
+        raise UsageError(f"run {plan.run_id}: its plan has no Slurm batch script; it was not planned from a 'slurm' description")
+    return plan.unit
+
+
+def describe_slurm(spec: SlurmClusterSpec, runs_dir: str, python: str, cwd: str) -> tuple[list[str], int]:
+    """``tfl validate``: the plan of a run of a placeholder JOB: its tasks, srun lines and batch script."""
+    plan = build_slurm_plan(spec, "JOB", (), run_id="RUN", run_dir=f"{runs_dir}/RUN", python=python, cwd=cwd,
+                            remote=RemoteOptions(), virtual_devices=None, config=SupervisorConfig())
+    return render_slurm_plan(plan).splitlines(), len(plan.tasks)

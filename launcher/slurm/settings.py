@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -138,6 +138,7 @@ def sbatch_arg_problem(arg: str) -> str | None:
 class SlurmClusterSpec(_Strict):
     """A cluster description whose tasks Slurm places."""
 
+    kind: ClassVar[str] = "slurm"  # its description kind (launcher.descriptions)
     slurm: SlurmSettings
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for every task")
 

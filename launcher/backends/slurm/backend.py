@@ -38,6 +38,7 @@ from launcher.runstore import RunRecord
 from launcher.slurm.batch import read_task_info
 from launcher.slurm.jobstate import Runner, run_command
 from launcher.slurm.nodes import rank_of_task
+from launcher.slurm.plan import slurm_unit
 
 SUBMIT_COMMANDS = ("sbatch", "squeue", "scontrol", "scancel")
 ALLOCATION_COMMANDS = ("srun", "squeue", "scontrol", "scancel")
@@ -66,9 +67,7 @@ class SlurmBackend:
         return plan  # every path is in the run dir, on storage the nodes share
 
     def prepare(self, plan: LaunchPlan) -> list[Check]:
-        slurm = plan.slurm
-        if slurm is None:
-            raise LaunchError(f"run {plan.run_id}: its plan has no batch script; the slurm backend runs only slurm descriptions")
+        slurm = slurm_unit(plan)
         self._job = SlurmJob(plan, self._run)
         if slurm.allocation:
             checks = command_checks(ALLOCATION_COMMANDS)
@@ -84,12 +83,12 @@ class SlurmBackend:
     def _test_only(self, plan: LaunchPlan) -> Check:
         """``sbatch --test-only`` of the very script: sbatch's own judgement, submitting nothing.
         (The script goes through a private temp file: the run dir does not exist yet.)"""
-        assert plan.slurm is not None
+        slurm = slurm_unit(plan)
         fd, path = tempfile.mkstemp(prefix="tfl-", suffix=".sbatch")  # 0600
         try:
             with os.fdopen(fd, "w") as f:
-                f.write(plan.slurm.script)
-            done = self._run([*plan.slurm.test_only, path])
+                f.write(slurm.script)
+            done = self._run([*slurm.test_only, path])
         finally:
             os.unlink(path)
         said = (done.stderr or done.stdout).strip()

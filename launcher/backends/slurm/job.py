@@ -43,6 +43,7 @@ from launcher.slurm.batch import (
 from launcher.slurm.errors import SlurmError
 from launcher.slurm.jobstate import Runner, SlurmJobState, query_job, query_steps, run_command
 from launcher.slurm.nodes import rank_of_task
+from launcher.slurm.plan import slurm_unit
 
 STATE_MAX_AGE = 1.0  # seconds a job state from squeue is good for: slurmctld is shared
 
@@ -138,10 +139,9 @@ class SlurmJob:
     """The live unit of one launch (shared by all its tasks' ``TaskProcess``)."""
 
     def __init__(self, plan: LaunchPlan, run: Runner = run_command) -> None:
-        assert plan.slurm is not None
-        self.plan, self.tasks, self._run = plan.slurm, plan.tasks, run
-        self.ref = JobRef(run_id=plan.run_id, files=RunFiles(plan.run_dir), job_name=plan.slurm.job_name,
-                          job_id=plan.slurm.allocation, allocation=plan.slurm.allocation is not None)
+        self.plan, self.tasks, self._run = slurm_unit(plan), plan.tasks, run
+        self.ref = JobRef(run_id=plan.run_id, files=RunFiles(plan.run_dir), job_name=self.plan.job_name,
+                          job_id=self.plan.allocation, allocation=self.plan.allocation is not None)
         self._script: subprocess.Popen[bytes] | None = None
         self._state: SlurmJobState | None = None
         self._state_at = float("-inf")

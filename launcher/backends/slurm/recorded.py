@@ -25,8 +25,9 @@ from launcher.teardown import teardown
 
 
 def job_ref(record: RunRecord) -> JobRef:
-    plan = record.plan.get("slurm")
-    if not isinstance(plan, dict):
+    unit = record.plan.get("unit") or record.plan.get("slurm")  # "slurm": recorded before plans had units
+    plan = {k: v for k, v in unit.items() if k != "kind"} if isinstance(unit, dict) else None
+    if plan is None or unit.get("kind", "slurm") != "slurm":  # type: ignore[union-attr]
         raise SlurmError(f"run {record.run_id}: its record has no Slurm plan; it was not run by this tfl's slurm backend")
     return JobRef.from_record(record.run_id, record.run_dir, SlurmJobPlan.from_dict(plan), record.backend_data)
 

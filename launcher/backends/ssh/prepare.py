@@ -16,13 +16,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from launcher.backends.ssh.connect import SSHError
-from launcher.backends.ssh.wire import agent_request, archives, converse, kit_archive
+from launcher.backends.ssh.wire import agent_request, archives, cleanup_request, converse, kit_archive
 from launcher.checks import Check, HostTasks, host_tasks, judge, judge_setup, probe_request
 from launcher.parallel import first_error, parallel
-from launcher.plan import LaunchPlan, TaskLaunch
+from launcher.plan import LaunchPlan
 
 if TYPE_CHECKING:
-    from launcher.backends.ssh.backend import HostPool
+    from launcher.backends.ssh.pool import HostPool
 
 
 def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str]) -> list[Check]:
@@ -64,14 +64,6 @@ def unpack_request(plan: LaunchPlan, host: str, cache: str) -> dict[str, Any]:
     return {"mode": "unpack", "kit": dirs.kit, "archives": [*archives(copies), kit_archive(dirs.kit)],
             "dirs": [*({"path": p, "private": False, "role": "workdir"} for p in dirs.checked),
                      *({"path": p, "private": True, "role": "run dir"} for p in dirs.private)]}
-
-
-def cleanup_request(tasks: list[TaskLaunch]) -> dict[str, Any] | None:
-    """What to remove on the host of ``tasks`` (already on that host's paths), or None."""
-    dirs = tasks[0].dirs
-    if dirs is None or not (dirs.remove or dirs.rmdir):
-        return None
-    return {"mode": "cleanup", "remove": list(dirs.remove), "rmdir": list(dirs.rmdir)}
 
 
 def cleanup_hosts(plan: LaunchPlan, pool: HostPool, hosts: list[str]) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from launcher.backends.base import Cleanup, TaskLive
 from launcher.backends.ssh.connect import connect
-from launcher.backends.ssh.wire import agent_request
+from launcher.backends.ssh.wire import agent_request, cleanup_request
 from launcher.contract import PROGRESS_FILE, RUN_DIR
 from launcher.hosts import HOST_CACHE, SSHTarget
 from launcher.parallel import parallel
@@ -184,7 +184,6 @@ def clean(record: RunRecord) -> Cleanup:
     return done
 def cleanup(record: RunRecord) -> None:
     """Remove what the run shipped to its hosts (best effort, every host at once)."""
-    from launcher.backends.ssh.prepare import cleanup_request
 
     plan = LaunchPlan.from_dict(record.plan)
     hosts: dict[str, list[TaskLaunch]] = {}

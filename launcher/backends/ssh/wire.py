@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from fabric import Connection
     from paramiko import Channel
 
+    from launcher.plan import TaskLaunch
+
 HERE = Path(__file__).parent
 AGENT_SOURCES = [(HERE / "agent_files.py").read_text(), (HERE / "agent.py").read_text()]
 # The whole remote command line: the agent's sources and its request follow on stdin.
@@ -132,3 +134,11 @@ def _skip_caches(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     if any(p in SKIP_DIRS for p in info.name.split("/")) or info.name.endswith(".pyc"):
         return None
     return info
+
+
+def cleanup_request(tasks: list[TaskLaunch]) -> dict[str, Any] | None:
+    """What to remove on the host of ``tasks`` (already on that host's paths), or None."""
+    dirs = tasks[0].dirs
+    if dirs is None or not (dirs.remove or dirs.rmdir):
+        return None
+    return {"mode": "cleanup", "remove": list(dirs.remove), "rmdir": list(dirs.rmdir)}

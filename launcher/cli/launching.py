@@ -1,98 +1,16 @@
-"""The ``tfl`` command line. Thin: parse, make one call into the core, render.
-
-Only this module imports typer and decides exit codes. TensorFlow and fabric are never
-imported here: the commands that need fabric import it through the backends, lazily.
-"""
+"""``tfl launch`` and the commands about a description before any run: doctor, validate,
+schema, export k8s; and the detached launcher's hidden ``_supervise``."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup
 
-from launcher.errors import TflError
-
-
-def _help_flag_false(option: Any) -> Any:
-    """typer 0.29 leaves ``--help``'s value None when it is not given, so every command call
-    builds a pydantic TypeAdapter to coerce that None (a third of `tfl status`'s time,
-    docs/benchmarks.md §1). With False, a bool, typer skips the coercion; nothing else changes."""
-    if option is not None:
-        option.default = False
-    return option
-
-
-_COMPLETION_FLAGS = ("install_completion", "show_completion")
-
-
-class _Group(TyperGroup):
-    def get_help_option(self, ctx: Any) -> Any:
-        return _help_flag_false(super().get_help_option(ctx))
-
-    def get_params(self, ctx: Any) -> list[Any]:
-        # typer's --install-completion / --show-completion default to None too: the same fix.
-        return [_help_flag_false(p) if p.name in _COMPLETION_FLAGS and p.default is None else p
-                for p in super().get_params(ctx)]
-
-
-class _Command(TyperCommand):
-    def get_help_option(self, ctx: Any) -> Any:
-        return _help_flag_false(super().get_help_option(ctx))
-
-
-def _run_ids(incomplete: str) -> list[str]:
-    """Shell completion of RUN: the run dirs' names (a directory listing, no record read)."""
-    from launcher.runindex import run_ids
-    from launcher.runstore import default_home
-
-    return run_ids(default_home() / "runs", incomplete)
-
-
-class _RunsCommand(_Command):
-    """A command whose RUN comes from its extra arguments (``status``): completes run ids too."""
-
-    def shell_complete(self, ctx: Any, incomplete: str) -> list[Any]:
-        from typer._click.shell_completion import CompletionItem  # typer's own click
-
-        found = [] if incomplete.startswith("-") or ctx.args else [CompletionItem(r) for r in _run_ids(incomplete)]
-        return found + list(super().shell_complete(ctx, incomplete))
-
-
-app = typer.Typer(
-    name="tfl", no_args_is_help=True, add_completion=True, rich_markup_mode=None, cls=_Group,
-    help="Launch, supervise and inspect TensorFlow multi-worker training runs.",
-    pretty_exceptions_enable=False,
-)
-T = TypeVar("T")
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    typer.echo(f"tfl: error: {message}", err=True)
-    return typer.Exit(code)
-
-
-def _core(call: Callable[[], T]) -> T:
-    """Run one call into the core; the launcher's own faults become one line on stderr."""
-    try:
-        return call()
-    except TflError as exc:
-        raise _fail(str(exc), exc.exit_code) from None
-
-
-def _colour() -> bool:
-    """Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org)."""
-    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-
-
-def _store() -> Any:
-    from launcher.runstore import RunStore
-
-    return RunStore()
+from launcher.cli.app import _colour, _Command, _core, _fail, _Group, _store, app
 
 
 @app.command(cls=_Command, context_settings={"allow_extra_args": True})
@@ -125,8 +43,8 @@ def launch(
     from launcher import launch as core
     from launcher.hosts import RemoteOptions
     from launcher.plan import render_plan
+    from launcher.policy import SupervisorConfig
     from launcher.report import summary
-    from launcher.supervisor import SupervisorConfig
 
     if retry_on not in ("any", "preemption"):
         raise _fail(f"--retry-on {retry_on}: choose 'any' or 'preemption'")
@@ -156,7 +74,8 @@ def _description(cluster: Path | None, local: int | None, slurm: bool, evaluator
     """What a launch runs: a cluster file (hosts, or a `slurm` block), --local N, or the Slurm allocation it is in."""
     import os
 
-    from launcher.spec import load_description, local_cluster
+    from launcher.descriptions import load_description
+    from launcher.spec import local_cluster
 
     if sum((cluster is not None, local is not None, slurm)) != 1:
         raise _fail("give exactly one of --cluster FILE, --local N (e.g. --local 2) or --slurm (inside a Slurm allocation)")
@@ -208,8 +127,8 @@ def validate(file: Path = typer.Argument(..., help="cluster description (JSON)")
     """Check a cluster description; print its tasks (a slurm block: also its batch script) or the first problem with its fix."""
     import os
 
+    from launcher.descriptions import load_description
     from launcher.plan import describe
-    from launcher.spec import load_description
 
     spec = _core(lambda: load_description(file))
     lines, count = _core(lambda: describe(spec, str(_store().runs_dir), sys.executable, os.getcwd()))
@@ -225,57 +144,6 @@ def schema() -> None:
     typer.echo(json.dumps(ClusterSpec.model_json_schema(), indent=2))
 
 
-# RUN is read from the context's extra arguments, not declared as a typer.Argument: typer 0.29
-# coerces every non-flag parameter through a pydantic TypeAdapter, whose import alone costs
-# `tfl status` a third of its time (docs/benchmarks.md §1). Flags skip that coercion.
-@app.command(cls=_RunsCommand, context_settings={"allow_extra_args": True}, options_metavar="[OPTIONS] [RUN]")
-def status(
-    ctx: typer.Context,
-    as_json: bool = typer.Option(False, "--json", help="machine-readable output (the same runs as the table)"),
-    watch: bool = typer.Option(False, "--watch", "-w", help="a live view, redrawn every second (Ctrl-C ends it)"),
-    every: bool = typer.Option(False, "--all", "-a", help="list every run, not only the active and the 20 latest"),
-) -> None:
-    """Show the runs, or one run's tasks (state, pid, cpu, memory, progress).
-
-    RUN is a run id or a unique prefix of one. Without it: the active runs and the 20
-    latest (whose record changed last), oldest first; --all lists every run.
-    """
-    from launcher.report import run_detail, runs_table
-    from launcher.status import run_list, run_view
-
-    if len(ctx.args) > 1:
-        raise _fail(f"status takes one RUN, got {len(ctx.args)}: {' '.join(ctx.args)} (see `tfl status --help`)")
-    run = ctx.args[0] if ctx.args else None
-    store = _store()
-    if watch:
-        _watch_status(store, run, every)
-        return
-    if run is None:
-        views, unreadable, hidden = run_list(store, every=every)
-        rows = [v.to_dict() for v in views] + [u.to_dict() for u in unreadable]
-        typer.echo(json.dumps(rows, indent=1) if as_json else runs_table(views, unreadable, hidden))
-        return
-    view = run_view(_core(lambda: store.resolve(run)), measure=True)
-    typer.echo(json.dumps(view.to_dict(), indent=1) if as_json else run_detail(view))
-
-
-def _watch_status(store: Any, run: str | None, every: bool) -> None:
-    """``tfl status --watch``: one run until it ends, or the list until Ctrl-C."""
-    from launcher.report import runs_table, watch, watch_run
-    from launcher.status import run_list, run_view
-
-    clear = sys.stdout.isatty()
-    try:
-        if run is not None:
-            watch_run(lambda: run_view(store.resolve(run), measure=True), sys.stdout, clear=clear)
-        else:
-            watch(lambda: (runs_table(*run_list(store, every=every)), False), sys.stdout, clear=clear)
-    except KeyboardInterrupt:
-        pass
-    except TflError as exc:
-        raise _fail(str(exc), exc.exit_code) from None
-
-
 @app.command("_supervise", cls=_Command, hidden=True)
 def supervise(plan_file: Path, config_json: str) -> None:
     """The detached launcher's body (started by `tfl launch --detach`)."""
@@ -283,43 +151,6 @@ def supervise(plan_file: Path, config_json: str) -> None:
 
     record = _core(lambda: supervise_detached(plan_file, config_json, _store()))
     raise typer.Exit(record.exit_code or 0)
-
-
-@app.command(cls=_Command)
-def stop(
-    run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)",
-                                     autocompletion=_run_ids),
-    grace_period: float = typer.Option(5.0, "--grace-period", min=0, help="seconds between SIGTERM and SIGKILL"),
-) -> None:
-    """Stop a run: every task, even when its launcher was killed. Stopping twice is fine."""
-    from launcher.control import stop_run
-
-    store = _store()
-    record = _core(lambda: store.resolve(run))
-    typer.echo(_core(lambda: stop_run(store, record, grace_period)))
-
-
-@app.command(cls=_Command)
-def logs(
-    run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)",
-                                     autocompletion=_run_ids),
-    task: str | None = typer.Option(None, "--task", "-t", help="only this task, e.g. chief:0"),
-    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the run ends"),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="also show TensorFlow's known start-up noise"),
-) -> None:
-    """Print a run's task logs, each line prefixed with its task.
-
-    TensorFlow's known start-up noise (oneDNN, CUDA stubs, cuInit without a driver, gRPC and
-    coordination-service lines) is hidden and counted per task; --verbose shows every line.
-    """
-    from launcher.control import show_logs
-
-    store = _store()
-    record = _core(lambda: store.resolve(run))
-    try:
-        _core(lambda: show_logs(store, record, sys.stdout, task=task, follow=follow, colour=_colour(), verbose=verbose))
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
 
 
 export_app = typer.Typer(name="export", no_args_is_help=True, rich_markup_mode=None, cls=_Group,
@@ -369,44 +200,3 @@ def export_k8s(
     count = len(result.documents)
     typer.echo(f"tfl: wrote {count} object{'' if count == 1 else 's'} ({options.name}) to {output}; "
                f"apply them with `kubectl apply -f {output}`", err=True)
-@app.command(cls=_Command)
-def rm(runs: list[str] = typer.Argument(..., help="run ids or unique prefixes", autocompletion=_run_ids)) -> None:
-    """Remove finished runs: their record, logs and default model dir here, and what they left
-    on SSH hosts (an unreachable host is reported). A running run is kept (exit 1)."""
-    from launcher.prune import rm_runs
-
-    outcome = _core(lambda: rm_runs(_store(), runs))
-    typer.echo(outcome.render())
-    raise typer.Exit(1 if outcome.refused else 0)
-
-
-@app.command(cls=_Command)
-def prune(
-    older_than: str | None = typer.Option(None, "--older-than", help="runs that ended longer ago than this, e.g. 7d, 12h "
-                                          "(default 7d when --keep is not given)"),
-    keep: int | None = typer.Option(None, "--keep", help="keep the N latest runs whatever their age"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="say what would be removed; remove nothing"),
-) -> None:
-    """Remove finished runs older than --older-than and beyond the --keep latest (as `tfl rm`).
-    Running runs are never touched."""
-    from launcher.prune import prune_runs
-
-    typer.echo(_core(lambda: prune_runs(_store(), older_than=older_than, keep=keep, dry_run=dry_run)).render())
-
-
-@app.command(cls=_Command)
-def tensorboard(
-    run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)", autocompletion=_run_ids),
-    port: int | None = typer.Option(None, "--port", "-p", help="port on 127.0.0.1 (default: the first free from 6006)"),
-) -> None:
-    """TensorBoard on a run's model dir (also while it runs); prints the URL, Ctrl-C stops it.
-    A model dir on another host: prints how to reach it through SSH instead."""
-    from launcher.tboard import serve
-
-    store = _store()
-    record = _core(lambda: store.resolve(run))
-    raise typer.Exit(_core(lambda: serve(record, port, sys.stdout)))
-
-
-def main() -> None:
-    app(prog_name="tfl")  # also as `python -m launcher`: completion asks for _TFL_COMPLETE

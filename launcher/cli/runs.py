@@ -1,0 +1,140 @@
+"""The commands about recorded runs, from any terminal: status, stop, logs, rm, prune,
+tensorboard."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import typer
+
+from launcher.cli.app import _colour, _Command, _core, _fail, _run_ids, _RunsCommand, _store, app
+from launcher.errors import TflError
+
+
+# RUN is read from the context's extra arguments, not declared as a typer.Argument: typer 0.29
+# coerces every non-flag parameter through a pydantic TypeAdapter, whose import alone costs
+# `tfl status` a third of its time (docs/benchmarks.md §1). Flags skip that coercion.
+@app.command(cls=_RunsCommand, context_settings={"allow_extra_args": True}, options_metavar="[OPTIONS] [RUN]")
+def status(
+    ctx: typer.Context,
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output (the same runs as the table)"),
+    watch: bool = typer.Option(False, "--watch", "-w", help="a live view, redrawn every second (Ctrl-C ends it)"),
+    every: bool = typer.Option(False, "--all", "-a", help="list every run, not only the active and the 20 latest"),
+) -> None:
+    """Show the runs, or one run's tasks (state, pid, cpu, memory, progress).
+
+    RUN is a run id or a unique prefix of one. Without it: the active runs and the 20
+    latest (whose record changed last), oldest first; --all lists every run.
+    """
+    from launcher.report import run_detail, runs_table
+    from launcher.status import run_list, run_view
+
+    if len(ctx.args) > 1:
+        raise _fail(f"status takes one RUN, got {len(ctx.args)}: {' '.join(ctx.args)} (see `tfl status --help`)")
+    run = ctx.args[0] if ctx.args else None
+    store = _store()
+    if watch:
+        _watch_status(store, run, every)
+        return
+    if run is None:
+        views, unreadable, hidden = run_list(store, every=every)
+        rows = [v.to_dict() for v in views] + [u.to_dict() for u in unreadable]
+        typer.echo(json.dumps(rows, indent=1) if as_json else runs_table(views, unreadable, hidden))
+        return
+    view = run_view(_core(lambda: store.resolve(run)), measure=True)
+    typer.echo(json.dumps(view.to_dict(), indent=1) if as_json else run_detail(view))
+
+
+def _watch_status(store: Any, run: str | None, every: bool) -> None:
+    """``tfl status --watch``: one run until it ends, or the list until Ctrl-C."""
+    from launcher.report import runs_table, watch, watch_run
+    from launcher.status import run_list, run_view
+
+    clear = sys.stdout.isatty()
+    try:
+        if run is not None:
+            watch_run(lambda: run_view(store.resolve(run), measure=True), sys.stdout, clear=clear)
+        else:
+            watch(lambda: (runs_table(*run_list(store, every=every)), False), sys.stdout, clear=clear)
+    except KeyboardInterrupt:
+        pass
+    except TflError as exc:
+        raise _fail(str(exc), exc.exit_code) from None
+
+
+@app.command(cls=_Command)
+def stop(
+    run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)",
+                                     autocompletion=_run_ids),
+    grace_period: float = typer.Option(5.0, "--grace-period", min=0, help="seconds between SIGTERM and SIGKILL"),
+) -> None:
+    """Stop a run: every task, even when its launcher was killed. Stopping twice is fine."""
+    from launcher.control import stop_run
+
+    store = _store()
+    record = _core(lambda: store.resolve(run))
+    typer.echo(_core(lambda: stop_run(store, record, grace_period)))
+
+
+@app.command(cls=_Command)
+def logs(
+    run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)",
+                                     autocompletion=_run_ids),
+    task: str | None = typer.Option(None, "--task", "-t", help="only this task, e.g. chief:0"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the run ends"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="also show TensorFlow's known start-up noise"),
+) -> None:
+    """Print a run's task logs, each line prefixed with its task.
+
+    TensorFlow's known start-up noise (oneDNN, CUDA stubs, cuInit without a driver, gRPC and
+    coordination-service lines) is hidden and counted per task; --verbose shows every line.
+    """
+    from launcher.control import show_logs
+
+    store = _store()
+    record = _core(lambda: store.resolve(run))
+    try:
+        _core(lambda: show_logs(store, record, sys.stdout, task=task, follow=follow, colour=_colour(), verbose=verbose))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+@app.command(cls=_Command)
+def rm(runs: list[str] = typer.Argument(..., help="run ids or unique prefixes", autocompletion=_run_ids)) -> None:
+    """Remove finished runs: their record, logs and default model dir here, and what they left
+    on SSH hosts (an unreachable host is reported). A running run is kept (exit 1)."""
+    from launcher.prune import rm_runs
+
+    outcome = _core(lambda: rm_runs(_store(), runs))
+    typer.echo(outcome.render())
+    raise typer.Exit(1 if outcome.refused else 0)
+
+
+@app.command(cls=_Command)
+def prune(
+    older_than: str | None = typer.Option(None, "--older-than", help="runs that ended longer ago than this, e.g. 7d, 12h "
+                                          "(default 7d when --keep is not given)"),
+    keep: int | None = typer.Option(None, "--keep", help="keep the N latest runs whatever their age"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="say what would be removed; remove nothing"),
+) -> None:
+    """Remove finished runs older than --older-than and beyond the --keep latest (as `tfl rm`).
+    Running runs are never touched."""
+    from launcher.prune import prune_runs
+
+    typer.echo(_core(lambda: prune_runs(_store(), older_than=older_than, keep=keep, dry_run=dry_run)).render())
+
+
+@app.command(cls=_Command)
+def tensorboard(
+    run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)", autocompletion=_run_ids),
+    port: int | None = typer.Option(None, "--port", "-p", help="port on 127.0.0.1 (default: the first free from 6006)"),
+) -> None:
+    """TensorBoard on a run's model dir (also while it runs); prints the URL, Ctrl-C stops it.
+    A model dir on another host: prints how to reach it through SSH instead."""
+    from launcher.tboard import serve
+
+    store = _store()
+    record = _core(lambda: store.resolve(run))
+    raise typer.Exit(_core(lambda: serve(record, port, sys.stdout)))
