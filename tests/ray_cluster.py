@@ -83,10 +83,41 @@ def _alive(pids: set[int]) -> list[int]:
     return found
 
 
-def start_ray_cluster(nodes: int = 3) -> RayCluster:
+def _of_root(root: str) -> set[int]:
+    """Every live process whose command line names the cluster's private dir (its session dir is
+    there): Ray's GCS, raylets, workers and helpers, also those of a node that failed to start."""
+    found = set()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if any(root in part for part in proc.info["cmdline"] or ()):
+            found.add(proc.info["pid"])
+    return found
+
+
+def _kill(pids: set[int] | list[int]) -> None:
+    for pid in pids:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+
+
+def start_ray_cluster(nodes: int = 3, tries: int = 2) -> RayCluster:
+    """The cluster; a node that does not come up within Ray's 30 s (a loaded machine) is tried again."""
+    for attempt in range(tries):
+        root = tempfile.mkdtemp(prefix="tfl-ray-")  # short: Ray's unix sockets live under it (107-byte limit)
+        try:
+            return _start(root, nodes)
+        except Exception:
+            _kill(_of_root(root))
+            shutil.rmtree(root, ignore_errors=True)
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start(root: str, nodes: int) -> RayCluster:
     from ray.cluster_utils import Cluster
 
-    root = tempfile.mkdtemp(prefix="tfl-ray-")  # short: Ray's unix sockets live under it (107-byte limit)
     os.environ.update(ENV, XDG_CACHE_HOME=os.path.join(root, "cache"))  # the nodes inherit this process's env
     cluster = Cluster(initialize_head=True, head_node_args={**NODE_ARGS, "include_dashboard": False,
                                                             "temp_dir": os.path.join(root, "t")})
@@ -100,7 +131,7 @@ def start_ray_cluster(nodes: int = 3) -> RayCluster:
 
 def stop_ray_cluster(found: RayCluster) -> list[int]:
     """Shut the cluster down, kill by pid whatever of it outlived that; the pids that were left."""
-    pids = set(found.pids)
+    pids = set(found.pids) | _of_root(found.root)
     for pid in list(pids):  # workers and runners the raylets started are theirs: take them too
         pids.update(c.pid for c in _children(pid))
     try:
@@ -110,12 +141,8 @@ def stop_ray_cluster(found: RayCluster) -> list[int]:
     deadline = time.monotonic() + 15
     while _alive(pids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = _alive(pids)
-    for pid in left:
-        try:
-            psutil.Process(pid).kill()
-        except psutil.Error:
-            pass
+    left = _alive(pids | _of_root(found.root))
+    _kill(left)
     shutil.rmtree(found.root, ignore_errors=True)
     return left
 
