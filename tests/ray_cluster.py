@@ -115,8 +115,33 @@ def start_ray_cluster(nodes: int = 3, tries: int = 2) -> RayCluster:
     raise AssertionError("unreachable")
 
 
+def _patient_registration(wait: float = 120.0) -> None:
+    """Give a node up to ``wait`` s to register with the GCS, not Ray's fixed 30 s: on this shared
+    2-core machine a raylet can take longer to start, and the cluster is then slow, not broken."""
+    from ray._private import services
+
+    if getattr(services.get_node, "patient", False):
+        return
+    quick = services.get_node
+
+    def get_node(*args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                return quick(*args, **kwargs)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    get_node.patient = True  # type: ignore[attr-defined]
+    services.get_node = get_node
+
+
 def _start(root: str, nodes: int) -> RayCluster:
     from ray.cluster_utils import Cluster
+
+    _patient_registration()
 
     os.environ.update(ENV, XDG_CACHE_HOME=os.path.join(root, "cache"))  # the nodes inherit this process's env
     cluster = Cluster(initialize_head=True, head_node_args={**NODE_ARGS, "include_dashboard": False,

@@ -55,7 +55,11 @@ def tiny_job(tmp_path: Path) -> str:
 
 
 def record(home: Path, run: str) -> dict[str, Any]:
-    return dict(json.loads((home / "runs" / run / "state.json").read_text()))
+    """The run's record; {} until the launcher has written it (a detached one prepares the cluster first)."""
+    try:
+        return dict(json.loads((home / "runs" / run / "state.json").read_text()))
+    except FileNotFoundError:
+        return {}
 
 
 # --- the description (pure) ----------------------------------------------------------------
@@ -164,7 +168,7 @@ def test_detach_status_logs_stop(ray_cluster: RayCluster, tmp_path: Path, tfl_ho
     assert result.returncode == 0, result.stderr[-3000:]
     run = only_run(tfl_home)
     try:
-        wait_for(lambda: all(t["state"] == "running" for t in record(tfl_home, run)["tasks"]), timeout=240)
+        wait_for(lambda: all(t.get("state") == "running" for t in record(tfl_home, run).get("tasks", [{}])), timeout=240)
         wait_for(lambda: "TF_CONFIG" in tfl(["logs", run, "--task", "worker:0"], child_env).stdout, timeout=60)
         status = tfl(["status", run], child_env, timeout=120)
         assert status.returncode == 0 and status.stdout.count("127.0.0.1") >= 2, status.stdout + status.stderr
