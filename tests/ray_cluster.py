@@ -115,7 +115,7 @@ def start_ray_cluster(nodes: int = 3, tries: int = 2) -> RayCluster:
     raise AssertionError("unreachable")
 
 
-def _patient_registration(wait: float = 120.0) -> None:
+def _patient_registration(wait: float = 240.0) -> None:
     """Give a node up to ``wait`` s to register with the GCS, not Ray's fixed 30 s: on this shared
     2-core machine a raylet can take longer to start, and the cluster is then slow, not broken."""
     from ray._private import services

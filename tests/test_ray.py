@@ -33,6 +33,10 @@ print("TF_CONFIG " + os.environ["TF_CONFIG"], flush=True)
 print("attempt " + os.environ["TFL_ATTEMPT"] + " kit " + __import__("launcher").__file__, flush=True)
 with open(os.environ["TFL_PROGRESS_FILE"], "w") as f:
     json.dump({"task": os.environ["TFL_TASK"]}, f)
+if len(sys.argv) > 3 and os.environ["TFL_TASK"] == "chief:0" and not os.path.exists(sys.argv[3]):
+    open(sys.argv[3], "w").close()  # once: as if another process had taken the port the actor released
+    print("E0000 UNKNOWN: Could not start gRPC server: Address already in use", flush=True)
+    sys.exit(1)
 time.sleep(float(sys.argv[1]))
 sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
 """
@@ -159,6 +163,21 @@ def test_an_infeasible_placement_is_one_line_not_a_hang(ray: dict[str, Any], exp
     assert result.returncode != 0 and len(result.stderr.strip().splitlines()) == 1, result.stderr[-3000:]
     assert "was not ready within 3 s" in result.stderr and expected in result.stderr, result.stderr
     assert time.monotonic() - started < 100  # a hang guard, far above the expected figure
+
+
+@pytest.mark.ray
+def test_a_port_taken_before_tensorflow_binds_it_is_retried_once_on_new_ports(
+        ray_cluster: RayCluster, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    path = description(tmp_path, ray_cluster.address, workers=1, placement="SPREAD")
+    result = tfl(["launch", tiny_job(tmp_path), "--cluster", str(path), "--", "1", "0", str(tmp_path / "taken")],
+                 child_env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = only_run(tfl_home)
+    assert record(tfl_home, run)["restarts"] == []  # not a restart: --max-restarts is 0
+    chief = (tfl_home / "runs" / run / "logs" / "chief-0.log").read_text()
+    assert "was taken before TensorFlow bound it; the training group starts again on new ports (once)" in chief
+    configs = [json.loads(line.split("TF_CONFIG ", 1)[1]) for line in chief.splitlines() if line.startswith("TF_CONFIG ")]
+    assert len(configs) == 2 and configs[0]["cluster"]["chief"] != configs[1]["cluster"]["chief"]
 
 
 @pytest.mark.ray

@@ -109,7 +109,18 @@ class TaskRunner:
             except OSError:
                 pass
         more = len(data) == READ_LIMIT
-        return {"data": data, "progress": progress, "exit": None if more else code}
+        ended = None if more else code
+        return {"data": data, "progress": progress, "exit": ended, "address_in_use": bool(ended) and self._address_in_use()}
+
+    def _address_in_use(self) -> bool:
+        """Whether the job's last output says its port was taken (TensorFlow's server could not bind it)."""
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(max(0, os.path.getsize(self.log) - 65536))
+                tail = f.read().decode(errors="replace")
+        except OSError:
+            return False
+        return any(marker in tail for marker in ADDRESS_IN_USE)
 
     def signal(self, signum: int) -> None:
         if self.popen is None:

@@ -25,10 +25,15 @@ from launcher.backends.ray.group import CALL_TIMEOUT, RayGroup
 from launcher.backends.ray.relay import Relay
 from launcher.checks import Check, HostTasks
 from launcher.errors import LaunchError
+from launcher.files import open_private
 from launcher.logstream import attempt_banner
 from launcher.plan import LaunchPlan, TaskLaunch
 from launcher.ray.plan import RayUnit, with_addresses
 from launcher.runstore import RunRecord
+from launcher.tasks import TaskId
+from launcher.teardown import teardown
+
+GRACE = 10.0  # seconds a task gets to leave before SIGKILL when the group starts again on new ports
 
 
 class RayBackend:
@@ -43,6 +48,8 @@ class RayBackend:
         self._attempt = 0
         self._lock = threading.Lock()
         self._relays: list[Relay] = []
+        self._procs: dict[TaskId, TaskProcess] = {}  # each task's latest start
+        self._ports_retried: set[int] = set()  # attempts whose ports were taken once already
 
     # --- before a run -------------------------------------------------------------------
     def probe(self, hosts: Sequence[HostTasks], *, quick: bool) -> list[Check]:
@@ -76,17 +83,23 @@ class RayBackend:
         with self._lock:
             if attempt != self._attempt:
                 self._new_attempt(group, attempt)
-            current = next(t for t in group.plan.tasks if t.task == launch.task)
-        ray, actor = group.ray, group.actors[launch.task]
+        proc = self._start(group, launch.task, attempt, attempt_banner(launch.name, attempt) if attempt else "")
+        self._procs[launch.task] = proc
+        return proc
+
+    def _start(self, group: RayGroup, task: TaskId, attempt: int, banner: str) -> TaskProcess:
+        """Have the task's actor release its port and start the job; a relay follows it."""
+        current = next(t for t in group.plan.tasks if t.task == task)
+        ray, actor = group.ray, group.actors[task]
         env = {**current.env, contract.ATTEMPT: str(attempt)}
-        if attempt:
-            with open(current.log_path, "ab") as log:
-                log.write(attempt_banner(launch.name, attempt).encode())
+        if banner:
+            with open_private(current.log_path) as log:
+                log.write(banner.encode())
         try:
             started = ray.get(actor.start.remote(list(current.argv), env, attempt), timeout=CALL_TIMEOUT)
         except ray.exceptions.RayError as exc:
-            raise LaunchError(f"{launch.name}: its Ray actor could not start the job: {str(exc).strip().splitlines()[0]}") from None
-        relay = Relay(ray, actor, current.log_path, current.progress_path, self._notify).start(launch.name)
+            raise LaunchError(f"{current.name}: its Ray actor could not start the job: {str(exc).strip().splitlines()[0]}") from None
+        relay = Relay(ray, actor, current.log_path, current.progress_path, self._notify).start(current.name)
         self._relays.append(relay)
         pid = int(started["pid"])
         return TaskProcess(launch=current, attempt=attempt, pid=pid, create_time=None, pgid=pid, handle=relay,
@@ -102,9 +115,29 @@ class RayBackend:
 
     def poll(self, proc: TaskProcess) -> int | None:
         relay: Relay = proc.handle
+        if relay.address_in_use and proc.launch.task.is_training and proc.attempt not in self._ports_retried:
+            self._ports_retried.add(proc.attempt)
+            self._retry_ports(proc)
+            return None
         if relay.exit_code is not None and relay.ended_by:
             proc.ended_by = relay.ended_by
         return relay.exit_code
+
+    def _retry_ports(self, failed: TaskProcess) -> None:
+        """A task's port was taken between its actor's release and TensorFlow's bind: the training
+        group of this attempt starts again on new ports, once, and says so in every task's log."""
+        group = self._need_group()
+        procs = [p for p in self._procs.values() if p.attempt == failed.attempt and p.launch.task.is_training]
+        teardown(procs, signal=self.signal, alive=self.alive, grace=GRACE, kill_wait=GRACE)
+        for p in procs:
+            p.handle.stop()
+        training = [p.launch.task for p in procs]
+        group.plan = with_addresses(group.plan, group.reserve(training))
+        note = (f"--- tfl: port {failed.launch.port} of {failed.launch.name} on {failed.launch.host} was taken before "
+                "TensorFlow bound it; the training group starts again on new ports (once) ---\n")
+        for p in procs:
+            fresh = self._start(group, p.launch.task, p.attempt, note)
+            p.launch, p.handle, p.pid, p.pgid = fresh.launch, fresh.handle, fresh.pid, fresh.pgid
 
     def signal(self, proc: TaskProcess, signum: int) -> None:
         relay: Relay = proc.handle

@@ -34,6 +34,7 @@ class Relay:
     exit_code: int | None = None
     ended_by: str | None = None
     died_at: float | None = None  # monotonic time the actor's death was noticed
+    address_in_use: bool = False  # it failed because its port had been taken before TensorFlow bound it
     _stop: threading.Event = field(default_factory=threading.Event)
     _offset: int = 0
     _progress: bytes | None = None
@@ -66,6 +67,7 @@ class Relay:
             return True
         self._write(got)
         if got["exit"] is not None:
+            self.address_in_use = bool(got.get("address_in_use"))
             self.exit_code = int(got["exit"])
             return True
         return False
