@@ -6,7 +6,7 @@ task's host, port and TF_CONFIG into the plan that runs and is recorded. ``start
 task's actor to release its port and start the job script (TF_CONFIG in its environment);
 a relay thread brings its output and progress to the task's files here. A new attempt of
 the group (``--max-restarts``) first makes again the actors that died with their node, takes
-new ports for every training task and rebuilds their TF_CONFIG. Nothing here is Ray's
+new ports for every task and rebuilds their TF_CONFIG. Nothing here is Ray's
 restart policy: actors never restart (``max_restarts=0``); the supervisor decides.
 """
 
@@ -106,11 +106,11 @@ class RayBackend:
                            host=current.host)
 
     def _new_attempt(self, group: RayGroup, attempt: int) -> None:
-        """Attempt ``attempt`` of the training group: actors lost with their node made again,
-        new ports on every training task's node, TF_CONFIG rebuilt from them."""
-        training = [t.task for t in group.plan.training_tasks]
-        group.ensure_actors(training)
-        group.plan = with_addresses(group.plan, group.reserve(training))
+        """Attempt ``attempt`` of the group (the supervisor restarts every task, the evaluator too):
+        actors lost with their node made again, new ports on every node, TF_CONFIG rebuilt."""
+        tasks = [t.task for t in group.plan.tasks]
+        group.ensure_actors(tasks)
+        group.plan = with_addresses(group.plan, group.reserve(tasks))
         self._attempt = attempt
 
     def poll(self, proc: TaskProcess) -> int | None:
