@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -25,7 +26,8 @@ import pytest
 NODE_ARGS: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 * 2**20, "node_ip_address": "127.0.0.1"}
 # Patience with a loaded machine: a raylet gives up on its agents (their port files) after these.
 ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_agent_register_timeout_ms": "300000",
-       "RAY_raylet_start_wait_time_s": "300"}
+       "RAY_raylet_start_wait_time_s": "300", "RAY_py_gcs_connect_timeout_s": "300",
+       "RAY_gcs_rpc_server_connect_timeout_s": "300"}
 
 
 @dataclass
@@ -44,11 +46,23 @@ class RayCluster:
     def node_of(self, node_id: str) -> Any:
         return next(n for n in self.nodes() if n.node_id == node_id)
 
-    def add_node(self) -> Any:
-        node = self.cluster.add_node(**NODE_ARGS)
-        self._note(node)
-        self.cluster.wait_for_nodes()
-        return node
+    def add_node(self, tries: int = 3) -> Any:
+        """A node more; one whose raylet gave up waiting for its agents (a loaded machine) is
+        stopped by pid and tried again."""
+        for attempt in range(tries):
+            before = _of_root(self.root)
+            known = self.pids | {c.pid for p in self.pids for c in _children(p)}
+            try:
+                node = self.cluster.add_node(**_node_args())
+            except Exception:
+                _kill(_of_root(self.root) - before - known)
+                if attempt == tries - 1:
+                    raise
+                continue
+            self._note(node)
+            self.cluster.wait_for_nodes()
+            return node
+        raise AssertionError("unreachable")
 
     def _note(self, node: Any) -> None:
         for infos in node.all_processes.values():
@@ -72,6 +86,20 @@ def _children(pid: int) -> list[psutil.Process]:
         return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         return []
+
+
+def _node_args() -> dict[str, Any]:
+    """A node's arguments, with its agents' ports given: a raylet otherwise waits a fixed time for the
+    port files its agents write, and dies when they are slow to start (a loaded machine)."""
+    names = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port")
+    socks = [socket.socket() for _ in names]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return {**NODE_ARGS, **{name: sock.getsockname()[1] for name, sock in zip(names, socks, strict=True)}}
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def _alive(pids: set[int]) -> list[int]:
@@ -103,7 +131,7 @@ def _kill(pids: set[int] | list[int]) -> None:
             pass
 
 
-def start_ray_cluster(nodes: int = 3, tries: int = 2) -> RayCluster:
+def start_ray_cluster(nodes: int = 3, tries: int = 3) -> RayCluster:
     """The cluster; a node that does not come up within Ray's 30 s (a loaded machine) is tried again."""
     for attempt in range(tries):
         root = tempfile.mkdtemp(prefix="tfl-ray-")  # short: Ray's unix sockets live under it (107-byte limit)
@@ -146,13 +174,12 @@ def _start(root: str, nodes: int) -> RayCluster:
     _patient_registration()
 
     os.environ.update(ENV, XDG_CACHE_HOME=os.path.join(root, "cache"))  # the nodes inherit this process's env
-    cluster = Cluster(initialize_head=True, head_node_args={**NODE_ARGS, "include_dashboard": False,
+    cluster = Cluster(initialize_head=True, head_node_args={**_node_args(), "include_dashboard": False,
                                                             "temp_dir": os.path.join(root, "t")})
     found = RayCluster(cluster, root)
     found._note(cluster.head_node)
     for _ in range(nodes - 1):
-        found._note(cluster.add_node(**NODE_ARGS))
-    cluster.wait_for_nodes()
+        found.add_node()
     return found
 
 
@@ -176,8 +203,9 @@ def stop_ray_cluster(found: RayCluster) -> list[int]:
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[RayCluster]:
-    pytest.importorskip("ray")
     saved = dict(os.environ)
+    os.environ.update(ENV)  # before Ray is imported: it reads some of these once
+    pytest.importorskip("ray")
     found = start_ray_cluster()
     try:
         yield found
