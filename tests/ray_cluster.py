@@ -25,9 +25,7 @@ import psutil
 import pytest
 
 NODE_ARGS: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 * 2**20, "node_ip_address": "127.0.0.1"}
-# Patience with a loaded machine: a raylet gives up on its agents (their port files) after these.
-ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_agent_register_timeout_ms": "300000",
-       "RAY_raylet_start_wait_time_s": "300"}
+ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 @dataclass
