@@ -195,15 +195,16 @@ def test_the_chosen_steps_per_call_keep_backups_every_n_steps(
 
 
 def test_examples_per_sec_leave_out_the_time_of_callbacks(tmp_path: Path) -> None:
-    """A callback that takes 50 ms per call (a backup, say) does not count: the rate is the train function's.
-    (The second epoch's: the first one's includes tracing the function.)"""
+    """A callback that takes 200 ms per call (a backup, say) does not count: the rate is the train function's.
+    (The second epoch's: the first one's includes tracing the function.) The sleep dwarfs a step of
+    this tiny model on any machine, however loaded, so the bound below holds only if it is left out."""
     import time
 
     import tf_keras as keras
 
-    slow = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: time.sleep(0.05))
+    slow = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: time.sleep(0.2))
     jobkit.fit(build(), batches(), context=context(tmp_path), model_dir=tmp_path / "model", epochs=2,
                global_batch_size=BATCH, steps_per_epoch=12, steps_per_execution=1, callbacks=[slow])
     done = records(tmp_path)[-1]
-    with_callbacks = 12 * BATCH / (12 * 0.05)  # what the whole epoch's time would give, at best
-    assert done["phase"] == "done" and done["examples_per_sec"] > 3 * with_callbacks, done
+    with_callbacks = 12 * BATCH / (12 * 0.2)  # the most the whole epoch's time could give
+    assert done["phase"] == "done" and done["examples_per_sec"] > 2 * with_callbacks, done

@@ -68,7 +68,7 @@ def test_waker_wait_times_out_then_a_wake_from_another_thread_ends_it() -> None:
     assert waker.wait(0.05) is False and time.monotonic() - start >= 0.04
     threading.Timer(0.05, waker.wake).start()
     start = time.monotonic()
-    assert waker.wait(10) is True and time.monotonic() - start < 5
+    assert waker.wait(10) is True  # woken, not timed out
 
 
 def test_waker_wakes_before_the_wait_count_once_and_never_block() -> None:
@@ -84,8 +84,7 @@ def test_waker_wake_from_a_signal_handler_ends_the_wait() -> None:
     previous = signal.signal(signal.SIGUSR1, lambda *_: waker.wake())
     try:
         threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGUSR1)).start()
-        start = time.monotonic()
-        assert waker.wait(10) is True and time.monotonic() - start < 5
+        assert waker.wait(10) is True  # woken, not timed out
     finally:
         signal.signal(signal.SIGUSR1, previous)
 

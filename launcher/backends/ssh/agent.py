@@ -18,19 +18,17 @@ Modes of a request:
     Stdin reaching EOF or heartbeats stopping (the launcher or the connection is lost)
     kills the job's whole process group: a remote task never outlives its launcher.
 ``info`` / ``signal``
-    Liveness, cpu, memory and progress of recorded tasks / signal their groups; a pid
-    counts only if its create time matches the recorded one (pids get reused).
+    Liveness, cpu, memory and progress of recorded tasks / signal their groups, a pid only
+    if its start matches the recorded one (pids get reused; also how a restart stops a lost
+    attempt first: ``launcher.backends.ssh.restart``).
 ``probe``
     What ``tfl doctor`` checks: python, package versions, ports, disk, GPUs, and the job
     kit sent along imported as a task would (with ``quick``: python and ports only, what
     ``tfl launch`` checks first). Always: where the host's per-user tfl dir is.
-``unpack`` / ``cleanup``
-    The run's private dirs, the code and job kit ``tfl launch`` ships, the kit's import
-    check / removing them when the run has ended (``agent_files``).
-``storage``
-    Tokens in the shared storage, for ``tfl doctor``'s proof that every host sees it.
-``remove``
-    Remove a finished run's directories (``tfl rm``): only ones named after the run, no link.
+``unpack`` / ``cleanup`` / ``storage`` / ``remove`` (``agent_files``)
+    The run's private dirs, the shipped code and job kit, the kit's import check / their
+    removal at the end / tokens proving shared storage (``tfl doctor``) / a finished run's
+    dirs (``tfl rm``: only ones named after the run, no link).
 
 Every reply starts with ``MARK``: whatever the login shell printed first (a chatty
 ``~/.bashrc``) comes before it and is skipped. Output of ``run`` is framed on stdout after
@@ -169,8 +167,6 @@ def run(request: dict[str, Any], frames: Frames) -> int:
         except OSError as exc:
             frames.control({"error": "cannot create %s: %s" % (path, exc.strerror)})
             return 126
-    if request.get("predecessor"):
-        stop_predecessor(request, frames)
     cwd = request["cwd"]
     if not os.path.isdir(cwd):
         frames.control({"error": "working directory %s does not exist" % cwd})
@@ -191,28 +187,6 @@ def run(request: dict[str, Any], frames: Frames) -> int:
     commands = Commands(child.pid)
     commands.start()
     return relay(child, frames, commands, request)
-
-
-def stop_predecessor(request: dict[str, Any], frames: Frames) -> None:
-    """The task's previous attempt, lost with its connection, may still run here (its agent
-    kills it only once it notices) and hold the port this attempt needs: SIGTERM its group,
-    SIGKILL after the grace, and wait (bounded) until it is gone. Identity checked first."""
-    old = request["predecessor"]
-    if _find(old) is None or _zombie(old["pid"]):
-        return
-    pid, started = old["pid"], time.monotonic()
-    deadline = started + request.get("predecessor_wait", 10.0)
-    _killpg(pid, signal.SIGTERM)
-    killed = False
-    while _find(old) is not None and not _zombie(pid) and time.monotonic() < deadline:
-        if not killed and time.monotonic() - started > request.get("predecessor_grace", 2.0):
-            _killpg(pid, signal.SIGKILL)
-            killed = True
-        time.sleep(0.05)
-    gone = _find(old) is None or _zombie(pid)
-    note = "stopped" if gone else "could not stop"
-    frames.send(b"O", ("tfl: %s this task's previous attempt (pid %d), lost with its connection, in %.1f s\n"
-                       % (note, pid, time.monotonic() - started)).encode())
 
 
 def _zombie(pid: int) -> bool:
@@ -309,6 +283,8 @@ def _find(task: dict[str, Any]) -> tuple[int, Any] | None:
         actual = create_time(pid)
         if actual is None or recorded is None or abs(actual - recorded) > 0.01:
             return None
+    if _zombie(pid):
+        return None  # exited, not yet reaped: holds no port, runs nothing
     try:
         import psutil
 

@@ -26,7 +26,8 @@ from launcher.backends.ssh.connect import SSHError
 from launcher.backends.ssh.pool import HEARTBEAT_TIMEOUT, HostPool
 from launcher.backends.ssh.prepare import cleanup_hosts, prepare_hosts
 from launcher.backends.ssh.probe import probe_hosts
-from launcher.backends.ssh.wire import MARK, python_failure
+from launcher.backends.ssh.restart import PREDECESSOR_WAIT, stop_lost_attempt
+from launcher.backends.ssh.wire import MARK, agent_request, python_failure
 from launcher.checks import Check, HostTasks
 from launcher.contract import ATTEMPT, PROGRESS_FILE
 from launcher.files import open_private, write_atomic
@@ -40,12 +41,6 @@ if TYPE_CHECKING:
 HEARTBEAT_EVERY = 2.0
 KILL_GRACE = 5.0  # the agent's SIGTERM -> SIGKILL delay when it has lost us
 START_TIMEOUT = 60.0  # for the agent to report the job's pid (python startup on a busy host)
-# A restarted task whose previous attempt was lost with its connection: the new agent stops
-# that attempt first (SIGTERM, this grace, SIGKILL) and waits, at most this long, for it to
-# be gone; else the old task, which its own agent kills only once it notices (up to
-# HEARTBEAT_TIMEOUT + KILL_GRACE), would still hold the port the new one must bind.
-PREDECESSOR_GRACE = 2.0
-PREDECESSOR_WAIT = 10.0
 CONNECTION_LOST = 255  # ssh's own exit status for "the connection failed"
 
 
@@ -130,6 +125,10 @@ class RemoteTask:
         self.started.set()
         self._notify()
 
+    def log(self, text: str) -> None:
+        """A line of tfl's own in the task's log (before its agent says anything)."""
+        self._write(text.encode())
+
     def _write(self, data: bytes) -> None:
         self._log.write(data)
         self._log.flush()
@@ -178,13 +177,12 @@ class SSHBackend:
     # --- a live run ---------------------------------------------------------------------
     def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
         python = launch.python
+        note = self._stop_lost_attempt(launch)
         chan = self._pool.agent(launch)
         task = RemoteTask(chan, launch, attempt, self._notify)
-        request = self._request(launch, attempt)
-        lost = [t for t in self._tasks if t.launch.name == launch.name and t.lost]
-        if lost:  # see PREDECESSOR_WAIT
-            request["predecessor"] = {key: lost[-1].header.get(key) for key in ("pid", "create_time", "start_ticks")}
-        task.send(request)  # a dead channel shows as a missing pid below
+        if note:
+            task.log(note)
+        task.send(self._request(launch, attempt))  # a dead channel shows as a missing pid below
         if not task.started.wait(START_TIMEOUT):
             task.close()
             raise SSHError(launch.host, f"the tfl agent did not start within {START_TIMEOUT:g} s", launch.name)
@@ -205,8 +203,16 @@ class SSHBackend:
             "mode": "run", "argv": list(launch.argv), "env": {**launch.env, ATTEMPT: str(attempt)},
             "cwd": launch.cwd, "mkdirs": [os.path.dirname(progress)] if progress else [], "progress_file": progress,
             "heartbeat_timeout": HEARTBEAT_TIMEOUT, "grace": KILL_GRACE,
-            "predecessor_grace": PREDECESSOR_GRACE, "predecessor_wait": PREDECESSOR_WAIT,
         }
+
+    def _stop_lost_attempt(self, launch: TaskLaunch) -> str | None:
+        """The task's previous attempt, lost with its connection, stopped first (``restart``)."""
+        lost = [t for t in self._tasks if t.launch.name == launch.name and t.lost]
+        if not lost or launch.ssh is None:
+            return None
+        conn = self._pool.get(launch.ssh)
+        return stop_lost_attempt(lambda request: agent_request(conn, launch.python, request, timeout=PREDECESSOR_WAIT),
+                                 launch.name, lost[-1].header)
 
     def poll(self, proc: TaskProcess) -> int | None:
         code: int | None = proc.handle.exit_code
