@@ -58,6 +58,7 @@ class TaskRunner:
         self.sock: socket.socket | None = None
         self.popen: subprocess.Popen[bytes] | None = None
         self.log = os.path.join(self.dir, "output.log")
+        self.started_at = 0
 
     def reserve(self) -> dict[str, Any]:
         """Bind a fresh port and hold it; this node's id and address, and the port."""
@@ -77,7 +78,7 @@ class TaskRunner:
             self.sock = None
 
     def start(self, argv: list[str], env: dict[str, str], attempt: int) -> dict[str, Any]:
-        """Release the held port and start the job; its pid and process group."""
+        """Release the held port and start the job; its pid (and process group) and where its output begins."""
         if self.popen is not None and self.popen.poll() is None:
             raise RuntimeError(f"{self.slug}: the previous attempt is still running")
         env = {k: v.replace(NODE_DIR, self.dir) for k, v in env.items()}
@@ -86,10 +87,11 @@ class TaskRunner:
         argv = [sys.executable if argv[0] == "python" else argv[0], *argv[1:]]
         self.progress = env.get("TFL_PROGRESS_FILE")
         with open(self.log, "ab") as out:
+            offset = self.started_at = out.tell()  # where this start's output begins (earlier output is relayed already)
             self._release()  # just before TensorFlow binds it
             self.popen = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL, stdout=out,
                                           stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
-        return {"pid": self.popen.pid, "attempt": attempt}
+        return {"pid": self.popen.pid, "attempt": attempt, "offset": offset}
 
     def read(self, offset: int) -> dict[str, Any]:
         """Output from ``offset`` on, the progress file's text, and the exit code once exited."""
@@ -116,7 +118,7 @@ class TaskRunner:
         """Whether the job's last output says its port was taken (TensorFlow's server could not bind it)."""
         try:
             with open(self.log, "rb") as f:
-                f.seek(max(0, os.path.getsize(self.log) - 65536))
+                f.seek(max(self.started_at, os.path.getsize(self.log) - 65536))  # this start's output only
                 tail = f.read().decode(errors="replace")
         except OSError:
             return False

@@ -99,7 +99,8 @@ class RayBackend:
             started = ray.get(actor.start.remote(list(current.argv), env, attempt), timeout=CALL_TIMEOUT)
         except ray.exceptions.RayError as exc:
             raise LaunchError(f"{current.name}: its Ray actor could not start the job: {str(exc).strip().splitlines()[0]}") from None
-        relay = Relay(ray, actor, current.log_path, current.progress_path, self._notify).start(current.name)
+        relay = Relay(ray, actor, current.log_path, current.progress_path, self._notify,
+                      offset=int(started["offset"])).start(current.name)
         self._relays.append(relay)
         pid = int(started["pid"])
         return TaskProcess(launch=current, attempt=attempt, pid=pid, create_time=None, pgid=pid, handle=relay,

@@ -35,8 +35,8 @@ class Relay:
     ended_by: str | None = None
     died_at: float | None = None  # monotonic time the actor's death was noticed
     address_in_use: bool = False  # it failed because its port had been taken before TensorFlow bound it
+    offset: int = 0  # how much of the actor's output file this machine has (a restart appends to it)
     _stop: threading.Event = field(default_factory=threading.Event)
-    _offset: int = 0
     _progress: bytes | None = None
 
     def start(self, name: str) -> Relay:
@@ -57,7 +57,7 @@ class Relay:
         """One read; True once the task has ended."""
         ray = self.ray
         try:
-            got = ray.get(self.actor.read.remote(self._offset), timeout=CALL_TIMEOUT)
+            got = ray.get(self.actor.read.remote(self.offset), timeout=CALL_TIMEOUT)
         except (ray.exceptions.GetTimeoutError, ray.exceptions.ActorUnavailableError):
             return False  # slow, or its node unreachable for now: Ray says when it is dead
         except ray.exceptions.RayError as exc:  # RayActorError: the actor, or its node, is dead
@@ -76,7 +76,7 @@ class Relay:
         if got["data"]:
             with open_private(self.log_path) as log:
                 log.write(got["data"])
-            self._offset += len(got["data"])
+            self.offset += len(got["data"])
         if got["progress"] is not None and got["progress"] != self._progress:
             self._progress = got["progress"]
             write_atomic(self.progress_path, got["progress"].decode(errors="replace"))
