@@ -71,16 +71,12 @@ class RayCluster:
             self.pids.update(i.process.pid for i in infos)
 
     def kill_node(self, node_id: str) -> None:
-        """A node's death: its raylet and every process on it, at once (SIGKILL)."""
+        """A node's death: its raylet and every process under it (workers, agents), SIGKILL at once.
+        Never through ``Cluster.remove_node``: on the head that also takes the GCS down (the whole cluster)."""
         node = self.node_of(node_id)
         raylet = next(i.process.pid for i in node.all_processes["raylet"])
         victims = [raylet, *(c.pid for c in _children(raylet))]
-        self.cluster.remove_node(node, allow_graceful=False)
-        for pid in victims:
-            try:
-                psutil.Process(pid).kill()
-            except psutil.Error:
-                pass
+        _kill(victims)
 
 
 def _children(pid: int) -> list[psutil.Process]:
