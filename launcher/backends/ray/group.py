@@ -8,6 +8,7 @@ policy; a dead actor is replaced by ``ensure_actors`` when the group starts agai
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -78,7 +79,24 @@ class RayGroup:
             raise LaunchError(f"ray: {', '.join(map(str, dead))} lost their bundles and Ray could not place them again within "
                               f"{unit.ready_timeout:g} s: {shortfall(self.ray, unit, len(self.plan.tasks)) or 'no node free'}") from None
         for task in dead:
-            self.actors[task] = self._actor(task)
+            old = self.actors.pop(task, None)
+            if old is not None:
+                try:
+                    self.ray.kill(old)  # an unreachable one too: its name is free for the new one once Ray has it dead
+                except self.ray.exceptions.RayError:
+                    pass
+            self.actors[task] = self._named_actor(task, time.monotonic() + unit.ready_timeout)
+
+    def _named_actor(self, task: TaskId, deadline: float) -> Any:
+        """The task's new actor, under its name, once Ray has let go of the dead one's."""
+        while True:
+            try:
+                return self._actor(task)
+            except self.ray.exceptions.ActorAlreadyExistsError:
+                if time.monotonic() > deadline:
+                    raise LaunchError(f"ray: {task}'s dead actor still holds its name after {self.unit.ready_timeout:g} s "
+                                      "(raise ray.ready_timeout)") from None
+                time.sleep(0.5)
 
     def _responds(self, actor: Any) -> bool:
         try:
