@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from collections.abc import Sequence
 from typing import Callable
 
@@ -110,8 +111,19 @@ class RayBackend:
         """Attempt ``attempt`` of the group (the supervisor restarts every task, the evaluator too):
         actors lost with their node made again, new ports on every node, TF_CONFIG rebuilt."""
         tasks = [t.task for t in group.plan.tasks]
-        group.ensure_actors(tasks)
-        group.plan = with_addresses(group.plan, group.reserve(tasks))
+        # An actor made on a lost node's bundle before Ray has declared the node dead is cancelled
+        # once it does: make it again (its bundle is placed anew) until the group's timeout.
+        deadline = time.monotonic() + group.unit.ready_timeout + CALL_TIMEOUT
+        while True:
+            group.ensure_actors(tasks)
+            try:
+                reported = group.reserve(tasks)
+                break
+            except LaunchError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
+        group.plan = with_addresses(group.plan, reported)
         self._attempt = attempt
 
     def poll(self, proc: TaskProcess) -> int | None:
