@@ -59,6 +59,14 @@ class TaskRunner:
         self.popen: subprocess.Popen[bytes] | None = None
         self.log = os.path.join(self.dir, "output.log")
         self.started_at = 0
+        # The job dir and the kit, copied from what Ray unpacked for this actor (its working_dir and
+        # py_modules) into the task's own dir: Ray may collect its copies while the run still needs them
+        # (a restart after another actor's death released them).
+        self.workdir = os.path.join(self.dir, "job")
+        self.kit = os.path.join(self.dir, "kit")
+        shutil.copytree(os.getcwd(), self.workdir, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(os.path.join(_kit_root(), "launcher"), os.path.join(self.kit, "launcher"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
 
     def reserve(self) -> dict[str, Any]:
         """Bind a fresh port and hold it; this node's id and address, and the port."""
@@ -83,13 +91,13 @@ class TaskRunner:
             raise RuntimeError(f"{self.slug}: the previous attempt is still running")
         env = {k: v.replace(NODE_DIR, self.dir) for k, v in env.items()}
         os.makedirs(os.path.join(self.dir, "progress"), mode=0o700, exist_ok=True)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_kit_root(), env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (self.kit, env.get("PYTHONPATH")) if p)
         argv = [sys.executable if argv[0] == "python" else argv[0], *argv[1:]]
         self.progress = env.get("TFL_PROGRESS_FILE")
         with open(self.log, "ab") as out:
             offset = self.started_at = out.tell()  # where this start's output begins (earlier output is relayed already)
             self._release()  # just before TensorFlow binds it
-            self.popen = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL, stdout=out,
+            self.popen = subprocess.Popen(argv, env={**os.environ, **env}, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=out,
                                           stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
         return {"pid": self.popen.pid, "attempt": attempt, "offset": offset}
 
