@@ -139,7 +139,7 @@ def test_each_task_on_its_own_node_with_the_roles_ssh_gives_them(ray_cluster: Ra
         seen = json.loads(log.split("TF_CONFIG ", 1)[1].splitlines()[0])
         kind, index = task["task"].split(":")
         assert seen == tf_config(ssh, parse_cluster_task(kind, int(index))), log
-        assert "py_modules_files" in log  # the kit came with the run, not from this checkout
+        assert "/tfl/ray/" in log and "/kit/launcher/__init__.py" in log  # the kit came with the run, not from this checkout
         progress = json.loads((tfl_home / "runs" / run / "progress" / f"{kind}-{index}.json").read_text())
         assert progress == {"task": task["task"]}  # relayed from the node to this machine
 
