@@ -223,7 +223,9 @@ def test_mnist_with_an_evaluator_survives_the_loss_of_a_workers_node(ray_cluster
     finally:
         launcher.kill()
     assert launcher.returncode == 0, err[-3000:]
-    assert "restart 1: worker:0" in err and "its Ray actor died" in err, err[-3000:]
+    # The chief's collective fails at once; Ray declares the node dead after its health checks (~15 s):
+    # whichever tfl notices first is the restart's cause.
+    assert re.search(r"restart 1: (chief|worker):0", err) and "(1 restart(s))" in err, err[-3000:]
     logs = tfl_home / "runs" / run / "logs"
     chief, worker = ((logs / f"{t}-0.log").read_text() for t in ("chief", "worker"))
     restored = [re.search(r"every training task restored the backup of epoch (\d+)", log.split("--- tfl: attempt 1")[1])
