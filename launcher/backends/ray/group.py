@@ -74,7 +74,7 @@ class RayGroup:
             return
         unit = self.unit
         try:
-            self.ray.get(self.pg.ready(), timeout=unit.ready_timeout)
+            self._wait_placed(time.monotonic() + unit.ready_timeout)
         except self.ray.exceptions.GetTimeoutError:
             raise LaunchError(f"ray: {', '.join(map(str, dead))} lost their bundles and Ray could not place them again within "
                               f"{unit.ready_timeout:g} s: {shortfall(self.ray, unit, len(self.plan.tasks)) or 'no node free'}") from None
@@ -86,6 +86,20 @@ class RayGroup:
                 except self.ray.exceptions.RayError:
                     pass
             self.actors[task] = self._named_actor(task, time.monotonic() + unit.ready_timeout)
+
+    def _wait_placed(self, deadline: float) -> None:
+        """The group's bundles all placed again. ``pg.ready()`` is a task on the group: one that
+        lands on a lost node's bundle just before Ray declares the node dead fails; ask again."""
+        while True:
+            try:
+                self.ray.get(self.pg.ready(), timeout=max(1.0, deadline - time.monotonic()))
+                return
+            except self.ray.exceptions.GetTimeoutError:
+                raise
+            except self.ray.exceptions.RayError:
+                if time.monotonic() > deadline:
+                    raise self.ray.exceptions.GetTimeoutError() from None
+                time.sleep(1.0)
 
     def _named_actor(self, task: TaskId, deadline: float) -> Any:
         """The task's new actor, under its name, once Ray has let go of the dead one's."""
