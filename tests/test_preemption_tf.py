@@ -237,7 +237,10 @@ def test_sigterm_to_the_evaluator_leaves_training_alone(tmp_path: Path, controls
 # --- a custom training loop: jobkit.preemption_handler -------------------------------------------
 
 CUSTOM_LOOP = Path(__file__).resolve().parents[1] / "jobs" / "custom_loop.py"
-LOOP_STEPS = 40
+# Enough steps after the notice (sent at step 15) for TensorFlow's handler to see it: it polls the
+# kit's notice flag once a second. With 40 tiny steps a quiet machine finished the loop first
+# (exit 0: right, but not what the test is about).
+LOOP_STEPS = 400
 
 
 def start_loop(base: Path, model_dir: Path, attempt: int) -> Group:
