@@ -1,4 +1,4 @@
-"""15. Ray: launch → every task running against the same job over SSH on as many hosts, and a
+"""11. Ray: launch → every task running against the same job over SSH on as many hosts, and a
 node's death → noticed. `uv run python -m bench.ray [--reps N]` prints the section's table.
 
 Ray: a private three-node cluster on loopback (``tests.ray_cluster``: a head and two nodes,
