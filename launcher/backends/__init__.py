@@ -24,7 +24,6 @@ BACKENDS: dict[str, str] = {
     "local": "launcher.backends.local:LocalBackend",
     "ssh": "launcher.backends.ssh.backend:SSHBackend",
     "slurm": "launcher.backends.slurm.backend:SlurmBackend",
-    "ray": "launcher.backends.ray.backend:RayBackend",
 }
 
 
