@@ -154,4 +154,7 @@ def test_peer_death_stops_the_chief_by_sigterm_not_after_the_grace(child_env: di
     assert time.monotonic() - killed < 60  # a hang guard: not the 120 s grace
     view = json.loads(tfl(["status", only_run(tfl_home).name, "--json"], child_env).stdout)
     chief = next(t for t in view["tasks"] if t["task"] == "chief:0")
-    assert chief["state"] == "stopped" and chief["exit_code"] == -signal.SIGTERM
+    # Stopped by tfl at once. Since issue 19 the kit takes SIGTERM as a notice and waits up to ~2 s for a
+    # step before dying as SIGTERM would; in that time the chief's collective may fail on the dead peer
+    # first (exit 1, seen in CI). Either way it was stopped, not left to the 120 s grace.
+    assert chief["state"] == "stopped" and chief["exit_code"] in (-signal.SIGTERM, 1), chief
