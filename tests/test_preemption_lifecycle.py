@@ -24,6 +24,7 @@ import pytest
 from launcher.contract import PREEMPTED_EXIT_CODE
 from launcher.runstore import RunStore
 from tests.procs import tfl_processes
+from tests.test_lifecycle import wait_for
 
 SAVER = """
     import json, os, signal, sys, time
@@ -65,15 +66,6 @@ def saver(tmp_path: Path) -> str:
 
 def tfl(args: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "launcher", *args], env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def wait_for(predicate: object, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def only_run(home: Path) -> str:
