@@ -76,7 +76,7 @@ class ElasticPolicy:
 
     def resumed(self) -> LaunchPlan:
         """The plan of the first attempt: the full plan, without the hosts a resumed run had lost."""
-        return resize_plan(self.full, self.lost).plan if self.lost else self.full
+        return self._plan_without(self.lost).plan if self.lost else self.full
 
     # --- after a training failure -------------------------------------------------------
     def after_failure(self, current: LaunchPlan, procs: Iterable[TaskProcess]) -> ElasticOutcome | None:
@@ -149,7 +149,7 @@ class ElasticPolicy:
 
     # --- shared ---------------------------------------------------------------------------
     def _resize(self, before: int, reason: str, hosts: list[str]) -> LaunchPlan:
-        resize = resize_plan(self.full, self.lost)
+        resize = self._plan_without(self.lost)
         self.record.resizes.append(ResizeRecord(
             attempt=self.record.attempt + 1, time=self._wall(), from_tasks=before, to_tasks=resize.training_size,
             reason=reason, hosts=hosts, notes=list(resize.notes)))
@@ -157,6 +157,9 @@ class ElasticPolicy:
         self._say(f"tfl: resize: {before} -> {resize.training_size} training tasks; {reason}"
                   + "".join(f"; {note}" for note in resize.notes))
         return resize.plan
+
+    def _plan_without(self, lost: Collection[str]) -> Resize:
+        return resize_plan(self.full, lost, self.config.evaluator_moves_to)
 
     def _probe(self, hosts: Collection[str]) -> list[Check]:
         tasks = tuple(t for t in self.full.tasks if t.host in hosts)
