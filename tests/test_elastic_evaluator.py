@@ -21,6 +21,7 @@ from launcher.spec import free_port, parse_cluster
 from tests.netbed import NetBed
 from tests.procs import tfl_processes
 from tests.test_elastic import STORAGE, plan, tf_config
+from tests.test_elastic_policy import make
 from tests.test_ssh import only_run, wait_for, write_job
 
 # The evaluator shares h2 with worker:1 (its port 1002 taken there by worker:1 too, on h1).
@@ -173,3 +174,20 @@ def test_a_cut_evaluator_host_its_evaluator_runs_on_the_host_it_may_move_to(
     assert {t["task"]: t["host"] for t in rec["tasks"]}["evaluator:0"] == h2
     assert f"evaluator:0 moves from {h3} to {h2}:{port + 1}" in err
     assert tfl_processes(run_id=only_run(tfl_home)) == []
+
+
+# --- the supervisor's policy -------------------------------------------------------------------
+def test_the_supervisor_moves_the_evaluator_away_and_back_and_says_so(tmp_path: Path) -> None:
+    cluster = {"chief": ["h0:1000"], "worker": ["h1:1001", "h2:1002"], "evaluator": ["h2:1003"]}
+    sup, hosts, _, said = make(tmp_path, cluster=cluster, script={"down": {"h2": (10.0, 30.0)}},
+                               evaluator_moves_to=("h1",))
+    record = sup.run()
+    assert record.exit_code == 0
+    assert [hosts.attempts()[a] for a in (1, 2)] == [
+        [("chief:0", "h0"), ("worker:0", "h1"), ("evaluator:0", "h1")],
+        [("chief:0", "h0"), ("worker:0", "h1"), ("worker:1", "h2"), ("evaluator:0", "h2")]]
+    assert hosts.started[-1][3]["cluster"]["evaluator"] == ["h2:1003"]
+    assert record.resizes[0].notes == ["evaluator:0 moves from h2 to h1:1003 while h2 is lost"]
+    assert record.resizes[1].notes == ["evaluator:0 moves back to h2:1003"]
+    assert said[0].endswith("; evaluator:0 moves from h2 to h1:1003 while h2 is lost")
+    assert said[1].endswith("(taken back at an agreed checkpoint); evaluator:0 moves back to h2:1003")
