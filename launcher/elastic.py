@@ -13,10 +13,16 @@ The rules of a resized plan:
 - each survivor's TF_CONFIG is rebuilt from the survivors' own addresses, and its
   ``TFL_TASK`` names its new identity; its log and progress files stay those of the task as
   launched (one file per task slot for the whole run: ``tfl logs`` reads them as before);
-- the evaluator stays where its host survived (its TF_CONFIG sees the resized cluster);
-  when its host is lost, it is dropped for as long as the host is, and the resize says so
-  (it is not moved: a port free on another host is not known here, and training never
-  waits for the evaluator).
+- the evaluator stays where its host survived (its TF_CONFIG sees the resized cluster).
+  When its host is lost, it moves to a surviving host the cluster file allows
+  (``elastic.evaluator_moves_to``: a list of hosts, tried in order, or ``"any"``: the
+  surviving training hosts in plan order), else it is left out for as long as its host is
+  lost, and the resize says so (training never waits for the evaluator). A moved
+  evaluator runs as a training task of its new host does (that host's python, code,
+  dirs, environment and devices: it shares that task's GPUs), with its own name, log
+  and progress files, on its own port unless a task of the full plan uses that port on
+  that host (then the next port up no task there uses). It moves back when its host
+  returns: every plan is derived from the full one.
 
 The batch (``check_elastic``): by default the job's global batch is kept whatever the size,
 so each replica takes global / replicas and the maths, the learning rate included, is
@@ -32,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +50,9 @@ from launcher.tasks import TaskId
 from launcher.tfconfig import tf_config_of
 
 BATCH_MODES = ("global", "per-replica")
+ANY_HOST = "any"  # elastic.evaluator_moves_to: the evaluator may move to any surviving training host
+# What a training task's environment has that an evaluator moved to its host must not take.
+_TRAINING_ONLY = frozenset({contract.GLOBAL_BATCH, contract.COLLECTIVE})
 
 
 @dataclass(frozen=True)
@@ -84,13 +93,14 @@ def _new_ids(count: int, had_chief: bool) -> list[TaskId]:
     return chief + [TaskId(contract.WORKER, i) for i in range(count - len(chief))]
 
 
-def resize_plan(full: LaunchPlan, lost: Collection[str]) -> Resize:
-    """``full`` without the tasks on the ``lost`` hosts (see the module's rules)."""
+def resize_plan(full: LaunchPlan, lost: Collection[str], evaluator_moves_to: Collection[str] | str = ()) -> Resize:
+    """``full`` without the tasks on the ``lost`` hosts (see the module's rules);
+    ``evaluator_moves_to``: where the evaluator may go when its host is lost (hosts, or ANY_HOST)."""
     survivors = [t for t in full.training_tasks if t.host not in lost]
     had_chief = any(t.task.type == contract.CHIEF for t in full.training_tasks)
     ids = _new_ids(len(survivors), had_chief)
     evaluator = next((t for t in full.tasks if not t.task.is_training), None)
-    kept_evaluator = evaluator if evaluator is not None and evaluator.host not in lost else None
+    kept_evaluator, evaluator_note = _placed_evaluator(full, evaluator, lost, evaluator_moves_to)
     addresses: dict[str, list[str]] = {kind: [] for kind in contract.TASK_TYPES}
     for new, launch in zip(ids, survivors, strict=True):
         addresses[new.type].append(_address(launch))
@@ -99,11 +109,47 @@ def resize_plan(full: LaunchPlan, lost: Collection[str]) -> Resize:
     moved = list(zip(ids, survivors, strict=True)) + ([(kept_evaluator.task, kept_evaluator)] if kept_evaluator else [])
     tasks = tuple(_as(launch, new, addresses) for new, launch in moved)
     renamed = tuple((launch.name, str(new)) for new, launch in moved if new != launch.task)
-    dropped = tuple(t.name for t in full.tasks if t.host in lost)
+    dropped = tuple(t.name for t in full.tasks if t.name not in {launch.name for _, launch in moved})
     notes = [f"{old} on {_host_of(full, old)} is now {new}" for old, new in renamed]
-    if evaluator is not None and kept_evaluator is None:
-        notes.append(f"the evaluator is left out while {evaluator.host} is lost (training goes on without it)")
+    notes += [evaluator_note] if evaluator_note else []
     return Resize(plan=dataclasses.replace(full, tasks=tasks), renamed=renamed, dropped=dropped, notes=tuple(notes))
+
+
+def _placed_evaluator(full: LaunchPlan, evaluator: TaskLaunch | None, lost: Collection[str],
+                      moves_to: Collection[str] | str) -> tuple[TaskLaunch | None, str | None]:
+    """The evaluator of the resized plan (at home, moved, or None) and the note that says so."""
+    if evaluator is None or evaluator.host not in lost:
+        return evaluator, None
+    surviving = list(dict.fromkeys(t.host for t in full.training_tasks if t.host not in lost))
+    allowed = surviving if moves_to == ANY_HOST else [h for h in moves_to if h in surviving]
+    if not allowed:
+        why = "; no host of elastic.evaluator_moves_to survives" if moves_to else ""
+        return None, f"the evaluator is left out while {evaluator.host} is lost (training goes on without it{why})"
+    template = next(t for t in full.training_tasks if t.host == allowed[0])
+    port = _free_port(full, template.host, evaluator.port)
+    moved = _moved_evaluator(evaluator, template, port)
+    return moved, f"{evaluator.name} moves from {evaluator.host} to {template.host}:{port} while {evaluator.host} is lost"
+
+
+def _free_port(full: LaunchPlan, host: str, wanted: int) -> int:
+    """``wanted``, or the next port up, that no task of the full plan uses on ``host``."""
+    used = {t.port for t in full.tasks if t.host == host}
+    port = wanted
+    while port in used:
+        port = port + 1 if port < 65535 else 1024
+    return port
+
+
+def _moved_evaluator(evaluator: TaskLaunch, template: TaskLaunch, port: int) -> TaskLaunch:
+    """The evaluator on ``template``'s host: that host's command, dirs and environment, its own
+    name and files; training-only settings dropped. TF_CONFIG is written by ``_as``."""
+    env = {k: v for k, v in template.env.items() if k not in _TRAINING_ONLY}
+    env.update(contract.task_variables(evaluator.task.type, evaluator.task.index, env[contract.RUN_DIR]))
+    host = _address(template).rsplit(":", 1)[0]  # as TF_CONFIG writes it (an IPv6 host in brackets)
+    env[contract.TF_CONFIG] = json.dumps({"cluster": {contract.EVALUATOR: [f"{host}:{port}"]},
+                                          "task": {"type": contract.EVALUATOR, "index": 0}})
+    return dataclasses.replace(template, task=evaluator.task, port=port, env=env, log_path=evaluator.log_path,
+                               progress_path=evaluator.progress_path)
 
 
 def _host_of(plan: LaunchPlan, name: str) -> str:
@@ -125,7 +171,15 @@ def elastic_options(spec: object, min_tasks: int | None, batch: str | None, glob
         "min_tasks": min_tasks if min_tasks is not None else getattr(settings, "min_tasks", None),
         "elastic_batch": batch or getattr(settings, "batch", None) or "global",
         "global_batch": global_batch if global_batch is not None else getattr(settings, "global_batch", None),
+        "evaluator_moves_to": _moves_to(getattr(settings, "evaluator_moves_to", None)),
     }
+
+
+def _moves_to(value: object) -> tuple[str, ...] | str:
+    """The cluster file's ``elastic.evaluator_moves_to`` as the supervisor's config holds it."""
+    if isinstance(value, str):
+        return value
+    return tuple(str(h) for h in value) if isinstance(value, Iterable) else ()
 
 
 def check_elastic(plan: LaunchPlan, *, min_tasks: int | None, batch: str = "global", global_batch: int | None = None,

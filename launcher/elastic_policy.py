@@ -76,7 +76,7 @@ class ElasticPolicy:
 
     def resumed(self) -> LaunchPlan:
         """The plan of the first attempt: the full plan, without the hosts a resumed run had lost."""
-        return resize_plan(self.full, self.lost).plan if self.lost else self.full
+        return self._plan_without(self.lost).plan if self.lost else self.full
 
     # --- after a training failure -------------------------------------------------------
     def after_failure(self, current: LaunchPlan, procs: Iterable[TaskProcess]) -> ElasticOutcome | None:
@@ -149,14 +149,18 @@ class ElasticPolicy:
 
     # --- shared ---------------------------------------------------------------------------
     def _resize(self, before: int, reason: str, hosts: list[str]) -> LaunchPlan:
-        resize = resize_plan(self.full, self.lost)
+        resize = self._plan_without(self.lost)
+        notes = [*resize.notes, *_evaluator_home(self.full, resize, self.record)]
         self.record.resizes.append(ResizeRecord(
             attempt=self.record.attempt + 1, time=self._wall(), from_tasks=before, to_tasks=resize.training_size,
-            reason=reason, hosts=hosts, notes=list(resize.notes)))
+            reason=reason, hosts=hosts, notes=notes))
         self.record.tasks = _task_records(resize, self.record)
         self._say(f"tfl: resize: {before} -> {resize.training_size} training tasks; {reason}"
-                  + "".join(f"; {note}" for note in resize.notes))
+                  + "".join(f"; {note}" for note in notes))
         return resize.plan
+
+    def _plan_without(self, lost: Collection[str]) -> Resize:
+        return resize_plan(self.full, lost, self.config.evaluator_moves_to)
 
     def _probe(self, hosts: Collection[str]) -> list[Check]:
         tasks = tuple(t for t in self.full.tasks if t.host in hosts)
@@ -182,6 +186,16 @@ class ElasticPolicy:
 
 def _why(hosts: dict[str, str]) -> str:
     return ", ".join(f"{h} ({why})" for h, why in sorted(hosts.items()))
+
+
+def _evaluator_home(full: LaunchPlan, resize: Resize, record: RunRecord) -> list[str]:
+    """A note when the evaluator, moved while its host was lost, goes back to it (the host is back)."""
+    home = next((t for t in full.tasks if not t.task.is_training), None)
+    now = next((t for t in resize.plan.tasks if not t.task.is_training), None)
+    was = next((t.host for t in record.tasks if home is not None and t.task == home.name), None)
+    if home is None or now is None or now.host != home.host or was in (None, home.host):
+        return []
+    return [f"{now.name} moves back to {now.host}:{now.port}"]
 
 
 def _task_records(resize: Resize, record: RunRecord) -> list[TaskRecord]:

@@ -38,3 +38,5 @@ class SupervisorConfig:
     blacklist_after: int = 2  # tasks on a host failed this many attempts in a row: the host is lost
     elastic_wait: float = 600.0  # below min_tasks: wait this long for lost hosts to return
     probe_interval: float = 30.0  # how often lost hosts are probed while the run goes on without them
+    # where the evaluator may move while its host is lost: hosts in order, or "any" (elastic.ANY_HOST)
+    evaluator_moves_to: tuple[str, ...] | str = ()

@@ -8,6 +8,7 @@ names the file, the field and the fix.
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 import socket
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from launcher.contract import RESERVED_PREFIX, TASK_TYPES
+from launcher.contract import CHIEF, RESERVED_PREFIX, TASK_TYPES, WORKER
 from launcher.contract import TF_CONFIG as TF_CONFIG_VAR
 from launcher.errors import ClusterFileError
 from launcher.fields import (
@@ -194,6 +195,17 @@ class ElasticSettings(_Strict):
                                                              "whatever the size (--global-batch)")
     batch: Literal["global", "per-replica"] = Field("global", description="what a resize keeps: the global batch "
                                                                           "(default) or the per-replica batch")
+    evaluator_moves_to: list[HostName] | Literal["any"] | None = Field(
+        None, description="where the evaluator may move while its host is lost: hosts of training tasks, tried in "
+                          "order, or \"any\" (any surviving one); unset: it waits for its host")
+
+    @field_validator("evaluator_moves_to", mode="before")
+    @classmethod
+    def _any_or_hosts(cls, value: object) -> object:
+        if value is None or value == "any" or isinstance(value, list):
+            return value
+        example = f"[\"{value}\"]" if isinstance(value, str) else "[\"host-b\"]"
+        raise ValueError(f"is {json.dumps(value)}; give \"any\" (any surviving host) or a list of hosts, e.g. {example}")
 
 
 class TaskDevices(_Strict):
@@ -281,6 +293,21 @@ class ClusterSpec(_Strict):
         reserved = sorted(k for k in keys if k == TF_CONFIG_VAR or k.startswith(RESERVED_PREFIX))
         if reserved:
             raise ValueError(f"env sets {reserved[0]}, which tfl sets for each task; remove it")
+        return self
+
+    @model_validator(mode="after")
+    def _evaluator_may_move(self) -> ClusterSpec:
+        moves_to = self.elastic.evaluator_moves_to if self.elastic else None
+        if not moves_to:
+            return self
+        if not self.cluster.evaluator:
+            raise ValueError("elastic.evaluator_moves_to: the cluster has no evaluator to move; remove it or add "
+                             "cluster.evaluator")
+        training = {a.host for t in (CHIEF, WORKER) for a in self.cluster.addresses(t)}
+        odd = [h for h in moves_to if h not in training] if isinstance(moves_to, list) else []
+        if odd:
+            raise ValueError(f"elastic.evaluator_moves_to names {odd[0]}, where no training task runs (they run on: "
+                             f"{', '.join(sorted(training))}); name one of those hosts, or \"any\"")
         return self
 
     @model_validator(mode="after")

@@ -153,8 +153,10 @@ def test_no_min_tasks_changes_nothing_and_a_lone_global_batch_is_refused() -> No
 
 def test_the_cluster_files_elastic_block_unless_the_command_line_says_otherwise() -> None:
     spec = parse_cluster({"cluster": THREE, "storage": STORAGE, "elastic": {"min_tasks": 2, "global_batch": 12}})
-    assert elastic_options(spec, None, None, None) == {"min_tasks": 2, "elastic_batch": "global", "global_batch": 12}
-    assert elastic_options(spec, 3, "per-replica", 6) == {"min_tasks": 3, "elastic_batch": "per-replica", "global_batch": 6}
+    assert elastic_options(spec, None, None, None) == {"min_tasks": 2, "elastic_batch": "global", "global_batch": 12,
+                                                       "evaluator_moves_to": ()}
+    assert elastic_options(spec, 3, "per-replica", 6) == {"min_tasks": 3, "elastic_batch": "per-replica", "global_batch": 6,
+                                                          "evaluator_moves_to": ()}
     assert elastic_options(parse_cluster({"cluster": THREE}), None, None, None)["min_tasks"] is None
     with pytest.raises(Exception, match="min_tasks"):
         parse_cluster({"cluster": THREE, "elastic": {"min_tasks": 0}})
