@@ -43,7 +43,7 @@ from launcher.policy import PREEMPTION_EXIT_CODES, SupervisorConfig
 from launcher.preemption import ended_state, preempted_file, preemption_reason, saved_note
 from launcher.runstore import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
 from launcher.states import RunState, TaskState
-from launcher.supervision import failure_record, progress_mtime
+from launcher.supervision import failure_record, group_went_on, progress_mtime
 from launcher.supervision import initial_record as initial_record  # where the launcher has always found it
 from launcher.tasks import TaskId
 from launcher.teardown import teardown
@@ -266,8 +266,8 @@ class Supervisor:
             self._finish(RunState.FAILED, 1, f"{lost}; no restart on a host known lost")
             return False
         preempted = failure.exit_code == PREEMPTED_EXIT_CODE
-        if self._group is not None and self._group_restarted():
-            self._record_restart(failure, preempted)
+        if self._group is not None and self._group_restarted():  # restarted; an elastic one maybe resized
+            self.plan = group_went_on(self._group, self.plan, self.record, self._wall(), lambda: self._record_restart(failure, preempted))
             return True
         if self._group is None and (self._may_restart_preempted() if preempted else self._may_restart(failure)):
             self._record_restart(failure, preempted)
