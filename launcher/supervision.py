@@ -46,8 +46,8 @@ def failure_record(task: TaskRecord, *, code: int | None, reason: str | None, lo
                          log_tail=tail_lines(log_path, lines), time=time, attempt=attempt)
 
 
-def group_went_on(group: GroupBackend, plan: LaunchPlan, record: RunRecord, time: float,
-                  restart: Callable[[], None]) -> LaunchPlan:
+def group_went_on(group: GroupBackend, plan: LaunchPlan, record: RunRecord, time: float, *,
+                  say: Callable[[str], None], restart: Callable[[], None]) -> LaunchPlan:
     """A group backend started ``record.attempt + 1``: a plain restart (``restart`` records it),
     or, in an elastic run, a resize (recorded as the SSH resizes are: neither a failure nor a
     preemption), whose plan keeps the first ``to_tasks`` training tasks (Slurm renumbers the
@@ -59,10 +59,12 @@ def group_went_on(group: GroupBackend, plan: LaunchPlan, record: RunRecord, time
     training = plan.training_tasks[:resize.to_tasks]
     tasks = tuple(t for t in plan.tasks if not t.task.is_training or t in training)
     record.lost_hosts.update(resize.lost)
+    reason = "lost: " + ", ".join(f"{h} ({why})" for h, why in sorted(resize.lost.items()))
     record.resizes.append(ResizeRecord(attempt=resize.attempt, time=time, from_tasks=resize.from_tasks,
-                                       to_tasks=resize.to_tasks, reason="lost: " + ", ".join(
-                                           f"{h} ({why})" for h, why in sorted(resize.lost.items())),
-                                       hosts=sorted(resize.lost), notes=list(resize.notes)))
+                                       to_tasks=resize.to_tasks, reason=reason, hosts=sorted(resize.lost),
+                                       notes=list(resize.notes)))
+    say(f"tfl: resize: {resize.from_tasks} -> {resize.to_tasks} training tasks; {reason}"  # as elastic_policy says it
+        + "".join(f"; {note}" for note in resize.notes))
     kept = {r.task: r for r in record.tasks if not TaskId.parse(r.task).is_training}  # the evaluator runs on
     record.tasks = [kept.get(t.name) or TaskRecord(task=t.name, host=t.host, backend=record.backend, log_path=t.log_path,
                                                    progress_path=t.progress_path) for t in tasks]

@@ -61,11 +61,10 @@ class Supervisor:
                  progress_time: Callable[[str], float | None] = progress_mtime,
                  say: Callable[[str], None] = lambda line: None) -> None:
         self.plan, self.record, self._store, self._config = plan, record, store, config
-        self._backend, self._clock, self._wall = backend, clock, wall
+        self._backend, self._clock, self._wall, self._say = backend, clock, wall, say
         # A backend that runs the group as one unit restarts it itself (see backends.base.GroupBackend).
         self._group: GroupBackend | None = backend if isinstance(backend, GroupBackend) else None
-        self._wake = wake or Waker()
-        self._wait = wait or self._wait_for_event
+        self._wake, self._wait = wake or Waker(), wait or self._wait_for_event
         self._progress_time = progress_time
         self._procs: dict[str, TaskProcess] = {}
         self._stop_requested = False
@@ -267,7 +266,8 @@ class Supervisor:
             return False
         preempted = failure.exit_code == PREEMPTED_EXIT_CODE
         if self._group is not None and self._group_restarted():  # restarted; an elastic one maybe resized
-            self.plan = group_went_on(self._group, self.plan, self.record, self._wall(), lambda: self._record_restart(failure, preempted))
+            self.plan = group_went_on(self._group, self.plan, self.record, self._wall(), say=self._say,
+                                      restart=lambda: self._record_restart(failure, preempted))
             return True
         if self._group is None and (self._may_restart_preempted() if preempted else self._may_restart(failure)):
             self._record_restart(failure, preempted)

@@ -236,12 +236,15 @@ def test_a_resize_is_recorded_as_the_ssh_ones_are(tmp_path: Path) -> None:
     restarts: list[int] = []
     resize = GroupResize(attempt=1, from_tasks=4, to_tasks=2, lost={"n1": "node failure: gone"},
                          notes=("worker:1 on n2 is now chief:0", "worker:2 on n2 is now worker:0"))
-    smaller = group_went_on(Resizing(resize), plan, record, 5.0, lambda: restarts.append(1))
+    said: list[str] = []
+    smaller = group_went_on(Resizing(resize), plan, record, 5.0, say=said.append, restart=lambda: restarts.append(1))
     assert [t.name for t in smaller.tasks] == ["chief:0", "worker:0", "evaluator:0"] and restarts == []
     assert [t.task for t in record.tasks] == ["chief:0", "worker:0", "evaluator:0"] and record.task("evaluator:0") is evaluator
     assert record.lost_hosts == {"n1": "node failure: gone"}
     (recorded,) = record.resizes
     assert (recorded.attempt, recorded.from_tasks, recorded.to_tasks, recorded.hosts, recorded.time) == (1, 4, 2, ["n1"], 5.0)
     assert recorded.reason == "lost: n1 (node failure: gone)" and recorded.notes == list(resize.notes)
-    same = group_went_on(Resizing(None), plan, record, 6.0, lambda: restarts.append(1))  # a plain restart
-    assert same is plan and restarts == [1] and len(record.resizes) == 1
+    assert said == ["tfl: resize: 4 -> 2 training tasks; lost: n1 (node failure: gone); worker:1 on n2 is now chief:0; "
+                    "worker:2 on n2 is now worker:0"]
+    same = group_went_on(Resizing(None), plan, record, 6.0, say=said.append, restart=lambda: restarts.append(1))  # a restart
+    assert same is plan and restarts == [1] and len(record.resizes) == 1 and len(said) == 1

@@ -121,6 +121,7 @@ def test_a_lost_node_leaves_the_run_going_on_the_other(cluster: SlurmCluster, tf
         assert "lost 0 2 1 n1,n2 n1" in events and "training 1 start" in events and events[-1] == "end 0", events
         assert "#SBATCH --no-kill" in (run / "slurm" / "job.sbatch").read_text()
         assert "resize at attempt 1: 2 -> 1 training tasks; lost: n2 (node failure: Slurm took it out of job" in err, err
+        assert "tfl: resize: 2 -> 1 training tasks; lost: n2 (node failure: Slurm took it out of job" in err, err  # live
         view = status({**cluster.env, "TFL_HOME": str(tfl_home)}, run.name)
         assert view["state"] == "succeeded" and view["restarts"] == 0 and view["min_tasks"] == 1
         assert (view["training_tasks"], view["full_training_tasks"]) == (1, 2)
