@@ -75,6 +75,17 @@ def test_the_dry_run_shows_the_elastic_script(tfl_home: Path, tmp_path: Path) ->
     assert "--no-kill" not in plain.stdout and "train_nodes" not in plain.stdout and "GLOBAL_BATCH" not in plain.stdout
 
 
+def test_with_requeue_it_is_refused(tfl_home: Path, tmp_path: Path) -> None:
+    job = tmp_path / "job.py"
+    job.write_text("print('hi')\n")
+    path = tmp_path / "requeue.json"
+    path.write_text(json.dumps({"slurm": {"nodes": 2, "requeue": True}, "elastic": {"min_tasks": 1, "global_batch": 4}}))
+    done = cli(tfl_home, "launch", str(job), "--cluster", str(path), "--dry-run")
+    assert done.returncode == 2 and done.stderr == ("tfl: error: --min-tasks with the slurm block's \"requeue\": true: a "
+                                                    "requeued job starts again on every node, at the full size, behind the "
+                                                    "launcher's back; remove one of the two\n"), done.stderr
+
+
 def test_inside_an_allocation_it_is_refused(tmp_path: Path) -> None:
     from launcher.hosts import RemoteOptions
     from launcher.policy import SupervisorConfig
@@ -248,3 +259,21 @@ def test_a_resize_is_recorded_as_the_ssh_ones_are(tmp_path: Path) -> None:
                     "worker:2 on n2 is now worker:0"]
     same = group_went_on(Resizing(None), plan, record, 6.0, say=said.append, restart=lambda: restarts.append(1))  # a restart
     assert same is plan and restarts == [1] and len(record.resizes) == 1 and len(said) == 1
+
+
+def test_resuming_a_resized_run_starts_a_new_job_at_the_full_size(tmp_path: Path) -> None:
+    from launcher.policy import SupervisorConfig
+    from launcher.resume import claim
+    from launcher.runstore import RunStore
+    from launcher.states import RunState
+
+    plan = slurm_plan(tmp_path / "runs" / "r")
+    record = initial_record(plan, created=1.0, max_restarts=0, backend="slurm")
+    resize = GroupResize(attempt=1, from_tasks=4, to_tasks=2, lost={"n2": "node failure: gone"})
+    group_went_on(Resizing(resize), plan, record, 5.0, say=lambda line: None, restart=lambda: None)
+    record.state, record.attempt = RunState.FAILED, 1
+    store = RunStore(tmp_path)
+    store.create(record)
+    claimed = claim(store, record.run_id, SupervisorConfig(min_tasks=2))
+    assert [t.task for t in claimed.tasks] == [t.name for t in plan.tasks] and claimed.lost_hosts == {}
+    assert [r.attempt for r in claimed.resizes] == [1] and claimed.attempt == 2  # the history stays

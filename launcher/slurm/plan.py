@@ -65,6 +65,9 @@ def build_slurm_plan(spec: SlurmClusterSpec, job: str, job_args: tuple[str, ...]
         raise UsageError(f"--min-tasks inside allocation {allocation}: Slurm ends an allocation when one of its nodes "
                          "fails unless it was made with --no-kill, which tfl cannot see; remove --min-tasks, or launch "
                          "with a cluster file with a 'slurm' block (tfl then submits the job with --no-kill)")
+    if spec.slurm.requeue and config.min_tasks is not None:
+        raise UsageError("--min-tasks with the slurm block's \"requeue\": true: a requeued job starts again on every "
+                         "node, at the full size, behind the launcher's back; remove one of the two")
     max_preemptions = config.max_preemptions
     batch = BatchJob(settings=spec.slurm, job=job, job_args=job_args, run_id=run_id, run_dir=run_dir,
                      env={**spec.env, **_elastic_env(config)}, min_tasks=config.min_tasks,
