@@ -139,7 +139,7 @@ def check_elastic(plan: LaunchPlan, *, min_tasks: int | None, batch: str = "glob
         return plan
     if batch not in BATCH_MODES:
         raise UsageError(f"--elastic-batch {batch}: choose 'global' (keep the global batch) or 'per-replica'")
-    if plan.unit is not None and plan.unit.kind not in ELASTIC_UNITS:  # Slurm: its batch script resizes (launcher.slurm.script)
+    if plan.unit is not None and plan.unit.kind not in ELASTIC_UNITS:  # Slurm: its batch script resizes (launcher.slurm.resize)
         raise UsageError(f"--min-tasks with a '{plan.unit.kind}' description: elastic runs are not supported there yet; "
                          "launch with a cluster file of hosts (--cluster FILE) or a 'slurm' block, or remove --min-tasks")
     size = len(plan.training_tasks)

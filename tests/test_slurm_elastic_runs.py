@@ -75,12 +75,17 @@ def launch(cluster: SlurmCluster, home: Path, *args: str) -> subprocess.Popen[st
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
 
-def kill_n2_when(cluster: SlurmCluster, launcher: subprocess.Popen[str], ready: Any, what: str) -> tuple[str, str]:
-    """Kill n2's slurmd by pid once ``ready()``; the launcher's output once it has ended."""
+def kill_n2_when(cluster: SlurmCluster, launcher: subprocess.Popen[str], ready: Any, what: str,
+                 down: bool = False) -> tuple[str, str]:
+    """Kill n2's slurmd by pid once ``ready()``; the launcher's output once it has ended.
+    ``down``: also set n2 DOWN at once (as a node health check would), instead of waiting for
+    slurmctld to find its slurmd silent (SlurmdTimeout, up to ~40 s here)."""
     try:
         cluster.wait_for(what, lambda: launcher.poll() is None and ready(), timeout=240)
         cluster.procs["n2"].kill()
         cluster.procs["n2"].wait(10)
+        if down:
+            cluster.run("scontrol", "update", "nodename=n2", "state=down", "reason=tfl-test")
         return launcher.communicate(timeout=400)
     finally:
         if launcher.poll() is None:
@@ -93,6 +98,8 @@ def bring_n2_back(cluster: SlurmCluster, home: Path) -> None:
     if cluster.procs["n2"].poll() is not None:
         cluster.procs["n2"] = _daemon(cluster, "slurmd-n2", [str(SBIN / "slurmd"), "-D", "-N", "n2"])
     cluster.wait_for("the lost node's tasks to end", lambda: not tfl_processes(home=str(home)), timeout=180)
+    if "down" in cluster.run("sinfo", "-h", "-n", "n2", "-o", "%T").stdout:  # set DOWN by hand: back by hand
+        cluster.run("scontrol", "update", "nodename=n2", "state=resume", check=False)
     cluster.wait_for("both nodes idle again", lambda: _nodes_idle(cluster), timeout=120)
 
 
@@ -165,20 +172,21 @@ def test_below_the_minimum_the_run_fails_naming_the_lost_node(cluster: SlurmClus
 @pytest.mark.slow
 def test_mnist_goes_on_on_the_node_left_from_its_checkpoint(cluster: SlurmCluster, tfl_home: Path, tmp_path: Path,
                                                            mnist_data: Path) -> None:
-    """Real TensorFlow: MultiWorkerMirroredStrategy on both nodes, n2 lost after epoch 1; the chief
-    goes on alone (replicas=1) from the shared model dir with the global batch kept, and ends 0."""
+    """Real TensorFlow: MultiWorkerMirroredStrategy on both nodes, n2 lost after epoch 1 (its slurmd
+    killed and the node set DOWN: mid-epoch 2, not after the few seconds' training has ended); the
+    chief goes on alone (replicas=1) from the shared model dir with the global batch kept, and ends 0."""
     launcher = launch(cluster, tfl_home, MNIST, "--cluster", str(description(tmp_path)), "--min-tasks", "1",
-                      "--global-batch", "32", "--", "--epochs", "4", "--steps-per-epoch", "150", "--data", str(mnist_data))
+                      "--global-batch", "32", "--", "--epochs", "3", "--steps-per-epoch", "200", "--data", str(mnist_data))
     chief_log = lambda: [*tfl_home.glob("runs/*/logs/chief-0.log")]  # noqa: E731
     try:
         _, err = kill_n2_when(cluster, launcher, lambda: bool(chief_log()) and bool(epochs_in(chief_log()[0].read_text())),
-                              "epoch 1")
+                              "epoch 1", down=True)
         assert launcher.returncode == 0, err[-3000:]
         run = only_run(tfl_home)
         first, second = (run / "logs" / "chief-0.log").read_text().split("--- tfl: attempt 1 of chief:0")
         assert "MultiWorkerMirroredStrategy replicas=2" in first and "MultiWorkerMirroredStrategy replicas=1" in second
         resumed = [int(m[1]) for m in EPOCH_LINE.finditer(second)]
-        assert resumed and resumed[0] >= 2 and resumed[-1] == 4, second[-2000:]  # from the checkpoint, not epoch 1
+        assert resumed and resumed[0] >= 2 and resumed[-1] == 3, second[-2000:]  # from the checkpoint, not epoch 1
         assert "resize at attempt 1: 2 -> 1 training tasks; lost: n2" in err, err
         bring_n2_back(cluster, tfl_home)
         assert_job_gone(cluster, job_id_of(run))
