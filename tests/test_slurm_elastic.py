@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from launcher.backends.base import GroupResize
-from launcher.backends.slurm.outcome import preemption_counts, renamed_notes, training_outcome
+from launcher.backends.slurm.outcome import below_minimum, preemption_counts, renamed_notes, training_outcome
 from launcher.contract import SLURM_LAYOUT, SLURM_NODES
 from launcher.errors import UsageError
 from launcher.plan import LaunchPlan
@@ -211,6 +211,8 @@ def test_a_lost_node_fails_its_task_and_is_not_counted_as_a_restart() -> None:
     assert outcome.ended_by == "node n2 failed: Slurm took it out of job 7, which goes on (--no-kill); `sinfo -R` says why"
     assert training_outcome(0, 0, events, err, None, {0: "n1", 1: "n2"}, job_id="7", elastic=True) is None
     assert preemption_counts(events, lambda a: err, 0) == (0, 0)
+    assert below_minimum(events, 0, 1) == "" and below_minimum(events, 0, None) == ""
+    assert below_minimum(events, 0, 2) == "; 1 training task left, below --min-tasks 2 (lost: n2)"
 
 
 class Resizing:

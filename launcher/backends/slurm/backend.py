@@ -35,6 +35,7 @@ from launcher.backends.slurm import recorded
 from launcher.backends.slurm.job import SlurmJob, sbatch_message
 from launcher.backends.slurm.outcome import (
     Outcome,
+    below_minimum,
     evaluator_alive,
     evaluator_outcome,
     node_failure,
@@ -129,7 +130,7 @@ class SlurmBackend:
             node = outcome.failed_node
             if node not in self._node_notes:
                 self._node_notes[node] = proc.handle.node_down(node)
-            proc.ended_by += self._node_notes[node]
+            proc.ended_by += self._node_notes[node] + below_minimum(proc.handle.events(), proc.attempt, proc.handle.plan.min_tasks)
         return outcome.code
 
     def _outcome(self, proc: TaskProcess) -> Outcome | None:

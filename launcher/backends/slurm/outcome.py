@@ -177,3 +177,12 @@ def renamed_notes(lost: LostNodes) -> tuple[str, ...]:
 def _task(rank: int) -> str:
     kind, index = task_of_rank(rank)
     return f"{kind}:{index}"
+
+
+def below_minimum(events: StepEvents, attempt: int, min_tasks: int | None) -> str:
+    """"; …below --min-tasks N, lost: NODES" when an elastic run's ``attempt`` left too few tasks; else ""."""
+    lost = events.lost.get(attempt)
+    if lost is None or min_tasks is None or lost.to_tasks >= min_tasks:
+        return ""
+    return (f"; {lost.to_tasks} training task{'s' * (lost.to_tasks != 1)} left, below --min-tasks {min_tasks} "
+            f"(lost: {', '.join(lost.lost)})")
