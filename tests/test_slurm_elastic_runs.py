@@ -81,7 +81,8 @@ def kill_n2_when(cluster: SlurmCluster, launcher: subprocess.Popen[str], ready: 
     ``down``: also set n2 DOWN at once (as a node health check would), instead of waiting for
     slurmctld to find its slurmd silent (SlurmdTimeout, up to ~40 s here)."""
     try:
-        cluster.wait_for(what, lambda: launcher.poll() is None and ready(), timeout=240)
+        cluster.wait_for(what, lambda: launcher.poll() is not None or ready(), timeout=240)
+        assert launcher.poll() is None, f"the run ended before {what}: {launcher.communicate()[1][-3000:]}"
         cluster.procs["n2"].kill()
         cluster.procs["n2"].wait(10)
         if down:
@@ -157,6 +158,7 @@ def test_below_the_minimum_the_run_fails_naming_the_lost_node(cluster: SlurmClus
         run = only_run(tfl_home)
         job_id = job_id_of(run)
         assert f"worker:0 on n2 failed: node n2 failed: Slurm took it out of job {job_id}, which goes on (--no-kill)" in err, err
+        assert "; 1 training task left, below --min-tasks 2 (lost: n2)\n" in err, err
         batch = (run / "slurm" / f"batch-{job_id}.out").read_text()
         assert "tfl: lost node(s) n2: 1 training task(s) left, below --min-tasks 2" in batch, batch
         events = (run / "slurm" / "events").read_text().splitlines()
@@ -174,7 +176,7 @@ def test_mnist_goes_on_on_the_node_left_from_its_checkpoint(cluster: SlurmCluste
                                                            mnist_data: Path) -> None:
     """Real TensorFlow: MultiWorkerMirroredStrategy on both nodes, n2 lost after epoch 1 (its slurmd
     killed and the node set DOWN: mid-epoch 2, not after the few seconds' training has ended); the
-    chief goes on alone (replicas=1) from the shared model dir with the global batch kept, and ends 0."""
+    chief goes on alone (one replica) from the shared model dir's checkpoint, and ends 0."""
     launcher = launch(cluster, tfl_home, MNIST, "--cluster", str(description(tmp_path)), "--min-tasks", "1",
                       "--global-batch", "32", "--", "--epochs", "3", "--steps-per-epoch", "200", "--data", str(mnist_data))
     chief_log = lambda: [*tfl_home.glob("runs/*/logs/chief-0.log")]  # noqa: E731
@@ -184,7 +186,9 @@ def test_mnist_goes_on_on_the_node_left_from_its_checkpoint(cluster: SlurmCluste
         assert launcher.returncode == 0, err[-3000:]
         run = only_run(tfl_home)
         first, second = (run / "logs" / "chief-0.log").read_text().split("--- tfl: attempt 1 of chief:0")
-        assert "MultiWorkerMirroredStrategy replicas=2" in first and "MultiWorkerMirroredStrategy replicas=1" in second
+        assert "strategy=MultiWorkerMirroredStrategy replicas=2" in first and "training_tasks=2 attempt=0" in first
+        assert "replicas=1 devices=1xCPU training_tasks=1 attempt=1" in second  # alone: the kit's default strategy
+        assert re.search(r"^jobkit: resuming at global step [1-9]\d*", second, re.M), second[-2000:]
         resumed = [int(m[1]) for m in EPOCH_LINE.finditer(second)]
         assert resumed and resumed[0] >= 2 and resumed[-1] == 3, second[-2000:]  # from the checkpoint, not epoch 1
         assert "resize at attempt 1: 2 -> 1 training tasks; lost: n2" in err, err
