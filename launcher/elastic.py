@@ -53,6 +53,7 @@ BATCH_MODES = ("global", "per-replica")
 ANY_HOST = "any"  # elastic.evaluator_moves_to: the evaluator may move to any surviving training host
 # What a training task's environment has that an evaluator moved to its host must not take.
 _TRAINING_ONLY = frozenset({contract.GLOBAL_BATCH, contract.COLLECTIVE})
+ELASTIC_UNITS = ("slurm",)  # the descriptions with a unit of their own whose engine resizes the group itself
 
 
 @dataclass(frozen=True)
@@ -192,9 +193,9 @@ def check_elastic(plan: LaunchPlan, *, min_tasks: int | None, batch: str = "glob
         return plan
     if batch not in BATCH_MODES:
         raise UsageError(f"--elastic-batch {batch}: choose 'global' (keep the global batch) or 'per-replica'")
-    if plan.unit is not None:
+    if plan.unit is not None and plan.unit.kind not in ELASTIC_UNITS:  # Slurm: its batch script resizes (launcher.slurm.resize)
         raise UsageError(f"--min-tasks with a '{plan.unit.kind}' description: elastic runs are not supported there yet; "
-                         "launch with a cluster file of hosts (--cluster FILE) or remove --min-tasks")
+                         "launch with a cluster file of hosts (--cluster FILE) or a 'slurm' block, or remove --min-tasks")
     size = len(plan.training_tasks)
     if min_tasks > size:
         raise UsageError(f"--min-tasks {min_tasks}: the cluster has {size} training task{'s' * (size != 1)} "

@@ -101,7 +101,7 @@ def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: 
     me = ProcessIdentity.of(os.getpid())
     record.launcher_pid, record.launcher_create_time, record.launcher_start_ticks = me.pid, me.create_time, me.start_ticks
     record.launcher_boot_id, record.launcher_host, record.grace_period = me.boot_id, me.host, config.grace_period
-    record.config = asdict(config)
+    record.config, record.min_tasks = asdict(config), config.min_tasks
     try:
         store.create(record, reserved=reserved)
     except BaseException:

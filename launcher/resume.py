@@ -26,7 +26,7 @@ from launcher.errors import UsageError
 from launcher.plan import LaunchPlan
 from launcher.policy import SupervisorConfig
 from launcher.procs import ProcessIdentity, launcher_identity
-from launcher.runstore import RestartRecord, RunRecord, RunStore
+from launcher.runstore import RestartRecord, RunRecord, RunStore, TaskRecord
 from launcher.states import RunState, TaskState
 
 LOCK_FILE = "launcher.lock"
@@ -96,6 +96,7 @@ def claim(store: RunStore, run_id: str, config: SupervisorConfig) -> RunRecord:
             task.exit_code, task.ended = None, None
         record.state, record.ended, record.exit_code, record.message = RunState.STARTING, None, None, None
         record.stopped_because_of_failure = []
+        _whole_unit(record)
         record.config, record.max_restarts, record.grace_period = (dataclasses.asdict(config), config.max_restarts,
                                                                    config.grace_period)
         me = ProcessIdentity.of(os.getpid())
@@ -104,6 +105,18 @@ def claim(store: RunStore, run_id: str, config: SupervisorConfig) -> RunRecord:
         store.clear_stop_request(record)
         store.reopen(record)
     return record
+
+
+def _whole_unit(record: RunRecord) -> None:
+    """A plan run as one unit of its own (Slurm's job) resumes as a new unit at its full size: an
+    elastic run's tasks left out by a resize are back, and its lost nodes may be."""
+    plan = recorded_plan(record)
+    if plan.unit is None or not record.resizes:
+        return
+    kept = {t.task: t for t in record.tasks}
+    record.tasks = [kept.get(t.name) or TaskRecord(task=t.name, host=t.host, backend=record.backend, log_path=t.log_path,
+                                                   progress_path=t.progress_path) for t in plan.tasks]
+    record.lost_hosts = {}
 
 
 def recorded_plan(record: RunRecord) -> LaunchPlan:

@@ -1,14 +1,19 @@
 """The supervisor's small pure pieces: a run's first record, a task's failure record, how an
-exit is told, when a task last made progress (``launcher.supervisor`` applies them)."""
+exit is told, when a task last made progress, what a group backend's next attempt is
+(``launcher.supervisor`` applies them)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
+from collections.abc import Callable
 
+from launcher.backends.base import GroupBackend, ResizingGroup
 from launcher.logstream import tail_lines
 from launcher.plan import LaunchPlan
-from launcher.runstore import FailureRecord, RunRecord, TaskRecord
+from launcher.runstore import FailureRecord, ResizeRecord, RunRecord, TaskRecord
+from launcher.tasks import TaskId
 
 
 def progress_mtime(path: str) -> float | None:
@@ -39,3 +44,28 @@ def failure_record(task: TaskRecord, *, code: int | None, reason: str | None, lo
     """A task that failed, as data: why (``reason``, else its exit told), its log's tail."""
     return FailureRecord(task=task.task, host=task.host, pid=task.pid, exit_code=code, reason=reason or describe_exit(code or 0),
                          log_tail=tail_lines(log_path, lines), time=time, attempt=attempt)
+
+
+def group_went_on(group: GroupBackend, plan: LaunchPlan, record: RunRecord, time: float, *,
+                  say: Callable[[str], None], restart: Callable[[], None]) -> LaunchPlan:
+    """A group backend started ``record.attempt + 1``: a plain restart (``restart`` records it),
+    or, in an elastic run, a resize (recorded as the SSH resizes are: neither a failure nor a
+    preemption), whose plan keeps the first ``to_tasks`` training tasks (Slurm renumbers the
+    tasks left by rank) and the evaluator; the record's training tasks start afresh."""
+    resize = group.resized(record.attempt + 1) if isinstance(group, ResizingGroup) else None
+    if resize is None:
+        restart()
+        return plan
+    training = plan.training_tasks[:resize.to_tasks]
+    tasks = tuple(t for t in plan.tasks if not t.task.is_training or t in training)
+    record.lost_hosts.update(resize.lost)
+    reason = "lost: " + ", ".join(f"{h} ({why})" for h, why in sorted(resize.lost.items()))
+    record.resizes.append(ResizeRecord(attempt=resize.attempt, time=time, from_tasks=resize.from_tasks,
+                                       to_tasks=resize.to_tasks, reason=reason, hosts=sorted(resize.lost),
+                                       notes=list(resize.notes)))
+    say(f"tfl: resize: {resize.from_tasks} -> {resize.to_tasks} training tasks; {reason}"  # as elastic_policy says it
+        + "".join(f"; {note}" for note in resize.notes))
+    kept = {r.task: r for r in record.tasks if not TaskId.parse(r.task).is_training}  # the evaluator runs on
+    record.tasks = [kept.get(t.name) or TaskRecord(task=t.name, host=t.host, backend=record.backend, log_path=t.log_path,
+                                                   progress_path=t.progress_path) for t in tasks]
+    return dataclasses.replace(plan, tasks=tasks)

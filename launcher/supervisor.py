@@ -43,7 +43,7 @@ from launcher.policy import PREEMPTION_EXIT_CODES, SupervisorConfig
 from launcher.preemption import ended_state, preempted_file, preemption_reason, saved_note
 from launcher.runstore import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
 from launcher.states import RunState, TaskState
-from launcher.supervision import failure_record, progress_mtime
+from launcher.supervision import failure_record, group_went_on, progress_mtime
 from launcher.supervision import initial_record as initial_record  # where the launcher has always found it
 from launcher.tasks import TaskId
 from launcher.teardown import teardown
@@ -61,11 +61,10 @@ class Supervisor:
                  progress_time: Callable[[str], float | None] = progress_mtime,
                  say: Callable[[str], None] = lambda line: None) -> None:
         self.plan, self.record, self._store, self._config = plan, record, store, config
-        self._backend, self._clock, self._wall = backend, clock, wall
+        self._backend, self._clock, self._wall, self._say = backend, clock, wall, say
         # A backend that runs the group as one unit restarts it itself (see backends.base.GroupBackend).
         self._group: GroupBackend | None = backend if isinstance(backend, GroupBackend) else None
-        self._wake = wake or Waker()
-        self._wait = wait or self._wait_for_event
+        self._wake, self._wait = wake or Waker(), wait or self._wait_for_event
         self._progress_time = progress_time
         self._procs: dict[str, TaskProcess] = {}
         self._stop_requested = False
@@ -266,8 +265,9 @@ class Supervisor:
             self._finish(RunState.FAILED, 1, f"{lost}; no restart on a host known lost")
             return False
         preempted = failure.exit_code == PREEMPTED_EXIT_CODE
-        if self._group is not None and self._group_restarted():
-            self._record_restart(failure, preempted)
+        if self._group is not None and self._group_restarted():  # restarted; an elastic one maybe resized
+            self.plan = group_went_on(self._group, self.plan, self.record, self._wall(), say=self._say,
+                                      restart=lambda: self._record_restart(failure, preempted))
             return True
         if self._group is None and (self._may_restart_preempted() if preempted else self._may_restart(failure)):
             self._record_restart(failure, preempted)

@@ -448,6 +448,18 @@ def test_srun_failures_real_output() -> None:
     assert root_cause(list(reversed(failures))) == failures[0]  # not the task srun terminated afterwards
 
 
+def test_a_task_killed_from_outside_is_the_cause_not_the_survivor_that_exits_1_after_srun_terminates_it() -> None:
+    """The CI flake of test_mnist_on_two_nodes_with_an_evaluator_survives_a_killed_task: the worker
+    killed with -9, then the chief, given srun's SIGTERM, waits for a step as the kit does after a
+    notice and exits 1 when its collective fails on the dead worker."""
+    text = ("srun: error: n2: task 1: Killed\n"
+            "srun: launch/slurm: _step_signal: Terminating StepId=4.0\n"
+            "srun: error: n1: task 0: Exited with exit code 1\n")
+    failures = parse_srun_failures(text)
+    assert root_cause(failures) == SrunTaskFailure("n2", (1,), "Killed", None)
+    assert root_cause([SrunTaskFailure("n1", (0,), "Terminated", None)]) == SrunTaskFailure("n1", (0,), "Terminated", None)
+
+
 def test_srun_failures_ranges_and_kills() -> None:
     failures = parse_srun_failures("srun: error: gpu07: tasks 0-2,5: Killed\nsrun: error: gpu08: task 6: Exited with exit code 0\n")
     assert failures[0] == SrunTaskFailure("gpu07", (0, 1, 2, 5), "Killed", None)

@@ -154,3 +154,23 @@ class GroupBackend(Protocol):
     def describe(self, record: RunRecord) -> dict[str, str]:
         """The unit's own state for ``tfl status`` (Slurm: job, state, pending reason, nodes)."""
         ...
+
+
+@dataclass(frozen=True)
+class GroupResize:
+    """A group backend started an attempt with fewer training tasks (an elastic Slurm run lost nodes)."""
+
+    attempt: int  # the attempt that runs at the new size
+    from_tasks: int
+    to_tasks: int
+    lost: dict[str, str]  # each host lost, with why
+    notes: tuple[str, ...] = ()  # renamed tasks ("worker:0 on n2 is now chief:0")
+
+
+@runtime_checkable
+class ResizingGroup(Protocol):
+    """A group backend whose unit may go on with fewer training tasks (``--min-tasks``)."""
+
+    def resized(self, attempt: int) -> GroupResize | None:
+        """Once ``attempt`` started: how it was resized from the one before, or None (a plain restart)."""
+        ...

@@ -20,6 +20,10 @@ ran and how it ended without asking slurmctld::
 
     training 0 start · training 0 exit 143 · training 1 start · ... · evaluator stopping ·
     evaluator exit 0 · end 0
+
+An elastic run (``--min-tasks``) notes, before a failed attempt's exit, the nodes it lost
+(``lost A FROM TO BEFORE AFTER``: training tasks FROM -> TO, the nodes before and after, comma
+lists, ``-`` for none); the next attempt runs on AFTER when TO is at least ``min_tasks``.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ EVENT_EVALUATOR_EXIT = "evaluator exit"  # "evaluator exit STATUS": its step end
 EVENT_EVALUATOR_STOPPING = "evaluator stopping"  # training had ended and the evaluator's time was up
 EVENT_REQUEUED = "requeued"  # "requeued N": Slurm requeued the job (SLURM_RESTART_COUNT=N), the attempts go on
 EVENT_END = "end"  # "end STATUS": the script's own exit status, written just before it exits
+EVENT_LOST = "lost"  # "lost A FROM TO BEFORE AFTER": an elastic run lost nodes in attempt A (see above)
 
 
 def step_name(role: str, run_id: str) -> str:
@@ -106,11 +111,13 @@ class SlurmJobPlan:
     max_restarts: int = 0  # how often the script starts the training group again (its policy, as written in it)
     max_preemptions: int = 100  # how often it starts a preempted group again, not counted in max_restarts
     requeue: bool = False  # Slurm may requeue the job (a preempted job is then pending again, not ended)
+    min_tasks: int | None = None  # an elastic run: after a node failure the script goes on with the nodes left
 
     def to_dict(self) -> dict[str, Any]:
         return {"script": self.script, "sbatch": list(self.sbatch), "job_name": self.job_name,
                 "allocation": self.allocation, "test_only": list(self.test_only), "steps": [list(s) for s in self.steps],
-                "max_restarts": self.max_restarts, "max_preemptions": self.max_preemptions, "requeue": self.requeue}
+                "max_restarts": self.max_restarts, "max_preemptions": self.max_preemptions, "requeue": self.requeue,
+                "min_tasks": self.min_tasks}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SlurmJobPlan:
@@ -118,7 +125,30 @@ class SlurmJobPlan:
                    allocation=data.get("allocation"), test_only=tuple(data.get("test_only", ())),
                    steps=tuple((role, line) for role, line in data.get("steps", ())),
                    max_restarts=int(data.get("max_restarts", 0)), max_preemptions=int(data.get("max_preemptions", 100)),
-                   requeue=bool(data.get("requeue", False)))
+                   requeue=bool(data.get("requeue", False)), min_tasks=data.get("min_tasks"))
+
+
+@dataclass(frozen=True)
+class LostNodes:
+    """An elastic run's ``lost`` event: after ``attempt`` failed, its nodes went from ``before`` to ``after``."""
+
+    attempt: int
+    from_tasks: int
+    to_tasks: int
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+
+    @property
+    def lost(self) -> tuple[str, ...]:
+        return tuple(n for n in self.before if n not in self.after)
+
+    def event(self) -> str:
+        return " ".join([EVENT_LOST, str(self.attempt), str(self.from_tasks), str(self.to_tasks),
+                         ",".join(self.before) or "-", ",".join(self.after) or "-"])
+
+
+def _names(word: str) -> tuple[str, ...]:
+    return () if word == "-" else tuple(word.split(","))
 
 
 @dataclass(frozen=True)
@@ -131,6 +161,7 @@ class StepEvents:
     evaluator_stopping: bool = False
     end: int | None = None  # the script's exit status, once it is about to exit
     requeued: int = 0  # how often Slurm requeued the job (the last "requeued N")
+    lost: dict[int, LostNodes] = field(default_factory=dict)  # failed attempt -> the nodes it lost (elastic)
 
     @property
     def last_attempt(self) -> int | None:
@@ -143,6 +174,7 @@ def parse_events(text: str) -> StepEvents:
     exits: dict[int, int] = {}
     evaluator_exit: int | None = None
     stopping, end, requeued = False, None, 0
+    lost: dict[int, LostNodes] = {}
     for line in text.splitlines(keepends=True):
         if not line.endswith("\n"):
             break
@@ -159,7 +191,10 @@ def parse_events(text: str) -> StepEvents:
             end = _status(words[1])
         elif len(words) == 2 and words[0] == EVENT_REQUEUED and words[1].isdigit():
             requeued = int(words[1])
-    return StepEvents(tuple(started), exits, evaluator_exit, stopping, end, requeued)
+        elif len(words) == 6 and words[0] == EVENT_LOST and all(w.isdigit() for w in words[1:4]):
+            a, f, t = (int(w) for w in words[1:4])
+            lost[a] = LostNodes(a, f, t, _names(words[4]), _names(words[5]))
+    return StepEvents(tuple(started), exits, evaluator_exit, stopping, end, requeued, lost)
 
 
 def _status(word: str) -> int:

@@ -192,8 +192,15 @@ def parse_srun_failures(text: str) -> list[SrunTaskFailure]:
 
 
 def root_cause(failures: Sequence[SrunTaskFailure]) -> SrunTaskFailure | None:
-    """The first task that exited by itself with a nonzero code, else the first failure."""
-    return next((f for f in failures if f.exit_code), failures[0] if failures else None)
+    """The first failure srun did not cause itself, else the first failure.
+
+    srun ends the other tasks with SIGTERM (``--kill-on-bad-exit``: "Terminated"), so those are
+    consequences wherever their line falls. Every other failure counts in srun's order, signals
+    included: a task killed from outside ("Killed") before a survivor exits 1 is the cause (the
+    job kit takes srun's SIGTERM as a notice and waits for a step, in which time the survivor's
+    collective may fail on the dead peer first: exit 1, not "Terminated").
+    """
+    return next((f for f in failures if f.what != "Terminated"), failures[0] if failures else None)
 
 
 def _failure(argv: Sequence[str], done: CommandResult) -> SlurmError:

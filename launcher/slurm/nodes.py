@@ -28,7 +28,7 @@ Here:
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,3 +210,36 @@ def slurm_tf_config(job_id: int, nodes: Sequence[SlurmNode], counts: Sequence[in
     if rank_of_task(task_type, index) >= sum(counts):
         raise SlurmLayoutError(f"task {task_type}:{index} is beyond the training step's {sum(counts)} tasks")
     return {"cluster": job_cluster(job_id, nodes, counts), "task": {"type": task_type, "index": index}}
+
+
+# --- an elastic run: the nodes left after a failure ---------------------------------------
+NODE_FAILURE = re.compile(r"srun: error: Node failure on (\S+)")  # srun's line when Slurm lost a node under its step
+_BAD_NODE_STATES = ("DOWN", "NOT_RESPONDING", "FAIL")  # scontrol's State= flags of a node that cannot run a step
+
+
+def failed_nodes(srun_err: str) -> tuple[str, ...]:
+    """The nodes srun says Slurm lost under the step, in order."""
+    return tuple(dict.fromkeys(NODE_FAILURE.findall(srun_err)))
+
+
+def parse_job_nodelist(text: str) -> str | None:
+    """``scontrol show job -o JOB`` output -> its NodeList (what the job holds now), or None."""
+    match = re.search(r"(?:^|\s)NodeList=(\S+)", text)
+    return match[1] if match and match[1] != "(null)" else None
+
+
+def unusable_nodes(text: str) -> set[str]:
+    """``scontrol show node -o LIST`` output -> the nodes Slurm holds down, failed or not responding."""
+    bad = set()
+    for line in text.splitlines():
+        name, state = re.search(r"(?:^|\s)NodeName=(\S+)", line), re.search(r"\sState=(\S+)", line)
+        if name and state and any(flag in state[1].split("+") or state[1].startswith(flag) for flag in _BAD_NODE_STATES):
+            bad.add(name[1])
+    return bad
+
+
+def surviving_nodes(nodes: Sequence[SlurmNode], counts: Sequence[int], usable: Collection[str]
+                    ) -> tuple[tuple[SlurmNode, ...], tuple[int, ...]]:
+    """The nodes of the last attempt that are ``usable``, in order, with their training task counts."""
+    kept = [(n, c) for n, c in zip(nodes, counts, strict=True) if n.name in usable]
+    return tuple(n for n, _ in kept), tuple(c for _, c in kept)

@@ -7,14 +7,16 @@ the job runs (``launcher.slurm.nodes``). So a task's host is ``slurm`` until the
 record names its node, and its argv is the driver's. The restart policy goes into the
 script (``--max-restarts``, and ``--max-preemptions`` for groups that ended preempted: the
 script relaunches the training group), so the options it cannot carry are refused here, in
-one line.
+one line. An elastic run (``--min-tasks``) is submitted with ``--no-kill``: after a node
+failure the script starts the next attempt on the nodes left (``launcher.slurm.script``);
+``launcher.elastic.check_elastic`` checks its sizes and batch as for any plan.
 """
 
 from __future__ import annotations
 
 import shlex
 
-from launcher.contract import EVALUATOR, LOGS_SUBDIR, PROGRESS_SUBDIR, task_variables
+from launcher.contract import EVALUATOR, GLOBAL_BATCH, LOGS_SUBDIR, PROGRESS_SUBDIR, task_variables
 from launcher.errors import UsageError
 from launcher.hosts import RemoteOptions
 from launcher.plan import LaunchPlan, TaskLaunch
@@ -46,6 +48,12 @@ def refuse_unsupported(config: SupervisorConfig) -> None:
                          "bound the run with the slurm block's \"time\" instead")
 
 
+def _elastic_env(config: SupervisorConfig) -> dict[str, str]:
+    """What an elastic run's tasks learn of it: the kept global batch (``jobkit.global_batch_size``)."""
+    keep = config.min_tasks is not None and config.elastic_batch == "global" and config.global_batch is not None
+    return {GLOBAL_BATCH: str(config.global_batch)} if keep else {}
+
+
 def build_slurm_plan(spec: SlurmClusterSpec, job: str, job_args: tuple[str, ...], *, run_id: str, run_dir: str,
                      python: str, cwd: str, remote: RemoteOptions, virtual_devices: int | None,
                      config: SupervisorConfig) -> LaunchPlan:
@@ -53,8 +61,16 @@ def build_slurm_plan(spec: SlurmClusterSpec, job: str, job_args: tuple[str, ...]
     is the SSH backend's: Slurm's nodes share the run dir, nothing is shipped to them."""
     refuse_unsupported(config)
     allocation = spec.job_id if isinstance(spec, AllocationSpec) else None
+    if allocation is not None and config.min_tasks is not None:
+        raise UsageError(f"--min-tasks inside allocation {allocation}: Slurm ends an allocation when one of its nodes "
+                         "fails unless it was made with --no-kill, which tfl cannot see; remove --min-tasks, or launch "
+                         "with a cluster file with a 'slurm' block (tfl then submits the job with --no-kill)")
+    if spec.slurm.requeue and config.min_tasks is not None:
+        raise UsageError("--min-tasks with the slurm block's \"requeue\": true: a requeued job starts again on every "
+                         "node, at the full size, behind the launcher's back; remove one of the two")
     max_preemptions = config.max_preemptions
-    batch = BatchJob(settings=spec.slurm, job=job, job_args=job_args, run_id=run_id, run_dir=run_dir, env=spec.env,
+    batch = BatchJob(settings=spec.slurm, job=job, job_args=job_args, run_id=run_id, run_dir=run_dir,
+                     env={**spec.env, **_elastic_env(config)}, min_tasks=config.min_tasks,
                      python=python, cwd=cwd, max_restarts=config.max_restarts, max_preemptions=max_preemptions,
                      grace_period=config.grace_period,
                      evaluator_timeout=config.evaluator_timeout, virtual_devices=virtual_devices,
@@ -68,7 +84,7 @@ def build_slurm_plan(spec: SlurmClusterSpec, job: str, job_args: tuple[str, ...]
                          job_name=batch.job_name, allocation=allocation,
                          test_only=() if allocation else tuple(sbatch_command(batch, "--test-only")), steps=tuple(steps),
                          max_restarts=config.max_restarts, max_preemptions=max_preemptions,
-                         requeue=spec.slurm.requeue and allocation is None)
+                         requeue=spec.slurm.requeue and allocation is None, min_tasks=config.min_tasks)
     return LaunchPlan(run_id=run_id, run_dir=run_dir, job=job, job_args=job_args, tasks=tasks, unit=slurm)
 
 

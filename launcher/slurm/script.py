@@ -17,6 +17,10 @@ and execs the job:
   checkpoint, then its task gets SIGTERM (``scancel --signal`` on its step) and, after the
   grace period, SIGKILL.
 
+An **elastic run** (``--min-tasks``) is submitted with ``--no-kill``: after a training step
+failed, the script asks which of its nodes Slurm still gives the job, and starts the next
+attempt on those (``launcher.slurm.resize``), or ends below the minimum.
+
 Every step's stderr (srun's own "srun: error: n2: task 1: Exited with exit code 3" lines)
 goes to a file per step, and the script notes what it did in the events file
 (``launcher.slurm.batch``): that is how the launcher follows the run.
@@ -72,6 +76,7 @@ from launcher.slurm.batch import (
 )
 from launcher.slurm.errors import SlurmError
 from launcher.slurm.nodes import format_tasks_per_node
+from launcher.slurm.resize import check_lines, elastic_srun, resize_lines, start_lines
 from launcher.slurm.settings import SlurmSettings
 
 TASK_DRIVER = "launcher.slurm.task"
@@ -99,6 +104,7 @@ class BatchJob:
     evaluator_timeout: float = 600.0  # after training: the evaluator's time to finish
     virtual_devices: int | None = None
     allocation: bool = False  # True: run by tfl inside an existing allocation, not submitted
+    min_tasks: int | None = None  # an elastic run (--min-tasks): after a node failure, go on with the nodes left
 
     @property
     def job_name(self) -> str:
@@ -137,6 +143,8 @@ def sbatch_header(batch: BatchJob) -> list[str]:
         # starts the script again and the attempts go on (see the module docstring).
         "--requeue" if s.requeue else "--no-requeue",
     ]
+    if batch.min_tasks is not None:
+        options.append("--no-kill")  # a failed node leaves the job, which goes on with the others (elastic)
     if s.requeue:
         options.append("--open-mode=append")  # the requeued job's output follows the first run's
     if s.preemption_notice is not None:
@@ -283,15 +291,22 @@ def _time_limit_check(batch: BatchJob) -> list[str]:
 def _training_loop(batch: BatchJob) -> list[str]:
     err_path = f'"$files/{TRAINING_ERR.format(attempt="$attempt")}"'
     requeue = batch.settings.requeue and not batch.allocation
+    elastic = batch.min_tasks is not None
+    srun = elastic_srun(training_srun(batch), batch.settings.nodes, batch.settings.training_tasks) if elastic \
+        else shlex.join(training_srun(batch))
+    resize = resize_lines(batch.min_tasks) if batch.min_tasks is not None else []
     return [
         *_policy_functions(),
+        *(start_lines(batch.settings.nodes, batch.settings.training_tasks) if elastic else []),
         "while :; do",
         f"  note {EVENT_TRAINING} $attempt start",
-        f"  TFL_ATTEMPT=$attempt {shlex.join(training_srun(batch))} 2> {err_path} &",
+        f"  TFL_ATTEMPT=$attempt {srun} 2> {err_path} &",
         "  wait_step $!; status=$?",
+        *(check_lines([batch.python, "-m", TASK_DRIVER], err_path) if elastic else []),
         f"  note {EVENT_TRAINING} $attempt exit $status",
         "  if [ $status -eq 0 ] || [ -n \"$stopping\" ]; then break; fi",
-        f"  if [ $status -eq {PREEMPTED_EXIT_CODE} ] && preempted_step {err_path}; then",
+        *resize,
+        f"  {'elif' if resize else 'if'} [ $status -eq {PREEMPTED_EXIT_CODE} ] && preempted_step {err_path}; then",
         "    preempted=$((preempted + 1))",
         f"    if [ $preempted -gt {batch.max_preemptions} ]; then",
         f"      echo \"tfl: training preempted $preempted times, more than --max-preemptions {batch.max_preemptions}\" >&2; break",

@@ -24,6 +24,7 @@ from launcher.errors import ClusterFileError, UsageError
 from launcher.fields import describe_error
 from launcher.slurm.errors import SlurmLayoutError
 from launcher.slurm.nodes import MAX_TASKS_PER_ADDRESS, parse_tasks_per_node
+from launcher.spec import ElasticSettings
 
 MAX_NOTICE_SECONDS = 65535
 _TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE|unlimited|infinite")
@@ -155,6 +156,8 @@ class SlurmClusterSpec(_Strict):
     kind: ClassVar[str] = "slurm"  # its description kind (launcher.descriptions)
     slurm: SlurmSettings
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for every task")
+    elastic: ElasticSettings | None = Field(None, description="go on with the nodes left after a node failure "
+                                                              "(like tfl launch --min-tasks)")
 
     @field_validator("env")
     @classmethod
@@ -163,6 +166,14 @@ class SlurmClusterSpec(_Strict):
         if reserved:
             raise ValueError(f"sets {reserved[0]}, which tfl sets for each task; remove it")
         return env
+
+    @field_validator("elastic")
+    @classmethod
+    def _elastic(cls, elastic: ElasticSettings | None) -> ElasticSettings | None:
+        if elastic is not None and elastic.evaluator_moves_to is not None:
+            raise ValueError("evaluator_moves_to is for a cluster file of hosts (Slurm picks the nodes, and a node it "
+                             "takes out of the job does not come back); remove it")
+        return elastic
 
     @model_validator(mode="before")
     @classmethod

@@ -2,6 +2,10 @@
 
 - ``nodes``: run once in the batch step; prints the job's nodes in Slurm's order with their
   NodeAddr (``scontrol show hostnames`` and ``scontrol show node -o``), for ``TFL_SLURM_NODES``.
+- ``survivors SRUN_ERR ATTEMPT`` (an elastic run, in the batch step after a failed training
+  step): the nodes of that attempt that Slurm still gives the job and holds usable (``scontrol
+  show job`` and ``show node``; those srun said failed are out too). Prints the ``lost`` event,
+  then the next attempt's ``TFL_SLURM_NODES``, its layout and the lost nodes, one a line; exit 3 when no node was lost.
 - ``training JOB [ARGS]`` / ``evaluator JOB [ARGS]``: run in every task of a step; builds
   the task's TF_CONFIG from Slurm's variables (SLURM_JOB_ID, SLURM_PROCID, SLURMD_NODENAME)
   and the batch script's, notes where it runs (node, address, pid) in the run dir for the
@@ -27,23 +31,28 @@ from pathlib import Path
 from launcher.contract import ATTEMPT, EVALUATOR, LOGS_SUBDIR, RUN_DIR, SLURM_LAYOUT, SLURM_NODES, TF_CONFIG, task_slug, task_variables
 from launcher.errors import TflError
 from launcher.logstream import attempt_banner
-from launcher.slurm.batch import EVALUATOR_ROLE, TRAINING_ROLE, RunFiles, TaskInfo, write_task_info
+from launcher.slurm.batch import EVALUATOR_ROLE, TRAINING_ROLE, LostNodes, RunFiles, TaskInfo, write_task_info
 from launcher.slurm.errors import SlurmError, SlurmLayoutError
 from launcher.slurm.nodes import (
     EVALUATOR_SLOT,
+    failed_nodes,
     format_nodes,
+    format_tasks_per_node,
     host_port,
     nodes_in_order,
     parse_hostnames,
+    parse_job_nodelist,
     parse_node_addrs,
     parse_nodes,
     parse_tasks_per_node,
     rank_of_task,
     slot_port,
     slurm_tf_config,
+    surviving_nodes,
     task_of_rank,
     training_layout,
     training_slots,
+    unusable_nodes,
 )
 
 ROLES = (TRAINING_ROLE, EVALUATOR_ROLE)
@@ -120,6 +129,40 @@ def resolve_nodes(environ: Mapping[str, str]) -> str:
     return format_nodes(nodes_in_order(hostnames, addrs))
 
 
+NO_NODE_LOST = 3  # ``survivors``' exit status when every node of the attempt is still usable
+
+
+def survivors(srun_err: str, attempt: int, environ: Mapping[str, str]) -> tuple[LostNodes, str, str] | None:
+    """After attempt ``attempt`` failed: the ``lost`` event and the next attempt's nodes and
+    layout, or None when no node was lost. Asks scontrol twice (the job's nodes, their states)."""
+    nodes = parse_nodes(_need(environ, SLURM_NODES))
+    counts = parse_tasks_per_node(_need(environ, SLURM_LAYOUT))
+    listed = parse_job_nodelist(_scontrol(["show", "job", "-o", str(_number(environ, "SLURM_JOB_ID"))]))
+    in_job = set(parse_hostnames(_scontrol(["show", "hostnames", listed]))) if listed else set()
+    names = ",".join(n.name for n in nodes)
+    usable = in_job - unusable_nodes(_scontrol(["show", "node", "-o", names])) - set(failed_nodes(srun_err))
+    kept, kept_counts = surviving_nodes(nodes, counts, usable)
+    if len(kept) == len(nodes):
+        return None
+    event = LostNodes(attempt, sum(counts), sum(kept_counts), tuple(n.name for n in nodes), tuple(n.name for n in kept))
+    return event, format_nodes(kept), format_tasks_per_node(kept_counts)
+
+
+def _survivors_main(argv: Sequence[str]) -> int:
+    if len(argv) != 2 or not argv[1].isdigit():
+        raise SlurmError("usage: python -m launcher.slurm.task survivors SRUN_ERR ATTEMPT")
+    try:
+        srun_err = Path(argv[0]).read_text(errors="replace")
+    except OSError:
+        srun_err = ""
+    found = survivors(srun_err, int(argv[1]), os.environ)
+    if found is None:
+        return NO_NODE_LOST
+    event, nodes, layout = found
+    print(event.event(), nodes or "-", layout or "-", ",".join(event.lost), sep="\n")
+    return 0
+
+
 def _scontrol(args: list[str]) -> str:
     try:
         done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60)
@@ -176,6 +219,8 @@ def main(argv: Sequence[str]) -> int:
         if list(argv[:1]) == ["nodes"]:
             print(resolve_nodes(os.environ))
             return 0
+        if list(argv[:1]) == ["survivors"]:
+            return _survivors_main(argv[1:])
         if len(argv) < 2:
             raise SlurmError("usage: python -m launcher.slurm.task {nodes | training JOB [ARGS] | evaluator JOB [ARGS]}")
         start = task_start(argv[0], argv[1], argv[2:], os.environ, sys.executable)

@@ -30,14 +30,17 @@ import tempfile
 from collections.abc import Sequence
 from typing import Callable
 
-from launcher.backends.base import Cleanup, TaskLive, TaskProcess
+from launcher.backends.base import Cleanup, GroupResize, TaskLive, TaskProcess
 from launcher.backends.slurm import recorded
 from launcher.backends.slurm.job import SlurmJob, sbatch_message
 from launcher.backends.slurm.outcome import (
     Outcome,
+    below_minimum,
     evaluator_alive,
     evaluator_outcome,
+    node_failure,
     preemption_counts,
+    renamed_notes,
     training_alive,
     training_outcome,
 )
@@ -127,7 +130,7 @@ class SlurmBackend:
             node = outcome.failed_node
             if node not in self._node_notes:
                 self._node_notes[node] = proc.handle.node_down(node)
-            proc.ended_by += self._node_notes[node]
+            proc.ended_by += self._node_notes[node] + below_minimum(proc.handle.events(), proc.attempt, proc.handle.plan.min_tasks)
         return outcome.code
 
     def _outcome(self, proc: TaskProcess) -> Outcome | None:
@@ -139,7 +142,7 @@ class SlurmBackend:
         ended_badly = end is not None or events.exits.get(proc.attempt, 0) != 0
         return training_outcome(rank_of_task(task.type, task.index), proc.attempt, events, job.srun_err(proc.attempt),
                                 end, job.nodes(proc.attempt) if ended_badly else {}, job_id=job.ref.job_id or "?",
-                                stopped=job.stopped)
+                                stopped=job.stopped, elastic=job.plan.min_tasks is not None)
 
     def alive(self, proc: TaskProcess) -> bool:
         job: SlurmJob = proc.handle
@@ -172,11 +175,25 @@ class SlurmBackend:
             return True
         if job.stopped or events.end is not None or events.exits.get(attempt) == 0:
             return False
+        lost = events.lost.get(attempt)  # an elastic run lost nodes: noted before the exit
+        if lost is not None:
+            return None if lost.to_tasks >= (job.plan.min_tasks or 0) and job.end() is None else False
         if attempt in events.exits:  # the script's policy: preemptions and failures have their own caps
             preempted, failed = preemption_counts(events, job.srun_err, attempt, job.first_attempt)
             if preempted > job.plan.max_preemptions or failed > job.plan.max_restarts:
                 return False
         return False if job.end() is not None else None
+
+    def resized(self, attempt: int) -> GroupResize | None:
+        """An elastic run's ``attempt`` on the nodes left after the last one lost some (its ``lost`` event)."""
+        job = self._job
+        lost = job.events().lost.get(attempt - 1) if job is not None and job.plan.min_tasks is not None else None
+        if job is None or lost is None or lost.to_tasks < (job.plan.min_tasks or 0):
+            return None
+        why = node_failure(job.ref.job_id or "?", None, ended=False).split(": ", 1)[1]
+        return GroupResize(attempt=attempt, from_tasks=lost.from_tasks, to_tasks=lost.to_tasks,
+                           lost={n: f"node failure: {why}{self._node_notes.get(n, '')}" for n in lost.lost},
+                           notes=renamed_notes(lost))
 
     # --- a recorded run, from any terminal ------------------------------------------------
     def inspect(self, record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:

@@ -19,18 +19,17 @@ preempted: every task that exited 170 saved the agreed checkpoint, and each repo
 
 from __future__ import annotations
 
-import re
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from launcher.contract import PREEMPTED_EXIT_CODE
-from launcher.slurm.batch import StepEvents
+from launcher.slurm.batch import LostNodes, StepEvents
 from launcher.slurm.jobstate import SrunTaskFailure, parse_srun_failures, root_cause
+from launcher.slurm.nodes import NODE_FAILURE, task_of_rank
 
 # srun names a signalled task by strsignal(): "Killed", "Terminated", "Segmentation fault"...
 _SIGNAL_WORDS = {signal.strsignal(s) or s.name: -int(s) for s in signal.Signals}
-_NODE_FAILURE = re.compile(r"srun: error: Node failure on (\S+)")
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ def preemption_counts(events: StepEvents, srun_err: Callable[[int], str], upto: 
     0, or the one ``tfl resume`` started it with) up to ``upto``, as the script counts them."""
     preempted = failed = 0
     for attempt, status in events.exits.items():
-        if attempt > upto or attempt < since or status == 0:
+        if attempt > upto or attempt < since or status == 0 or attempt in events.lost:  # a resize counts as neither
             continue
         if status == PREEMPTED_EXIT_CODE and preempted_step(status, srun_err(attempt)):
             preempted += 1
@@ -83,16 +82,17 @@ def preemption_counts(events: StepEvents, srun_err: Callable[[int], str], upto: 
 
 
 def failed_node(srun_err: str) -> str | None:
-    match = _NODE_FAILURE.search(srun_err)
+    match = NODE_FAILURE.search(srun_err)
     return match[1] if match else None
 
 
 def training_outcome(rank: int, attempt: int, events: StepEvents, srun_err: str, end: JobEnd | None,
-                     nodes: Mapping[int, str], *, job_id: str, stopped: bool = False) -> Outcome | None:
+                     nodes: Mapping[int, str], *, job_id: str, stopped: bool = False, elastic: bool = False) -> Outcome | None:
     """The training task of ``rank`` in ``attempt``: its outcome, or None while it runs (or
     when srun stopped it because another task failed: see ``training_alive``).
     ``srun_err``: the attempt's srun stderr; ``nodes``: each rank's node, where known;
-    ``stopped``: tfl has stopped the job (then a failed step is tfl's doing)."""
+    ``stopped``: tfl has stopped the job (then a failed step is tfl's doing); ``elastic``: the job
+    was submitted with ``--no-kill`` and goes on without a failed node."""
     status = events.exits.get(attempt)
     if status == 0:
         return Outcome(0)
@@ -103,7 +103,7 @@ def training_outcome(rank: int, attempt: int, events: StepEvents, srun_err: str,
     node = failed_node(srun_err)
     if node is not None or (end is not None and end.state == "NODE_FAIL"):
         victim = next((r for r, n in sorted(nodes.items()) if n == node), 0)
-        return Outcome(status or 1, node_failure(job_id, node), node) if rank == victim else None
+        return Outcome(status or 1, node_failure(job_id, node, ended=not elastic), node) if rank == victim else None
     if status is not None:
         cause = root_cause(parse_srun_failures(srun_err))
         if cause is None:  # srun failed without naming a task (e.g. it could not start the step)
@@ -116,8 +116,10 @@ def training_outcome(rank: int, attempt: int, events: StepEvents, srun_err: str,
     return Outcome(end.exit_code or 1, describe_end(end)) if rank == 0 else None
 
 
-def node_failure(job_id: str, node: str | None) -> str:
-    return f"node {node or '(unknown)'} failed: Slurm ended job {job_id} (NODE_FAIL); `sinfo -R` says why"
+def node_failure(job_id: str, node: str | None, ended: bool = True) -> str:
+    """``ended``: Slurm ended the job; else the job goes on without the node (``--no-kill``: an elastic run)."""
+    what = f"Slurm ended job {job_id} (NODE_FAIL)" if ended else f"Slurm took it out of job {job_id}, which goes on (--no-kill)"
+    return f"node {node or '(unknown)'} failed: {what}; `sinfo -R` says why"
 
 
 def training_alive(attempt: int, events: StepEvents, end: JobEnd | None) -> bool:
@@ -158,3 +160,29 @@ def describe_end(end: JobEnd) -> str:
 def _last_line(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return lines[-1] if lines else "no output"
+
+
+def renamed_notes(lost: LostNodes) -> tuple[str, ...]:
+    """The training tasks that the next attempt numbers anew (block distribution: rank r on node r // T)."""
+    per_node = lost.from_tasks // max(1, len(lost.before))
+    notes = []
+    for rank in range(lost.to_tasks):
+        node = lost.after[rank // per_node]
+        old = lost.before.index(node) * per_node + rank % per_node
+        if old != rank:
+            notes.append(f"{_task(old)} on {node} is now {_task(rank)}")
+    return tuple(notes)
+
+
+def _task(rank: int) -> str:
+    kind, index = task_of_rank(rank)
+    return f"{kind}:{index}"
+
+
+def below_minimum(events: StepEvents, attempt: int, min_tasks: int | None) -> str:
+    """"; …below --min-tasks N, lost: NODES" when an elastic run's ``attempt`` left too few tasks; else ""."""
+    lost = events.lost.get(attempt)
+    if lost is None or min_tasks is None or lost.to_tasks >= min_tasks:
+        return ""
+    return (f"; {lost.to_tasks} training task{'s' * (lost.to_tasks != 1)} left, below --min-tasks {min_tasks} "
+            f"(lost: {', '.join(lost.lost)})")
