@@ -1,8 +1,10 @@
-"""15. Ray: launch → every task running against the same job over SSH on as many hosts, and a
-node's death → noticed. `uv run python -m bench.ray [--reps N]` prints the section's table.
+"""15. Ray: launch → every task running against the same job over SSH on as many hosts, a
+node's death → noticed, and the import cost of `tfl --help` / `tfl status` against main.
+`uv run python -m bench.ray [--reps N] [--rounds N]` prints the section's tables.
 
-Ray: a private three-node cluster on loopback (``tests.ray_cluster``: a head and two nodes,
-one logical CPU and an 80 MB object store each, all on 127.0.0.1); two tiny tasks (chief,
+Ray: a private five-node cluster on loopback (``tests.ray_cluster``: a head, where tfl
+connects, with no CPU for tasks, and four nodes of one logical CPU each, an 80 MB object store
+each, all on 127.0.0.1, Ray's default health checks); two tiny tasks (chief,
 worker) under STRICT_SPREAD, so each on a node of its own. SSH: the same tiny job over the
 bench's private sshd on 127.0.0.2 and 127.0.0.3 (``bench.ssh``). Both launch from the CLI
 and are timed from spawning ``tfl launch`` to the last task's first line (the job's own
@@ -11,14 +13,22 @@ clock). Node death: a detached run of two tasks that sleep; the worker's node is
 worker failed is measured; Ray's health check (``health_check_period_ms`` 3000 ×
 ``health_check_failure_threshold`` 5, after ``health_check_initial_delay_ms`` 5000 at a
 node's start; each check times out after ``health_check_timeout_ms`` 10000) decides it.
+Import cost: `python -m launcher --help` and `python -m launcher status` (an empty store) from
+this checkout and from main (the merge base, unpacked by `git archive` into a temp dir), in
+alternating rounds with the same interpreter, the ratio taken within each round; and the
+modules each imports (``ray`` must not be among them).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
+import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -78,14 +88,80 @@ def node_death(ws: Workspace, cluster: RayCluster, rep: int) -> float:
     while json.loads(state.read_text())["state"] in ("starting", "running", "restarting"):
         assert time.monotonic() < deadline, "the run did not end after its worker's node died"
         time.sleep(0.2)
-    cluster.add_node()  # back to three nodes for the next repetition
-    return noticed
+    return noticed  # the cluster's four task nodes leave two for the next repetition's tasks, up to 3 repetitions
+
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULES = ("import sys; sys.argv = ['tfl', *sys.argv[1:]]\nfrom launcher.cli import main\ntry:\n    main()\n"
+           "except SystemExit:\n    pass\nprint(len(sys.modules), 'ray' in sys.modules, file=sys.stderr)")
+
+
+def _main_checkout(into: Path) -> Path:
+    """main at the merge base, unpacked (no worktree: nothing of the repository changes)."""
+    base = subprocess.run(["git", "merge-base", "HEAD", "main"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    archive = subprocess.run(["git", "archive", "--format=tar", base, "launcher"], cwd=ROOT, capture_output=True, check=True).stdout
+    tar = into / "main.tar"
+    tar.write_bytes(archive)
+    with tarfile.open(tar) as t:
+        t.extractall(into / "main", filter="data")
+    return into / "main"
+
+
+def _tfl(code_root: Path, home: Path, *args: str) -> float:
+    env = {**os.environ, "PYTHONPATH": str(code_root), "TFL_HOME": str(home)}
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-m", "launcher", *args], cwd=code_root, env=env, capture_output=True, check=True, timeout=120)
+    return time.monotonic() - started
+
+
+def _modules(code_root: Path, home: Path, *args: str) -> tuple[int, bool]:
+    env = {**os.environ, "PYTHONPATH": str(code_root), "TFL_HOME": str(home)}
+    out = subprocess.run([sys.executable, "-c", MODULES, *args], cwd=code_root, env=env, capture_output=True, text=True,
+                         timeout=120)
+    count, has_ray = out.stderr.strip().splitlines()[-1].split()
+    return int(count), has_ray == "True"
+
+
+def import_cost(rounds: int) -> None:
+    """`tfl --help` and `tfl status`, this checkout / main, alternating which goes first; 2 warm-up rounds dropped."""
+    with tempfile.TemporaryDirectory(prefix="tfl-bench-imports-") as tmp:
+        main, home = _main_checkout(Path(tmp)), Path(tmp) / "home"
+        home.mkdir(mode=0o700)
+        print("| command | modules (this / main), ray imported | this checkout | main | this / main (same round) |")
+        print("|---|---|---|---|---|")
+        for args in (("--help",), ("status",)):
+            ours: list[float] = []
+            theirs: list[float] = []
+            for r in range(rounds + 2):
+                order = [(ROOT, ours), (main, theirs)] if r % 2 else [(main, theirs), (ROOT, ours)]
+                for code_root, into in order:
+                    took = _tfl(code_root, home, *args)
+                    if r >= 2:
+                        into.append(took)
+            (n_ours, ray_ours), (n_main, _) = _modules(ROOT, home, *args), _modules(main, home, *args)
+            ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+            print(f"| `tfl {' '.join(args)}` | {n_ours} / {n_main}, ray: {'yes' if ray_ours else 'no'} | {_fmt(ours, 'ms', 1000)} | "
+                  f"{_fmt(theirs, 'ms', 1000)} | {_fmt(ratios, '×')} |")
+        print(f"\nrounds={rounds} (+2 warm-up), load {os.getloadavg()[0]:.1f}")
+
+
+def _fmt(values: list[float], unit: str = "s", scale: float = 1.0) -> str:
+    v = [x * scale for x in values]
+    digits = 0 if unit == "ms" else 2
+    return f"{statistics.median(v):.{digits}f} {unit} ({min(v):.{digits}f}–{max(v):.{digits}f})"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=3, choices=(1, 2, 3), help="each node death takes a task node for good")
+    parser.add_argument("--rounds", type=int, default=12, help="rounds of the import-cost comparison (0: skip it)")
+    parser.add_argument("--no-cluster", action="store_true", help="only the import cost")
     args = parser.parse_args()
+    if args.rounds:
+        import_cost(args.rounds)
+    if args.no_cluster:
+        return
+    print(f"\nload before the cluster: {os.getloadavg()[0]:.1f}")
     ws = Workspace()
     cluster = start_ray_cluster()
     sshd_dir = ws.root / "sshd"
@@ -110,7 +186,7 @@ def main() -> None:
     print("|---|---|---|---|")
     print(f"| launch → every task running | {fmt(sshs)} | {fmt(rays)} | {fmt(ratios, '×')} |")
     print(f"| the worker's node killed → tfl has recorded the worker's failure |  | {fmt(deaths)} |  |")
-    print(f"\nreps={args.reps}, Ray processes left after the cluster's shutdown: {left}")
+    print(f"\nreps={args.reps}, load after: {os.getloadavg()[0]:.1f}, Ray processes left after the cluster's shutdown: {left}")
 
 
 if __name__ == "__main__":

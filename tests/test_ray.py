@@ -1,19 +1,22 @@
-"""The Ray backend: the `ray` description (pure), and runs on a private three-node Ray
-cluster on loopback (``tests.ray_cluster``; each node its own raylet, told apart by node id).
+"""The Ray backend: the `ray` description (pure), and runs on a private five-node Ray
+cluster on loopback (the head, where tfl's launcher connects, and four task nodes) (``tests.ray_cluster``; each node its own raylet, told apart by node id).
 
-The ``ray_cluster`` fixture proves at the end of the session that no Ray process is left;
-``tfl_home`` proves after each test that no task of its runs is alive.
+The ``ray_cluster`` fixture proves at the end of the module that no Ray process is left and that
+``os.environ`` is put back; ``cluster`` (the fixture the tests on the cluster take) proves after each
+test that no actor of tfl's (a task runner) lives on the cluster, by pid; ``tfl_home`` that no
+task of its runs is alive.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -22,7 +25,7 @@ from launcher.errors import ClusterFileError
 from launcher.spec import parse_cluster
 from launcher.tfconfig import tf_config
 from tests.conftest import ROOT
-from tests.ray_cluster import RayCluster
+from tests.ray_cluster import RayCluster, stop_ray_cluster, task_runners
 from tests.test_ssh import only_run, tfl, wait_for
 
 MNIST = str(ROOT / "jobs" / "mnist.py")
@@ -41,6 +44,38 @@ time.sleep(float(sys.argv[1]))
 sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
 """
 
+# Saves its step on SIGTERM, or once another task has (the notice), in the run's shared model dir, as
+# the job kit saves the agreed checkpoint; a new attempt starts from the saved step.
+SAVER = """\
+import json, os, signal, sys, time
+task, attempt = os.environ["TFL_TASK"], int(os.environ["TFL_ATTEMPT"])
+shared = os.environ["TFL_MODEL_DIR"]
+os.makedirs(shared, exist_ok=True)
+saved = os.path.join(shared, "saved-" + task.replace(":", "-"))
+notice = os.path.join(shared, "notice-%d" % attempt)
+step = int(open(saved).read()) if os.path.exists(saved) else 0
+print("start", task, "attempt", attempt, "step", step, flush=True)
+
+def save_and_leave(*_):
+    open(notice, "a").close()
+    with open(saved + ".tmp", "w") as f:
+        f.write(str(step))
+    os.replace(saved + ".tmp", saved)
+    progress = os.environ["TFL_PROGRESS_FILE"]
+    with open(progress + ".tmp", "w") as f:
+        json.dump({"task": task, "attempt": attempt, "phase": "preempted", "global_step": step}, f)
+    os.replace(progress + ".tmp", progress)
+    print("saved", task, "at step", step, flush=True)
+    os._exit(170)
+
+signal.signal(signal.SIGTERM, save_and_leave)
+while step < int(sys.argv[1]):
+    time.sleep(0.05)
+    step += 1
+    if os.path.exists(notice):
+        save_and_leave()
+"""
+
 
 def description(tmp_path: Path, address: str, **ray: Any) -> Path:
     path = tmp_path / "ray.json"
@@ -56,6 +91,16 @@ def tiny_job(tmp_path: Path) -> str:
     job.parent.mkdir()
     job.write_text(TINY)
     return str(job)
+
+
+@pytest.fixture
+def cluster(ray_cluster: RayCluster) -> Iterator[RayCluster]:
+    """The module's cluster; afterwards, proof by pid that no task runner (actor) of tfl's is left on it."""
+    yield ray_cluster
+    deadline = time.monotonic() + 60  # a hang guard: a killed actor's process exits within a second or two
+    while (left := task_runners(ray_cluster)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"tfl's Ray actors left alive on the cluster: {left}"
 
 
 def record(home: Path, run: str) -> dict[str, Any]:
@@ -118,18 +163,36 @@ def test_several_tasks_without_storage_are_refused(tmp_path: Path) -> None:
     assert "a Ray run of several tasks needs storage every node sees" in result.stderr
 
 
+def test_stopping_the_test_cluster_puts_the_environment_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the cluster set in this process (its nodes' cache, Ray's tmp dir and switches) is gone after
+    its stop, and what it changed or removed is back: later tests see the environment they had."""
+    before = dict(os.environ)
+
+    class Stopped:
+        def shutdown(self) -> None:
+            pass
+
+    found = RayCluster(Stopped(), str(tmp_path / "cluster"), before)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cluster" / "cache"))
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "cluster"))
+    monkeypatch.setenv("PATH", "/nowhere")
+    monkeypatch.delenv("HOME", raising=False)
+    assert stop_ray_cluster(found) == []
+    assert dict(os.environ) == before
+
+
 # --- on a real Ray cluster -----------------------------------------------------------------
 @pytest.mark.ray
-def test_each_task_on_its_own_node_with_the_roles_ssh_gives_them(ray_cluster: RayCluster, tmp_path: Path, tfl_home: Path,
+def test_each_task_on_its_own_node_with_the_roles_ssh_gives_them(cluster: RayCluster, tmp_path: Path, tfl_home: Path,
                                                                    child_env: dict[str, str]) -> None:
-    path = description(tmp_path, ray_cluster.address, workers=1, evaluator=True)
+    path = description(tmp_path, cluster.address, workers=1, evaluator=True)
     result = tfl(["launch", tiny_job(tmp_path), "--cluster", str(path), "--", "1"], child_env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     run = only_run(tfl_home)
     plan = record(tfl_home, run)["plan"]
     nodes = plan["unit"]["nodes"]
     assert sorted(nodes) == ["chief:0", "evaluator:0", "worker:0"]
-    assert len(set(nodes.values())) == 3 and set(nodes.values()) <= {n.node_id for n in ray_cluster.nodes()}
+    assert len(set(nodes.values())) == 3 and set(nodes.values()) <= {n.node_id for n in cluster.task_nodes()}
     # TF_CONFIG as over SSH for the same roles, apart from hosts and ports: the addresses the actors reported.
     addresses = {t["task"]: f"{t['host']}:{t['port']}" for t in plan["tasks"]}
     ssh = parse_cluster({"cluster": {"chief": [addresses["chief:0"]], "worker": [addresses["worker:0"]],
@@ -152,12 +215,12 @@ def parse_cluster_task(kind: str, index: int) -> Any:
 
 @pytest.mark.ray
 @pytest.mark.parametrize("ray, expected", [
-    ({"workers": 3}, "STRICT_SPREAD puts each of the 4 tasks on its own node and only 3 of the cluster's 3 nodes"),
+    ({"workers": 4}, "STRICT_SPREAD puts each of the 5 tasks on its own node and only 4 of the cluster's 5 nodes"),
     ({"resources_per_task": {"CPU": 1, "GPU": 1}}, "no node of the cluster has any GPU (fix ray.resources_per_task)"),
 ])
-def test_an_infeasible_placement_is_one_line_not_a_hang(ray: dict[str, Any], expected: str, ray_cluster: RayCluster,
+def test_an_infeasible_placement_is_one_line_not_a_hang(ray: dict[str, Any], expected: str, cluster: RayCluster,
                                                          tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
-    path = description(tmp_path, ray_cluster.address, **{"ready_timeout": 3, **ray})
+    path = description(tmp_path, cluster.address, **{"ready_timeout": 3, **ray})
     started = time.monotonic()
     result = tfl(["launch", tiny_job(tmp_path), "--cluster", str(path), "--", "1"], child_env, timeout=120)
     assert result.returncode != 0 and len(result.stderr.strip().splitlines()) == 1, result.stderr[-3000:]
@@ -167,8 +230,8 @@ def test_an_infeasible_placement_is_one_line_not_a_hang(ray: dict[str, Any], exp
 
 @pytest.mark.ray
 def test_a_port_taken_before_tensorflow_binds_it_is_retried_once_on_new_ports(
-        ray_cluster: RayCluster, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
-    path = description(tmp_path, ray_cluster.address, workers=1, placement="SPREAD")
+        cluster: RayCluster, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    path = description(tmp_path, cluster.address, workers=1, placement="SPREAD")
     result = tfl(["launch", tiny_job(tmp_path), "--cluster", str(path), "--", "1", "0", str(tmp_path / "taken")],
                  child_env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -181,34 +244,65 @@ def test_a_port_taken_before_tensorflow_binds_it_is_retried_once_on_new_ports(
 
 
 @pytest.mark.ray
-def test_detach_status_logs_stop(ray_cluster: RayCluster, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
-    path = description(tmp_path, ray_cluster.address, workers=1)
-    result = tfl(["launch", tiny_job(tmp_path), "--cluster", str(path), "--detach", "--", "300"], child_env, timeout=120)
+def test_detach_status_logs_stop_then_resume_from_the_saved_step(cluster: RayCluster, tmp_path: Path, tfl_home: Path,
+                                                                  child_env: dict[str, str]) -> None:
+    """`--detach` returns once the run is recorded (Ray's preparation takes seconds: placement group, actors);
+    `tfl stop` has every task save its step (shared storage) and leave; `tfl resume --detach` starts the
+    next attempt on new actors and ports, from the saved step."""
+    path = description(tmp_path, cluster.address, workers=1)
+    job = tmp_path / "job" / "saver.py"
+    job.parent.mkdir()
+    job.write_text(SAVER)
+    result = tfl(["launch", str(job), "--cluster", str(path), "--detach", "--", "100000"], child_env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    run = only_run(tfl_home)
+    run = result.stdout.strip()
+    assert record(tfl_home, run).get("launcher_pid"), "--detach returned before the run was recorded"
     try:
-        wait_for(lambda: all(t.get("state") == "running" for t in record(tfl_home, run).get("tasks", [{}])), timeout=240)
-        wait_for(lambda: "TF_CONFIG" in tfl(["logs", run, "--task", "worker:0"], child_env).stdout, timeout=60)
+        wait_for(lambda: "start worker:0 attempt 0 step 0" in tfl(["logs", run, "--task", "worker:0"], child_env).stdout,
+                 timeout=240)
         status = tfl(["status", run], child_env, timeout=120)
         assert status.returncode == 0 and status.stdout.count("127.0.0.1") >= 2, status.stdout + status.stderr
         assert "running" in status.stdout and "gone" not in status.stdout
+        busy = tfl(["resume", run], child_env, timeout=120)
+        assert busy.returncode == 2 and f"run {run} is still running" in busy.stderr, busy.stderr
     finally:
-        stop = tfl(["stop", run], child_env, timeout=120)
+        stop = tfl(["stop", run], child_env, timeout=180)
     assert stop.returncode == 0, stop.stderr
-    wait_for(lambda: record(tfl_home, run)["state"] in ("stopped", "failed"), timeout=60)
+    wait_for(lambda: record(tfl_home, run)["state"] == "stopped", timeout=120)
     assert tfl(["stop", run], child_env, timeout=120).returncode == 0  # idempotent
     after = tfl(["status", run], child_env, timeout=120)
     assert after.returncode == 0 and "stopped" in after.stdout, after.stdout
+    saved = {t: int((tmp_path / "shared" / run / "model" / f"saved-{t}").read_text()) for t in ("chief-0", "worker-0")}
+    assert saved["chief-0"] > 0 and saved["worker-0"] > 0, saved
+
+    resumed = tfl(["resume", run, "--detach"], child_env, timeout=600)
+    assert resumed.returncode == 0 and resumed.stdout.strip() == run, resumed.stderr[-3000:]
+    assert record(tfl_home, run)["attempt"] == 1
+    try:
+        wait_for(lambda: all(f"start {t} attempt 1 step {saved[t.replace(':', '-')]}\n" in _log(tfl_home, run, t.replace(":", "-"))
+                             for t in ("chief:0", "worker:0")), timeout=240)
+    finally:
+        again = tfl(["stop", run], child_env, timeout=180)
+    assert again.returncode == 0, again.stderr
+    wait_for(lambda: record(tfl_home, run)["state"] == "stopped", timeout=120)
+    assert [r["kind"] for r in record(tfl_home, run)["restarts"]] == ["resume"]
+
+
+def _log(home: Path, run: str, slug: str) -> str:
+    try:
+        return (home / "runs" / run / "logs" / f"{slug}.log").read_text()
+    except FileNotFoundError:
+        return ""
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_mnist_with_an_evaluator_survives_the_loss_of_a_workers_node(ray_cluster: RayCluster, tmp_path: Path,
+def test_mnist_with_an_evaluator_survives_the_loss_of_a_workers_node(cluster: RayCluster, tmp_path: Path,
                                                                       tfl_home: Path, child_env: dict[str, str]) -> None:
-    """Chief, worker and evaluator each on a node of its own; the worker's node dies mid-training (its raylet
-    and every process on it killed) and a fresh node joins, as an autoscaler would bring one: the group
-    restarts there, resumes from the backup, and the run ends 0 with the evaluator's checkpoints evaluated."""
-    path = description(tmp_path, ray_cluster.address, workers=1, evaluator=True)
+    """Chief, worker and evaluator each on a node of its own, a fourth node free; the worker's node dies
+    mid-training (its raylet and every process on it killed): Ray places the lost bundle on the free node,
+    the group restarts, resumes from the backup, and the run ends 0 with the evaluator's checkpoints evaluated."""
+    path = description(tmp_path, cluster.address, workers=1, evaluator=True)
     launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", MNIST, "--cluster", str(path), "--max-restarts", "1",
                                  "--", "--epochs", "4", "--steps-per-epoch", "40", "--batch-size", "16"],
                                 env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -217,8 +311,7 @@ def test_mnist_with_an_evaluator_survives_the_loss_of_a_workers_node(ray_cluster
         run = only_run(tfl_home)
         nodes = record(tfl_home, run)["plan"]["unit"]["nodes"]
         assert len(set(nodes.values())) == 3
-        ray_cluster.kill_node(nodes["worker:0"])
-        ray_cluster.add_node()
+        cluster.kill_node(nodes["worker:0"])
         out, err = launcher.communicate(timeout=600)
     finally:
         launcher.kill()
