@@ -44,10 +44,13 @@ SLURM = DescriptionKind(
     "slurm", parse="launcher.slurm.settings:parse_slurm_cluster", planner="launcher.slurm.plan:build_slurm_plan",
     describe="launcher.slurm.plan:describe_slurm", unit="launcher.slurm.batch:SlurmJobPlan",
     render="launcher.slurm.plan:render_slurm_plan")
+RAY = DescriptionKind(
+    "ray", parse="launcher.ray.settings:parse_ray_cluster", planner="launcher.ray.plan:build_ray_plan",
+    describe="launcher.ray.plan:describe_ray", unit="launcher.ray.plan:RayUnit", render="launcher.ray.plan:render_ray_plan")
 # The engines' blocks first: a file is of the first kind whose block it holds, else a cluster
 # file (whose parser names what is missing). A file with two blocks is refused by the parser
 # of the first (every description model forbids unknown keys).
-KINDS: tuple[DescriptionKind, ...] = (SLURM, CLUSTER)
+KINDS: tuple[DescriptionKind, ...] = (SLURM, RAY, CLUSTER)
 
 
 def _load(ref: str) -> Any:

@@ -37,6 +37,8 @@ from launcher.waker import Waker
 # and how a machine going away says so (a preemption): always handled.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 KEEP_IGNORED = frozenset({signal.SIGINT, signal.SIGHUP})
+# The least a detached launch waits for its background launcher to record the run (``record_wait``).
+RECORD_WAIT = 300.0
 
 
 def make_plan(job: str, job_args: tuple[str, ...], spec: Any, store: RunStore,
@@ -140,7 +142,7 @@ def supervise(prepared: Prepared, store: RunStore, record: RunRecord, config: Su
         prepared.backend.close()
 
 
-def detach(plan: LaunchPlan, store: RunStore, config: SupervisorConfig, timeout: float = 20.0) -> int:
+def detach(plan: LaunchPlan, store: RunStore, config: SupervisorConfig) -> int:
     """Run the supervisor as a background process in its own session; returns its pid.
 
     Returns once the run is recorded, so ``tfl status`` sees it at once.
@@ -149,18 +151,28 @@ def detach(plan: LaunchPlan, store: RunStore, config: SupervisorConfig, timeout:
     store.reserve(run_dir)  # 0700, never an existing dir; the launcher's store.create(reserved=True) fills it
     plan_file = run_dir / "plan.json"
     write_atomic(plan_file, json.dumps(plan.to_dict()))  # 0600: it holds every task's env
-    return _spawn(["_supervise", str(plan_file), json.dumps(asdict(config))], store, plan.run_id, timeout)
+    return _spawn(["_supervise", str(plan_file), json.dumps(asdict(config))], store, plan.run_id, record_wait(plan))
 
 
-def detach_resume(run_id: str, store: RunStore, config: SupervisorConfig, timeout: float = 20.0) -> int:
+def detach_resume(run_id: str, store: RunStore, config: SupervisorConfig) -> int:
     """``tfl resume --detach``: the refusals here, then ``resume`` in a background launcher."""
-    check_resumable(store.load(run_id))
-    return _spawn(["_resume", run_id, json.dumps(asdict(config))], store, run_id, timeout)
+    record = store.load(run_id)
+    check_resumable(record)
+    return _spawn(["_resume", run_id, json.dumps(asdict(config))], store, run_id, record_wait(recorded_plan(record)))
+
+
+def record_wait(plan: LaunchPlan) -> float:
+    """How long ``--detach`` waits at most for its background launcher to record the run (a hang guard:
+    it returns as soon as the record names the launcher, or says why the launcher exited). The launcher
+    records the run once its backend has prepared it: SSH hosts reached and the code shipped, or a Ray
+    placement group ready (up to its ``ready_timeout``) and its actors started on their nodes."""
+    return RECORD_WAIT + 2 * float(getattr(plan.unit, "ready_timeout", 0.0))
 
 
 def _spawn(args: list[str], store: RunStore, run_id: str, timeout: float) -> int:
     """A background launcher (``tfl ARGS``) in its own session; returns its pid once the run's
-    record names it as its launcher (so ``tfl status`` sees it at once)."""
+    record names it as its launcher (so ``tfl status`` sees it at once), or raises with the
+    launcher's last lines once it has exited without that."""
     run_dir = store.run_dir(run_id)
     with open_private(run_dir / "launcher.log") as log:
         child = subprocess.Popen([sys.executable, "-m", "launcher", *args],
@@ -174,7 +186,7 @@ def _spawn(args: list[str], store: RunStore, run_id: str, timeout: float) -> int
             tail = " | ".join(tail_lines(run_dir / "launcher.log", 3))
             raise LaunchError(f"the detached launcher exited with code {child.returncode}: {tail}")
         time.sleep(0.05)
-    return child.pid
+    return child.pid  # still preparing after the guard: it records the run when it can (`tfl status` shows it then)
 
 
 def supervise_detached(plan_file: Path, config_json: str, store: RunStore) -> RunRecord:

@@ -9,6 +9,7 @@ import pytest
 
 from tests.netbed import netbed  # noqa: F401  (a bed of hosts with networks of their own, per test)
 from tests.procs import assert_none_left
+from tests.ray_cluster import ray_cluster  # noqa: F401  (module fixture: a private five-node Ray cluster on loopback)
 from tests.slurm_cluster import slurm_cluster  # noqa: F401  (session fixture: a private two-node Slurm cluster)
 from tests.sshd import sshd  # noqa: F401  (session fixture: a real sshd on 127.0.0.2 and 127.0.0.3)
 

@@ -64,16 +64,19 @@ def test_launch_usage_errors(tfl_home: Path) -> None:
 
 
 def test_common_commands_import_neither_tensorflow_nor_fabric(tmp_path: Path) -> None:
-    """Nor pydantic's schema machinery: `tfl status` must stay near the bare imports (docs/benchmarks.md §1)."""
+    """Nor pydantic's schema machinery, nor Ray (also for a Ray run in the list): `tfl status` must stay near
+    the bare imports (docs/benchmarks.md §1)."""
     code = ("import sys; from typer.testing import CliRunner; from launcher.cli import app; "
             "from launcher.runstore import RunRecord, RunStore, TaskRecord; "
             "store = RunStore(); run = store.run_dir('r1'); "
             "store.create(RunRecord(run_id='r1', job='j.py', job_args=[], run_dir=str(run), created=1.0, "
             "tasks=[TaskRecord(task='chief:0', host='localhost', backend='local', log_path='l', progress_path='p')])); "
+            "store.create(RunRecord(run_id='r2', job='j.py', job_args=[], run_dir=str(store.run_dir('r2')), created=2.0, backend='ray', "
+            "tasks=[TaskRecord(task='chief:0', host='127.0.0.1', backend='ray', log_path='l', progress_path='p')])); "
             "results = [CliRunner().invoke(app, args) for args in (['status'], ['status', 'r1'], ['status', '--json'], ['--help'])]; "
             "assert all(r.exit_code == 0 for r in results), [r.output for r in results]; "
-            "assert 'r1' in results[0].stdout and 'chief:0' in results[1].stdout; "
-            "print([m for m in ('tensorflow', 'fabric', 'paramiko', 'typer._adapters', 'pydantic._internal._generate_schema') "
+            "assert 'r1' in results[0].stdout and 'r2' in results[0].stdout and 'chief:0' in results[1].stdout; "
+            "print([m for m in ('tensorflow', 'fabric', 'paramiko', 'typer._adapters', 'pydantic._internal._generate_schema', 'ray') "
             "if m in sys.modules])")
     env = {**os.environ, "TFL_HOME": str(tmp_path / "home")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)

@@ -24,6 +24,7 @@ BACKENDS: dict[str, str] = {
     "local": "launcher.backends.local:LocalBackend",
     "ssh": "launcher.backends.ssh.backend:SSHBackend",
     "slurm": "launcher.backends.slurm.backend:SlurmBackend",
+    "ray": "launcher.backends.ray.backend:RayBackend",
 }
 
 
