@@ -51,11 +51,13 @@ class Config:
 
     @classmethod
     def quick_mode(cls) -> Config:
-        return cls(quick=True, reps=2, train_reps=2, cli_reps=3, teardown_reps=3, tf_alone_reps=0, store_runs_many=300,
+        # One repetition of each measure: quick mode proves that every phase runs and reports
+        # (tests/test_bench_quick.py), its numbers say nothing; more repetitions cost CI minutes.
+        return cls(quick=True, reps=1, train_reps=1, cli_reps=2, teardown_reps=3, tf_alone_reps=0, store_runs_many=300,
                    local_ns=(1, 4), ssh_ns=(1, 2), train_job=FAKE_TRAIN,
                    epochs=2, steps_per_epoch=10, global_batch=64, train_workers=(1, 2),
                    backup_every=5, crash_step=12, train_rounds=2, throughput_epochs=3, chaos_trials=3,
-                   lost_host_trials=2)
+                   lost_host_trials=1)
 
     @property
     def uses_mnist(self) -> bool:

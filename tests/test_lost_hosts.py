@@ -113,13 +113,20 @@ def test_a_cut_host_joined_after_the_run_ended_had_stopped_its_tasks_itself(
     finally:
         launcher.kill()
     assert launcher.returncode == 1
-    time.sleep(FENCE + 8)  # the agent's dead-man timer, its grace, a margin: all while still cut off
+    # The agent's dead-man timer, its grace, a margin: all while still cut off. Waited out only
+    # until the task and the agents are gone (the same checks follow, after the host joins).
+    deadline = time.monotonic() + FENCE + 8
+    while time.monotonic() < deadline and (pid_alive(pids["worker:0"]) or _agents(netbed, h2)):
+        time.sleep(0.2)
     stopped_while_cut = not pid_alive(pids["worker:0"])
     netbed.join(h2)
     assert stopped_while_cut, "the cut host's task outlived its agent's dead-man timer"
     assert tfl_processes(run_id=only_run(tfl_home)) == []
-    agents = [p for p in netbed.pids(netbed.host(h2)) if "tfl-agent" in _cmdline(p)]
-    assert agents == []  # the agents exited too: only the host's sshd is left there
+    assert _agents(netbed, h2) == []  # the agents exited too: only the host's sshd is left there
+
+
+def _agents(netbed: NetBed, address: str) -> list[int]:
+    return [p for p in netbed.pids(netbed.host(address)) if "tfl-agent" in _cmdline(p)]
 
 
 def _cmdline(pid: int) -> str:
