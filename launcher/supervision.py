@@ -10,7 +10,7 @@ import signal
 from collections.abc import Callable
 
 from launcher.backends.base import GroupBackend, ResizingGroup
-from launcher.logstream import tail_lines
+from launcher.diagnosis import failure_tail
 from launcher.plan import LaunchPlan
 from launcher.runstore import FailureRecord, ResizeRecord, RunRecord, TaskRecord
 from launcher.tasks import TaskId
@@ -43,7 +43,7 @@ def failure_record(task: TaskRecord, *, code: int | None, reason: str | None, lo
                    attempt: int) -> FailureRecord:
     """A task that failed, as data: why (``reason``, else its exit told), its log's tail."""
     return FailureRecord(task=task.task, host=task.host, pid=task.pid, exit_code=code, reason=reason or describe_exit(code or 0),
-                         log_tail=tail_lines(log_path, lines), time=time, attempt=attempt)
+                         log_tail=failure_tail(log_path, lines), time=time, attempt=attempt)
 
 
 def group_went_on(group: GroupBackend, plan: LaunchPlan, record: RunRecord, time: float, *,
