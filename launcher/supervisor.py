@@ -1,8 +1,7 @@
 """The supervisor: starts a plan's tasks, watches them, applies the run policy.
 
 Policy (all-or-nothing, see ``states``): the first training task to fail stops every
-other task at once (``contract.TEARDOWN_SIGNAL`` to its group, not the notice SIGTERM: no
-agreed save can include a dead peer; ``grace_period``, then SIGKILL), without waiting
+other task at once (TEARDOWN_SIGNAL to its group, not the notice SIGTERM; ``grace_period``, then SIGKILL), without waiting
 for TensorFlow's own ~14 s heartbeat timeout. Then the group is restarted while restarts
 are left, else the run has failed.
 
@@ -31,13 +30,12 @@ machine with a scripted backend in milliseconds.
 
 from __future__ import annotations
 
-import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from launcher.backends.base import Backend, GroupBackend, TaskProcess
-from launcher.contract import PREEMPTED_EXIT_CODE, TEARDOWN_SIGNAL
+from launcher.contract import PREEMPTED_EXIT_CODE
 from launcher.elastic_policy import ElasticOutcome, ElasticPolicy
 from launcher.errors import LaunchError, StateWriteError
 from launcher.plan import LaunchPlan, TaskLaunch
@@ -362,11 +360,9 @@ class Supervisor:
         self._teardown(evaluators, TaskState.STOPPED)
 
     def _teardown(self, procs: list[TaskProcess], state: TaskState, notice: bool = True) -> None:
-        """Stop ``procs`` (``launcher.teardown``: SIGTERM, grace, SIGKILL) and record them. Idempotent.
-        ``notice=False``: after a failure, nothing to agree on: TEARDOWN_SIGNAL instead of SIGTERM."""
-        first = signal.SIGTERM if notice else signal.Signals[TEARDOWN_SIGNAL]
+        """Stop ``procs`` (``launcher.teardown``; not a ``notice`` after a failure) and record them. Idempotent."""
         teardown(procs, signal=self._backend.signal, alive=self._backend.alive, grace=self._config.grace_period,
-                 force=lambda: self._force, clock=self._clock, wait=self._wait, first=first)
+                 force=lambda: self._force, clock=self._clock, wait=self._wait, notice=notice)
         self._mark(procs, state)
 
     def _mark(self, procs: list[TaskProcess], state: TaskState) -> None:

@@ -16,18 +16,20 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from launcher.contract import TEARDOWN_SIGNAL
+
 T = TypeVar("T")
 KILL_WAIT = 10.0  # after SIGKILL: how long to wait for the kernel to reap the groups
 
 
 def teardown(targets: Sequence[T], *, signal: Callable[[T, int], None], alive: Callable[[T], bool], grace: float,
              force: Callable[[], bool] = lambda: False, clock: Callable[[], float] = time.monotonic,
-             wait: Callable[[float], None] = time.sleep, kill_wait: float = KILL_WAIT,
-             first: int = signals.SIGTERM) -> list[T]:
-    """SIGTERM (or ``first``) to every target still alive, wait up to ``grace`` s for them to go,
-    SIGKILL the rest and wait up to ``kill_wait`` s. ``force()`` turning true skips (or cuts
-    short) the grace. Returns the targets still alive at the end (normally none)."""
+             wait: Callable[[float], None] = time.sleep, kill_wait: float = KILL_WAIT, notice: bool = True) -> list[T]:
+    """SIGTERM (``notice``, else TEARDOWN_SIGNAL) to every target still alive, wait up to ``grace`` s
+    for them to go, SIGKILL the rest and wait up to ``kill_wait`` s. ``force()`` turning true skips
+    (or cuts short) the grace. Returns the targets still alive at the end (normally none)."""
     left = [t for t in targets if alive(t)]
+    first = signals.SIGTERM if notice else signals.Signals[TEARDOWN_SIGNAL]
     for signum, budget in ((first, grace), (signals.SIGKILL, kill_wait)):
         if not left:
             break
