@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.spec import free_port
+from launcher.describe.spec import free_port
 from tests.conftest import ROOT
 from tests.netbed import NetBed
 from tests.procs import tfl_processes

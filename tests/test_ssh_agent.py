@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import psutil
 import pytest
 
-from launcher.backends.ssh.wire import BOOTSTRAP, MARK, agent_input, reply
+from launcher.engines.ssh.wire import BOOTSTRAP, MARK, agent_input, reply
 from tests.procs import pid_alive
 
 CHILD_AND_SLEEP = """
@@ -204,7 +204,7 @@ def test_agent_source_parses_as_python_3_8() -> None:
 def test_one_session_checks_unpacks_then_runs_with_the_shipped_kit_first(tmp_path: Path) -> None:
     """What `tfl launch` sends a pre-started agent: a quick probe, the code and kit, then the run.
     This python has tfl installed (editable): the task must still import the shipped kit."""
-    from launcher.backends.ssh.wire import archives, kit_archive
+    from launcher.engines.ssh.wire import archives, kit_archive
 
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)

@@ -3,7 +3,7 @@
 A host is *remote* when it is not this machine (``localhost``, ``127.0.0.1``, ``::1``) or
 when its settings give ``ssh``; its tasks are then reached over SSH with ``SSHTarget``
 (names and paths only, never key material). Which backend serves them is decided in
-``launcher.backends``, from these facts.
+``launcher.engines.registry``, from these facts.
 
 Paths on a remote host: the run's dir there ``R`` is private to the login user:
 ``{tfl-cache}/runs/<run_id>/<host>``, where ``{tfl-cache}`` stands for the host's
@@ -33,7 +33,7 @@ from launcher.contract import PROGRESS_SUBDIR
 from launcher.tasks import LOCAL_HOSTS
 
 if TYPE_CHECKING:  # the spec (pydantic) is needed only to build a plan, never to read one
-    from launcher.spec import ClusterSpec
+    from launcher.describe.spec import ClusterSpec
 
 HOST_CACHE = "{tfl-cache}"  # a remote host's per-user tfl dir, until its agent has said where that is
 

@@ -5,7 +5,7 @@ ports per task: local processes or SSH), ``slurm`` (Slurm places them), and each
 added later its own. ``KINDS`` lists them; everything else asks this module:
 
 - ``load_description`` reads a file strictly and hands the data to its kind's parser;
-- ``build_plan`` hands a parsed description to its kind's planner (``launcher.plan`` itself
+- ``build_plan`` hands a parsed description to its kind's planner (``launcher.plan.launch_plan`` itself
   names no engine);
 - a plan's engine-specific part (``LaunchPlan.unit``, e.g. Slurm's batch script) is read
   back by ``load_unit`` and shown by ``render_unit``, through the kind named in it.
@@ -38,15 +38,16 @@ class DescriptionKind:
 
 
 CLUSTER = DescriptionKind(
-    "cluster", parse="launcher.spec:parse_cluster", planner="launcher.cluster_plan:build_cluster_plan",
-    describe="launcher.cluster_plan:describe_cluster")
+    "cluster", parse="launcher.describe.spec:parse_cluster", planner="launcher.plan.cluster_planner:build_cluster_plan",
+    describe="launcher.plan.cluster_planner:describe_cluster")
 SLURM = DescriptionKind(
-    "slurm", parse="launcher.slurm.settings:parse_slurm_cluster", planner="launcher.slurm.plan:build_slurm_plan",
-    describe="launcher.slurm.plan:describe_slurm", unit="launcher.slurm.batch:SlurmJobPlan",
-    render="launcher.slurm.plan:render_slurm_plan")
+    "slurm", parse="launcher.engines.slurm.settings:parse_slurm_cluster", planner="launcher.engines.slurm.plan:build_slurm_plan",
+    describe="launcher.engines.slurm.plan:describe_slurm", unit="launcher.engines.slurm.node.batch:SlurmJobPlan",
+    render="launcher.engines.slurm.plan:render_slurm_plan")
 RAY = DescriptionKind(
-    "ray", parse="launcher.ray.settings:parse_ray_cluster", planner="launcher.ray.plan:build_ray_plan",
-    describe="launcher.ray.plan:describe_ray", unit="launcher.ray.plan:RayUnit", render="launcher.ray.plan:render_ray_plan")
+    "ray", parse="launcher.engines.ray.settings:parse_ray_cluster", planner="launcher.engines.ray.plan:build_ray_plan",
+    describe="launcher.engines.ray.plan:describe_ray", unit="launcher.engines.ray.plan:RayUnit",
+    render="launcher.engines.ray.plan:render_ray_plan")
 # The engines' blocks first: a file is of the first kind whose block it holds, else a cluster
 # file (whose parser names what is missing). A file with two blocks is refused by the parser
 # of the first (every description model forbids unknown keys).
@@ -82,7 +83,7 @@ def parse_description(data: Any, name: str = "cluster") -> Any:
 
 def load_description(path: Path) -> Any:
     """A description file, read strictly (``fields.decode_json``) and validated by its kind."""
-    from launcher.fields import decode_json, one_line  # pydantic's: reading a recorded plan needs neither
+    from launcher.describe.fields import decode_json, one_line  # pydantic's: reading a recorded plan needs neither
 
     name = str(path)
     try:

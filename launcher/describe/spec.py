@@ -1,6 +1,6 @@
 """The cluster description: what runs where, validated with pydantic.
 
-Pure data. ``parse_cluster`` turns a ``cluster`` description (``launcher.descriptions``
+Pure data. ``parse_cluster`` turns a ``cluster`` description (``launcher.describe.kinds``
 tells the kinds apart) into a ``ClusterSpec``, or raises ``ClusterFileError`` whose message
 names the file, the field and the fix.
 """
@@ -19,8 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 
 from launcher.contract import CHIEF, RESERVED_PREFIX, TASK_TYPES, WORKER
 from launcher.contract import TF_CONFIG as TF_CONFIG_VAR
-from launcher.errors import ClusterFileError
-from launcher.fields import (
+from launcher.describe.fields import (
     HOST_FIX,
     EnvName,
     EnvValue,
@@ -33,7 +32,8 @@ from launcher.fields import (
     shown,
     valid_host,
 )
-from launcher.placement import GpuInputs, Placement, place_gpus
+from launcher.describe.placement import GpuInputs, Placement, place_gpus
+from launcher.errors import ClusterFileError
 from launcher.tasks import LOCAL_HOSTS, TaskId, task_ids
 
 MAX_GPUS = 1024  # per host; a count beyond any machine is a typo (and a huge range to build)
@@ -113,7 +113,7 @@ class HostSettings(_Strict):
     workdir: PathText | None = Field(None, description="working directory of the tasks")
     env: dict[EnvName, EnvValue] = Field(default_factory=dict, description="extra environment for this host's tasks")
     ssh: SSHSettings | None = Field(None, description="overrides of the top-level ssh settings")
-    # GPUs (see launcher/placement.py for how they are split among the host's tasks).
+    # GPUs (see launcher/describe/placement.py for how they are split among the host's tasks).
     gpus: int | list[int] | None = Field(None, description="the host's GPUs: a count (2 = GPUs 0 and 1) or a list of indices")
     share_gpus: bool = Field(False, description="allow several tasks on one GPU (each gets memory growth or its memory limit)")
     gpu_memory_limit_mb: int | None = Field(None, gt=0, le=MAX_GPU_MEMORY_MB,
@@ -188,7 +188,7 @@ def _check_distinct(addresses: list[Address]) -> None:
 
 class ElasticSettings(_Strict):
     """An elastic run (``tfl launch --min-tasks``): it goes on with fewer training tasks when a
-    host is lost, and takes the host back when it returns (``launcher.elastic``)."""
+    host is lost, and takes the host back when it returns (``launcher.plan.resize``)."""
 
     min_tasks: int = Field(ge=1, description="the fewest training tasks, the chief included, the run goes on with")
     global_batch: int | None = Field(None, ge=1, description="the job's global batch (all replicas together), kept "
@@ -269,7 +269,7 @@ class Topology(_Strict):
 class ClusterSpec(_Strict):
     """A cluster description file."""
 
-    kind: ClassVar[str] = "cluster"  # its description kind (launcher.descriptions)
+    kind: ClassVar[str] = "cluster"  # its description kind (launcher.describe.kinds)
     cluster: Topology
     env: dict[EnvName, EnvValue] = Field(default_factory=dict, description="extra environment for every task")
     hosts: dict[HostName, HostSettings] = Field(default_factory=dict, description="per-host settings, keyed by host")
@@ -320,7 +320,7 @@ class ClusterSpec(_Strict):
 
     @property
     def placement(self) -> Placement:
-        """Which GPUs each task sees (see ``launcher.placement``)."""
+        """Which GPUs each task sees (see ``launcher.describe.placement``)."""
         return self._placement
 
     def host(self, name: str) -> HostSettings:
@@ -329,7 +329,7 @@ class ClusterSpec(_Strict):
 
 def load_cluster(path: Path) -> ClusterSpec:
     """A description with a ``cluster`` block, for the commands that need hosts (doctor, export)."""
-    from launcher.descriptions import load_description
+    from launcher.describe.kinds import load_description
 
     spec = load_description(path)
     if not isinstance(spec, ClusterSpec):

@@ -3,7 +3,7 @@
 A backend owns the *mechanism* of running a plan's tasks somewhere: reaching the hosts,
 starting, polling and signalling tasks, and later, from any terminal, looking at and
 stopping what a recorded run left running. *Policy* (restarts, fail-fast, stalls) is the
-supervisor's; *judging* host facts is ``launcher.checks``'s; rendering is the CLI's.
+supervisor's; *judging* host facts is ``launcher.engines.preflight``'s; rendering is the CLI's.
 Commands call this interface and never ask which backend they hold.
 
 Logs are not part of it: every backend delivers each task's output into the task's
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from launcher.checks import Check, HostTasks
-    from launcher.plan import LaunchPlan, TaskLaunch
-    from launcher.runstore import RunRecord
+    from launcher.engines.preflight import Check, HostTasks
+    from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+    from launcher.records.store import RunRecord
 
 
 @dataclass
@@ -63,7 +63,7 @@ class Cleanup:
 
 
 class Backend(Protocol):
-    name: str  # as recorded in the run's record; ``launcher.backends.get(name)`` makes one
+    name: str  # as recorded in the run's record; ``launcher.engines.registry.get(name)`` makes one
     # True when ``start`` is mostly waiting (a round trip to a host): the supervisor then
     # starts the group's tasks at once, from threads. A local fork is quicker one by one.
     concurrent_start: bool
@@ -117,7 +117,7 @@ class Backend(Protocol):
 
     def stop_recorded(self, record: RunRecord, grace: float) -> int:
         """Stop what is left of a run whose launcher is gone: SIGTERM, ``grace``, SIGKILL to
-        every task still alive (``launcher.teardown``). Idempotent; returns how many it signalled."""
+        every task still alive (``launcher.engines.teardown``). Idempotent; returns how many it signalled."""
         ...
 
     def clean_recorded(self, record: RunRecord) -> Cleanup:

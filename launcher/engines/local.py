@@ -12,16 +12,16 @@ from typing import Any, Callable
 
 import psutil
 
-from launcher import procs
-from launcher.backends.base import Cleanup, TaskLive, TaskProcess
-from launcher.checks import Check, HostTasks, diagnose, host_tasks, probe_request
+from launcher.engines.base import Cleanup, TaskLive, TaskProcess
+from launcher.engines.preflight import Check, HostTasks, diagnose, host_tasks, probe_request
+from launcher.engines.teardown import teardown
 from launcher.errors import LaunchError
 from launcher.files import open_private
-from launcher.logstream import attempt_banner
-from launcher.plan import LaunchPlan, TaskLaunch
-from launcher.runstore import RunRecord
-from launcher.states import TaskState
-from launcher.teardown import teardown
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+from launcher.records import identity
+from launcher.records.states import TaskState
+from launcher.records.store import RunRecord
+from launcher.tasklog import attempt_banner
 
 
 class Leader:
@@ -75,8 +75,8 @@ class LocalBackend:
         """The agent's own probe: in this process for the quick checks (no python to start),
         under the host's python for the full ones (its packages are what counts). The agent is
         the one place host facts are gathered, whatever the backend."""
-        from launcher.backends.ssh import agent
-        from launcher.backends.ssh.wire import BOOTSTRAP, agent_input, python_failure, reply
+        from launcher.engines.ssh.node import agent
+        from launcher.engines.ssh.wire import BOOTSTRAP, agent_input, python_failure, reply
 
         if quick:
             facts = agent.probe(probe_request(h, quick=True))
@@ -117,7 +117,7 @@ class LocalBackend:
         except psutil.Error:
             create_time = None  # already gone; poll() will report its exit code
         proc = TaskProcess(launch=launch, attempt=attempt, pid=popen.pid, create_time=create_time, pgid=popen.pid,
-                           handle=Leader(popen), start_ticks=procs.start_ticks(popen.pid))
+                           handle=Leader(popen), start_ticks=identity.start_ticks(popen.pid))
         threading.Thread(target=self._wait, args=(popen.pid,), name=f"wait-{launch.name}", daemon=True).start()
         return proc
 
@@ -148,7 +148,7 @@ class LocalBackend:
             return True
         if leader.reaped or proc.pid is None:
             return False
-        if procs.group_members(proc.pid, leader=proc.pid):
+        if identity.group_members(proc.pid, leader=proc.pid):
             return True  # the leader exited, a child it started lives on in the group
         leader.reap()  # the group is empty: only now may its number go
         return False
@@ -158,12 +158,12 @@ class LocalBackend:
 
     # --- a recorded run -----------------------------------------------------------------
     def inspect(self, record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
-        if procs.launcher_identity(record).elsewhere:
+        if identity.launcher_identity(record).elsewhere:
             return {}  # its tasks ran on the launcher's machine: only there can they be seen
-        found = {t.task: procs.task_identity(record, t).find() for t in record.tasks}
+        found = {t.task: identity.task_identity(record, t).find() for t in record.tasks}
         if ask:  # cpu % is measured over an interval: prime every process, then read
             for proc in found.values():
-                procs.cpu_percent(proc)
+                identity.cpu_percent(proc)
             time.sleep(0.1)
         live = {}
         for task in record.tasks:
@@ -171,16 +171,16 @@ class LocalBackend:
             gone = task.state == TaskState.RUNNING and proc is None  # recorded as running, vanished
             live[task.task] = TaskLive(
                 alive=proc is not None, state="gone" if gone else None,
-                cpu_percent=procs.cpu_percent(proc) if ask and proc else None, rss_mb=procs.rss_mb(proc),
+                cpu_percent=identity.cpu_percent(proc) if ask and proc else None, rss_mb=identity.rss_mb(proc),
                 uptime_s=round(time.time() - task.create_time, 1) if proc and task.create_time else None)
         return live
 
     def stop_recorded(self, record: RunRecord, grace: float) -> int:
         """Every process of the run: the recorded tasks (pid and create time) and anything
         carrying its ``TFL_RUN_ID`` marker, by process group."""
-        known = {p.pid: p for t in record.tasks if (p := procs.task_identity(record, t).find())}
-        found = procs.marked_processes(record.run_id, known)
-        teardown(found, signal=procs.signal_group, alive=procs.is_running, grace=grace, kill_wait=5.0)
+        known = {p.pid: p for t in record.tasks if (p := identity.task_identity(record, t).find())}
+        found = identity.marked_processes(record.run_id, known)
+        teardown(found, signal=identity.signal_group, alive=identity.is_running, grace=grace, kill_wait=5.0)
         return len(found)
 
     def clean_recorded(self, record: RunRecord) -> Cleanup:

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.contract import LEGACY_KERAS
+from launcher.describe.hosts import RemoteOptions, SSHTarget, host_plan
 from launcher.errors import LaunchError
-from launcher.hosts import RemoteOptions, SSHTarget, host_plan
-from launcher.plan import LaunchPlan
+from launcher.plan.launch_plan import LaunchPlan
 
 if TYPE_CHECKING:
-    from launcher.spec import ClusterSpec
+    from launcher.describe.spec import ClusterSpec
 
 MIN_FREE_GB, LOW_FREE_GB = 1.0, 5.0
 
@@ -84,7 +84,7 @@ Gather = Callable[[HostTasks], "tuple[list[Check], dict[str, Any] | None]"]
 def diagnose(hosts: Sequence[HostTasks], gather: Gather, *, quick: bool = False) -> list[Check]:
     """Every check of every host, all hosts at once, in host order. ``gather`` reaches one
     host and returns its facts (None when it could not), with checks of its own (reach)."""
-    from launcher.parallel import parallel
+    from launcher.engines.parallel import parallel
 
     def one(h: HostTasks) -> list[Check]:
         checks, facts = gather(h)

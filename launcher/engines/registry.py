@@ -11,20 +11,20 @@ import importlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Callable
 
-from launcher.backends.base import Backend, Cleanup, GroupBackend, TaskLive, TaskProcess
+from launcher.engines.base import Backend, Cleanup, GroupBackend, TaskLive, TaskProcess
 from launcher.errors import UsageError
 
 if TYPE_CHECKING:
-    from launcher.plan import LaunchPlan
+    from launcher.plan.launch_plan import LaunchPlan
 
 __all__ = ["BACKENDS", "Backend", "Cleanup", "GroupBackend", "TaskLive", "TaskProcess", "get", "name_for", "name_for_plan"]
 
 # name -> "module:Class"
 BACKENDS: dict[str, str] = {
-    "local": "launcher.backends.local:LocalBackend",
-    "ssh": "launcher.backends.ssh.backend:SSHBackend",
-    "slurm": "launcher.backends.slurm.backend:SlurmBackend",
-    "ray": "launcher.backends.ray.backend:RayBackend",
+    "local": "launcher.engines.local:LocalBackend",
+    "ssh": "launcher.engines.ssh.backend:SSHBackend",
+    "slurm": "launcher.engines.slurm.backend:SlurmBackend",
+    "ray": "launcher.engines.ray.backend:RayBackend",
 }
 
 

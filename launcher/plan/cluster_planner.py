@@ -1,5 +1,5 @@
 """The planner of a ``cluster`` description: each task on the host and port the file names,
-as a local process or over SSH (``launcher.descriptions`` hands such a description here).
+as a local process or over SSH (``launcher.describe.kinds`` hands such a description here).
 
 Pure: every ``TaskLaunch`` is built once, with its host's settings (``hosts.host_plan``),
 its devices, its environment and its paths.
@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from launcher import contract
-from launcher.hosts import HostPlan, RemoteOptions, host_plan, shipping
-from launcher.plan import LaunchPlan, TaskLaunch
+from launcher.describe.hosts import HostPlan, RemoteOptions, host_plan, shipping
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+from launcher.plan.tfconfig import tasks_of, tf_config_json
 from launcher.tasks import TaskId
-from launcher.tfconfig import tasks_of, tf_config_json
 
 if TYPE_CHECKING:
-    from launcher.policy import SupervisorConfig
-    from launcher.spec import ClusterSpec
+    from launcher.describe.spec import ClusterSpec
+    from launcher.plan.run_options import SupervisorConfig
 
 
 def build_cluster_plan(

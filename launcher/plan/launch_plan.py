@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, Protocol
 
-from launcher import contract, descriptions
-from launcher.hosts import HOST_CACHE, RemoteDirs, RemoteOptions, SSHTarget, on_host
+from launcher import contract
+from launcher.describe import kinds
+from launcher.describe.hosts import HOST_CACHE, RemoteDirs, RemoteOptions, SSHTarget, on_host
 from launcher.tasks import TaskId
 
 if TYPE_CHECKING:  # a plan is read (status, the detached launcher) without pydantic
-    from launcher.policy import SupervisorConfig
+    from launcher.plan.run_options import SupervisorConfig
 
 
 @dataclass(frozen=True)
@@ -128,9 +129,9 @@ class LaunchPlan:
 
 def _unit(data: dict[str, Any]) -> UnitPlan | None:
     if data.get("unit"):
-        return descriptions.load_unit(data["unit"])  # type: ignore[no-any-return]
+        return kinds.load_unit(data["unit"])  # type: ignore[no-any-return]
     if data.get("slurm"):  # recorded before plans named their unit's kind (record version 2)
-        return descriptions.load_unit({"kind": "slurm", **data["slurm"]})  # type: ignore[no-any-return]
+        return kinds.load_unit({"kind": "slurm", **data["slurm"]})  # type: ignore[no-any-return]
     return None
 
 
@@ -139,16 +140,16 @@ def build_plan(
     cwd: str, remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None,
     config: SupervisorConfig | None = None,
 ) -> LaunchPlan:
-    """What runs where, by the planner of the description's kind (``launcher.descriptions``).
+    """What runs where, by the planner of the description's kind (``launcher.describe.kinds``).
 
     ``job`` is an absolute path; ``python``/``cwd`` are the local defaults; ``remote`` how code
     reaches other hosts; ``virtual_devices`` (``--virtual-devices N``): the job kit splits each
     task's device into N; ``config``: the run's policy, for planners that write it down (a batch
     script that restarts its own group).
     """
-    from launcher.policy import SupervisorConfig
+    from launcher.plan.run_options import SupervisorConfig
 
-    plan: LaunchPlan = descriptions.planner(spec)(
+    plan: LaunchPlan = kinds.planner(spec)(
         spec, job, job_args, run_id=run_id, run_dir=run_dir, python=python, cwd=cwd, remote=remote,
         virtual_devices=virtual_devices, config=config or SupervisorConfig())
     return plan
@@ -157,7 +158,7 @@ def build_plan(
 def render_plan(plan: LaunchPlan) -> str:
     """Human-readable plan for ``--dry-run``: every task's host, command, env and log (an engine
     with a unit of its own renders its plans itself)."""
-    render = descriptions.render_unit(plan.unit) if plan.unit is not None else None
+    render = kinds.render_unit(plan.unit) if plan.unit is not None else None
     if render is not None:
         text: str = render(plan)
         return text
@@ -188,5 +189,5 @@ def job_name(job: str) -> str:
 
 def describe(spec: Any, runs_dir: str, python: str, cwd: str) -> tuple[list[str], int]:
     """``tfl validate``: the description's tasks as its kind shows them, and the task count."""
-    described: tuple[list[str], int] = descriptions.describer(spec)(spec, runs_dir, python, cwd)
+    described: tuple[list[str], int] = kinds.describer(spec)(spec, runs_dir, python, cwd)
     return described

@@ -44,10 +44,10 @@ from typing import Any
 
 from launcher import contract
 from launcher.errors import UsageError
-from launcher.plan import LaunchPlan, TaskLaunch
-from launcher.storage import EXAMPLE, model_dir_given
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+from launcher.plan.storage import EXAMPLE, model_dir_given
+from launcher.plan.tfconfig import tf_config_of
 from launcher.tasks import TaskId
-from launcher.tfconfig import tf_config_of
 
 BATCH_MODES = ("global", "per-replica")
 ANY_HOST = "any"  # elastic.evaluator_moves_to: the evaluator may move to any surviving training host
@@ -193,7 +193,7 @@ def check_elastic(plan: LaunchPlan, *, min_tasks: int | None, batch: str = "glob
         return plan
     if batch not in BATCH_MODES:
         raise UsageError(f"--elastic-batch {batch}: choose 'global' (keep the global batch) or 'per-replica'")
-    if plan.unit is not None and plan.unit.kind not in ELASTIC_UNITS:  # Slurm: its batch script resizes (launcher.slurm.resize)
+    if plan.unit is not None and plan.unit.kind not in ELASTIC_UNITS:  # Slurm: its batch script resizes (launcher.engines.slurm.resize)
         raise UsageError(f"--min-tasks with a '{plan.unit.kind}' description: elastic runs are not supported there yet; "
                          "launch with a cluster file of hosts (--cluster FILE) or a 'slurm' block, or remove --min-tasks")
     size = len(plan.training_tasks)

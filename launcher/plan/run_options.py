@@ -31,7 +31,7 @@ class SupervisorConfig:
     evaluator_timeout: float = 600.0
     stall_timeout: float | None = None  # no progress from a training task for this long = failure
     log_tail_lines: int = 20
-    # Elastic runs (``launcher.elastic``, ``launcher.elastic_policy``): None = a fixed size.
+    # Elastic runs (``launcher.plan.resize``, ``launcher.supervise.elastic``): None = a fixed size.
     min_tasks: int | None = None  # the fewest training tasks, the chief included, the run goes on with
     elastic_batch: str = "global"  # "global": the global batch is kept | "per-replica": the per-replica batch is
     global_batch: int | None = None  # the job's global batch (every replica's together), "global" mode

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from launcher.contract import MODEL_DIR
 from launcher.errors import UsageError
-from launcher.plan import LaunchPlan
+from launcher.plan.launch_plan import LaunchPlan
 
 EXAMPLE = '"storage": {"path": "/mnt/shared/tfl"}'
 

@@ -9,7 +9,7 @@ from launcher.contract import TASK_TYPES, TRAINING_TYPES
 from launcher.tasks import TaskId
 
 if TYPE_CHECKING:
-    from launcher.spec import Topology
+    from launcher.describe.spec import Topology
 
 __all__ = ["TaskId", "tasks_of", "tf_config", "tf_config_json", "tf_config_of"]
 
@@ -30,7 +30,7 @@ def tf_config(topology: Topology, task: TaskId) -> dict[str, Any]:
 
 
 def tf_config_of(addresses: dict[str, list[str]], task: TaskId) -> dict[str, Any]:
-    """``tf_config`` from each task type's addresses (a resized cluster's: ``launcher.elastic``)."""
+    """``tf_config`` from each task type's addresses (a resized cluster's: ``launcher.plan.resize``)."""
     kinds = TASK_TYPES if task.type == "evaluator" else TRAINING_TYPES
     cluster = {t: list(addresses[t]) for t in kinds if addresses.get(t)}
     return {"cluster": cluster, "task": {"type": task.type, "index": task.index}}

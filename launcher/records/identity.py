@@ -19,7 +19,7 @@ import psutil
 from launcher.contract import RUN_ID
 
 if TYPE_CHECKING:
-    from launcher.runstore import RunRecord, TaskRecord
+    from launcher.records.store import RunRecord, TaskRecord
 
 CREATE_TIME_TOLERANCE = 0.01  # psutil's create time is in clock ticks (10 ms)
 

@@ -18,7 +18,7 @@ Run (the whole group; policy is all-or-nothing: one failed training task stops t
                                                           away), or --max-preemptions was reached
 
 A STOPPED, PREEMPTED or FAILED run can be continued by ``tfl resume``: the same record goes
-STARTING again with the next attempt (``launcher.resume``).
+STARTING again with the next attempt (``launcher.runs.resume``).
 
 ``LOST`` is never written: ``tfl status`` shows it for a run whose record is not terminal
 but whose launcher process is gone.

@@ -25,8 +25,8 @@ from typing import Any, Iterable, TypeVar
 
 from launcher.errors import RunExistsError, RunNotFoundError, StateWriteError, UnreadableRunError
 from launcher.files import private_dir, write_atomic
-from launcher.runindex import active_ids, mark_active, mark_ended, recent_ids
-from launcher.states import RunState, TaskState
+from launcher.records.index import active_ids, mark_active, mark_ended, recent_ids
+from launcher.records.states import RunState, TaskState
 
 STATE_FILE = "state.json"
 STOP_REQUEST = "stop_requested"  # written by `tfl stop` before its SIGTERM: the launcher's SIGTERM is then no preemption
@@ -90,7 +90,7 @@ class RestartRecord:
 
 @dataclass
 class ResizeRecord:
-    """An elastic run changed size between two attempts (``launcher.elastic_policy``)."""
+    """An elastic run changed size between two attempts (``launcher.supervise.elastic``)."""
 
     attempt: int  # the attempt that runs at the new size
     time: float
@@ -125,7 +125,7 @@ class RunRecord:
     backend_data: dict[str, str] = field(default_factory=dict)  # the backend's own handle on the run (Slurm: the job id)
     version: int = RECORD_VERSION
     grace_period: float = 5.0  # the launcher's SIGTERM -> SIGKILL delay: `tfl stop` waits that long for it
-    launcher_start_ticks: int | None = None  # with launcher_pid: see launcher.procs.ProcessIdentity
+    launcher_start_ticks: int | None = None  # with launcher_pid: see launcher.records.identity.ProcessIdentity
     launcher_boot_id: str | None = None
     launcher_host: str | None = None  # `tfl status`/`stop` elsewhere (a shared TFL_HOME) can tell it is not theirs
     config: dict[str, Any] = field(default_factory=dict)  # the supervisor's options (SupervisorConfig): `tfl resume` reuses them

@@ -14,23 +14,24 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, TextIO
 
-from launcher import backends
-from launcher.backends.base import Backend
-from launcher.checks import host_tasks, raise_failures
+from launcher.engines import registry
+from launcher.engines.base import Backend
+from launcher.engines.preflight import host_tasks, raise_failures
 from launcher.contract import HOME
-from launcher.elastic import check_elastic
+from launcher.plan.resize import check_elastic
 from launcher.errors import LaunchError, UsageError
 from launcher.files import open_private, write_atomic
-from launcher.hosts import RemoteOptions
-from launcher.logstream import LogFollower, tail_lines
-from launcher.plan import LaunchPlan, build_plan, job_name
-from launcher.policy import SupervisorConfig
-from launcher.procs import ProcessIdentity
-from launcher.resume import check_resumable, claim, recorded_plan
-from launcher.runstore import RunRecord, RunStore
-from launcher.storage import check_sharing
-from launcher.supervisor import Supervisor, initial_record
-from launcher.waker import Waker
+from launcher.describe.hosts import RemoteOptions
+from launcher.tasklog import tail_lines
+from launcher.views.logs import LogFollower
+from launcher.plan.launch_plan import LaunchPlan, build_plan, job_name
+from launcher.plan.run_options import SupervisorConfig
+from launcher.records.identity import ProcessIdentity
+from launcher.runs.resume import check_resumable, claim, recorded_plan
+from launcher.records.store import RunRecord, RunStore
+from launcher.plan.storage import check_sharing
+from launcher.supervise.supervisor import Supervisor, initial_record
+from launcher.supervise.waker import Waker
 
 # SIGINT (Ctrl-C) and SIGHUP (the terminal closed) come from a terminal: an inherited SIG_IGN
 # (`nohup tfl launch`, `tfl launch … &` in a script) is kept. SIGTERM is how `tfl stop` asks,
@@ -54,7 +55,7 @@ def make_plan(job: str, job_args: tuple[str, ...], spec: Any, store: RunStore,
     plan = build_plan(spec, str(path.resolve()), job_args, run_id=run_id, run_dir=str(store.run_dir(run_id)),
                       python=sys.executable, cwd=os.getcwd(), remote=remote, virtual_devices=virtual_devices,
                       config=config)
-    backends.name_for_plan(plan)  # one backend per run: refused here, before anything is written
+    registry.name_for_plan(plan)  # one backend per run: refused here, before anything is written
     if config is not None:
         plan = check_elastic(plan, min_tasks=config.min_tasks, batch=config.elastic_batch,
                              global_batch=config.global_batch, virtual_devices=virtual_devices)
@@ -75,7 +76,7 @@ def prepare(plan: LaunchPlan) -> Prepared:
     """Get the plan's hosts ready (``Backend.prepare``: quick checks, code shipped); the first
     failed check raises, before the run exists, and nothing is left open."""
     wake = Waker()
-    backend = backends.get(backends.name_for_plan(plan), notify=wake.wake)
+    backend = registry.get(registry.name_for_plan(plan), notify=wake.wake)
     try:
         raise_failures(backend.prepare(plan))
     except BaseException:
@@ -87,7 +88,7 @@ def prepare(plan: LaunchPlan) -> Prepared:
 def preflight(plan: LaunchPlan) -> None:
     """The same quick checks as ``prepare``, on connections of their own, for ``--detach``:
     its failures reach the terminal before the command returns."""
-    backend = backends.get(backends.name_for_plan(plan))
+    backend = registry.get(registry.name_for_plan(plan))
     try:
         raise_failures(backend.probe(host_tasks(plan), quick=True))
     finally:
@@ -114,7 +115,7 @@ def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: 
 
 def resume(run_id: str, store: RunStore, config: SupervisorConfig) -> tuple[Prepared, RunRecord]:
     """``tfl resume``: the recorded run's plan, prepared on its backend again, and its record
-    claimed for the next attempt (``launcher.resume``); ``supervise`` runs it."""
+    claimed for the next attempt (``launcher.runs.resume``); ``supervise`` runs it."""
     record = store.load(run_id)
     check_resumable(record)  # before the hosts are reached: a live run's ports would only confuse
     prepared = prepare(recorded_plan(record))

@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher import backends
+from launcher.engines import registry
 from launcher.contract import MODEL_DIR
 from launcher.errors import UsageError
-from launcher.procs import launcher_identity
-from launcher.runindex import mark_ended
-from launcher.runstore import RunRecord, RunStore
+from launcher.records.identity import launcher_identity
+from launcher.records.index import mark_ended
+from launcher.records.store import RunRecord, RunStore
 
 DEFAULT_AGE = "7d"
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -52,7 +52,7 @@ def still_running(record: RunRecord) -> str | None:
         return f"still running (its launcher, pid {record.launcher_pid}, is alive); `tfl stop {record.run_id}` first"
     if record.state.is_terminal:
         return None
-    live = backends.get(record.backend).inspect(record, ask=False)
+    live = registry.get(record.backend).inspect(record, ask=False)
     if any(t.alive for t in live.values()):
         return f"its launcher is gone but tasks of it still run; `tfl stop {record.run_id}` first"
     return None
@@ -73,7 +73,7 @@ def to_prune(records: Sequence[RunRecord], *, older_than: float | None, keep: in
 def remove(store: RunStore, record: RunRecord) -> Removed:
     """Remove one run that is not running (see ``still_running``), on its hosts then here."""
     run_dir = store.run_dir(record.run_id)  # this store's, whatever path the record names (a moved store)
-    cleanup = backends.get(record.backend).clean_recorded(record)
+    cleanup = registry.get(record.backend).clean_recorded(record)
     freed = disk_usage(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     mark_ended(store.home, record.run_id)  # the marker a lost run still had

@@ -21,13 +21,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from launcher import backends
+from launcher.engines import registry
 from launcher.errors import UsageError
-from launcher.plan import LaunchPlan
-from launcher.policy import SupervisorConfig
-from launcher.procs import ProcessIdentity, launcher_identity
-from launcher.runstore import RestartRecord, RunRecord, RunStore, TaskRecord
-from launcher.states import RunState, TaskState
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.plan.run_options import SupervisorConfig
+from launcher.records.identity import ProcessIdentity, launcher_identity
+from launcher.records.store import RestartRecord, RunRecord, RunStore, TaskRecord
+from launcher.records.states import RunState, TaskState
 
 LOCK_FILE = "launcher.lock"
 
@@ -56,7 +56,7 @@ def refusal(record: RunRecord) -> str | None:
             return f"run {run} has ended but its launcher (pid {record.launcher_pid}) is still finishing: resume it in a moment"
         return (f"run {run} is still running (launcher pid {record.launcher_pid}): stop it first with "
                 f"`tfl stop {run}`, or follow it with `tfl logs {run} --follow`")
-    live = backends.get(record.backend).inspect(record, ask=True)
+    live = registry.get(record.backend).inspect(record, ask=True)
     alive = sorted(name for name, task in live.items() if task.alive)
     if alive:
         return (f"run {run}: its launcher is gone but {len(alive)} task(s) still run ({', '.join(alive)}): "

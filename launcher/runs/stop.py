@@ -14,15 +14,15 @@ from typing import Callable, TextIO
 
 import psutil
 
-from launcher import backends
+from launcher.engines import registry
 from launcher.errors import UsageError
-from launcher.logstream import LogFollower
-from launcher.procs import is_running, launcher_identity
-from launcher.runstore import RunRecord, RunStore
-from launcher.states import RunState, TaskState
-from launcher.status import effective_state
+from launcher.views.logs import LogFollower
+from launcher.records.identity import is_running, launcher_identity
+from launcher.records.store import RunRecord, RunStore
+from launcher.records.states import RunState, TaskState
+from launcher.views.status import effective_state
 from launcher.tasks import TaskId
-from launcher.teardown import teardown
+from launcher.engines.teardown import teardown
 
 LAUNCHER_EXTRA_GRACE = 15.0  # beyond its grace: the launcher's SIGKILL of its tasks (teardown.KILL_WAIT) and last save
 
@@ -45,7 +45,7 @@ def stop_run(store: RunStore, record: RunRecord, grace: float | None = None) -> 
         if not record.state.is_terminal:
             store.request_stop(record)  # this SIGTERM is the user's: the run ends STOPPED, not PREEMPTED
         teardown([launcher], signal=_send, alive=is_running, grace=wait, kill_wait=5.0)
-    left = backends.get(record.backend).stop_recorded(store.load(record.run_id), grace)
+    left = registry.get(record.backend).stop_recorded(store.load(record.run_id), grace)
     record = store.load(record.run_id)
     if record.state.is_terminal:
         did = "stopped" if launcher or left else f"already {record.state.value}; nothing to stop"

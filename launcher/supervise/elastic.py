@@ -30,13 +30,13 @@ import dataclasses
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
-from launcher.backends.base import Backend, TaskProcess
-from launcher.checks import Check, host_tasks
-from launcher.elastic import Resize, plan_hosts, resize_plan, training_size
-from launcher.plan import LaunchPlan
-from launcher.policy import SupervisorConfig
-from launcher.runstore import ResizeRecord, RunRecord, TaskRecord
-from launcher.states import RunState
+from launcher.engines.base import Backend, TaskProcess
+from launcher.engines.preflight import Check, host_tasks
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.plan.resize import Resize, plan_hosts, resize_plan, training_size
+from launcher.plan.run_options import SupervisorConfig
+from launcher.records.states import RunState
+from launcher.records.store import ResizeRecord, RunRecord, TaskRecord
 
 UNREACHABLE = "ssh"  # the check a probe fails when it cannot reach a host
 

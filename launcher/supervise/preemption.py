@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 from launcher.contract import PREEMPTED_EXIT_CODE, PREEMPTED_PHASE, ModelDirLayout, PreemptedRecord, ProgressRecord
-from launcher.runstore import RunRecord
-from launcher.states import TaskState
+from launcher.records.states import TaskState
+from launcher.records.store import RunRecord
 from launcher.tasks import TaskId
 
 
@@ -31,7 +31,7 @@ def _json(path: str | Path | None) -> object:
 
 def preempted_file(record: RunRecord) -> str | None:
     """The run's ``preempted.json``, when its model dir can be read on this machine."""
-    from launcher.tboard import model_dir_of  # where the chief writes (shared storage, --model-dir, the run dir)
+    from launcher.views.tensorboard import model_dir_of  # where the chief writes (shared storage, --model-dir, the run dir)
 
     where = model_dir_of(record)
     return None if where.host is not None or "://" in where.path else str(ModelDirLayout(Path(where.path)).preempted_file)

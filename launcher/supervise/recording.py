@@ -1,6 +1,6 @@
 """The supervisor's small pure pieces: a run's first record, a task's failure record, how an
 exit is told, when a task last made progress, what a group backend's next attempt is
-(``launcher.supervisor`` applies them)."""
+(``launcher.supervise.supervisor`` applies them)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import os
 import signal
 from collections.abc import Callable
 
-from launcher.backends.base import GroupBackend, ResizingGroup
-from launcher.logstream import tail_lines
-from launcher.plan import LaunchPlan
-from launcher.runstore import FailureRecord, ResizeRecord, RunRecord, TaskRecord
+from launcher.engines.base import GroupBackend, ResizingGroup
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.records.store import FailureRecord, ResizeRecord, RunRecord, TaskRecord
+from launcher.tasklog import tail_lines
 from launcher.tasks import TaskId
 
 

@@ -1,27 +1,15 @@
-"""The supervisor: starts a plan's tasks, watches them, applies the run policy.
-
-Policy (all-or-nothing, see ``states``): the first training task to fail stops every
-other task at once (SIGTERM to its group, ``grace_period``, then SIGKILL), without waiting
-for TensorFlow's own ~14 s heartbeat timeout. Then the group is restarted while restarts
-are left, else the run has failed.
-
-A training task that exits ``PREEMPTED_EXIT_CODE`` was *preempted*, not failed: it got a
-notice, agreed on a step with the others and saved there, and the others are doing the
-same. They get up to ``grace_period`` to leave on their own before the usual teardown; then
-the group restarts without counting against ``max_restarts``, up to ``max_preemptions``
-times (a run over that cap ends PREEMPTED, to be resumed). A task killed by a bare SIGTERM
-without saving stays a failure. A stop with ``notice`` (the launcher's own SIGTERM) ends
-the run PREEMPTED, unless ``tfl stop`` asked for it (``RunStore.stop_requested``).
+"""The supervisor: starts a plan's tasks, watches them, applies the run policy (``restarts``: all-or-nothing,
+preemption restarts counted apart, when a run ends PREEMPTED).
 
 The evaluator never stops training: its failure is recorded; after training it gets ``evaluator_timeout`` to finish its last checkpoint.
 
-A backend that runs the group as one unit of its own (``backends.base.GroupBackend``:
+A backend that runs the group as one unit of its own (``engines.base.GroupBackend``:
 Slurm's batch script) applies that same policy itself, built from the same options: after a
 training failure the supervisor stops only the failed task if it is still alive, records
 the others as stopped, and follows the next attempt when the backend says it started one
 (``restarted``); the evaluator runs on across attempts.
 
-An elastic run (``--min-tasks``, ``elastic_policy``) goes on without hosts lost in a failure (a
+An elastic run (``--min-tasks``, ``elastic``) goes on without hosts lost in a failure (a
 resize: neither failure nor preemption) and takes back, at an agreed checkpoint, those that answer.
 
 Mechanism is the backends'; clock and wait are injectable, so tests drive the state
@@ -34,20 +22,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from launcher.backends.base import Backend, GroupBackend, TaskProcess
 from launcher.contract import PREEMPTED_EXIT_CODE
-from launcher.elastic_policy import ElasticOutcome, ElasticPolicy
+from launcher.engines.base import Backend, GroupBackend, TaskProcess
+from launcher.engines.teardown import teardown
 from launcher.errors import LaunchError, StateWriteError
-from launcher.plan import LaunchPlan, TaskLaunch
-from launcher.policy import PREEMPTION_EXIT_CODES, SupervisorConfig
-from launcher.preemption import ended_state, preempted_file, preemption_reason, saved_note
-from launcher.runstore import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
-from launcher.states import RunState, TaskState
-from launcher.supervision import failure_record, group_went_on, progress_mtime
-from launcher.supervision import initial_record as initial_record  # where the launcher has always found it
-from launcher.tasks import TaskId
-from launcher.teardown import teardown
-from launcher.waker import Waker
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+from launcher.plan.run_options import SupervisorConfig
+from launcher.records.states import RunState, TaskState
+from launcher.records.store import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
+from launcher.supervise.elastic import ElasticOutcome, ElasticPolicy
+from launcher.supervise.preemption import ended_state, preempted_file, preemption_reason, saved_note
+from launcher.supervise.recording import failure_record, group_went_on, progress_mtime
+from launcher.supervise.recording import initial_record as initial_record  # where the launcher has always found it
+from launcher.supervise.restarts import first_training_failure, may_restart
+from launcher.supervise.waker import Waker
 
 
 class Supervisor:
@@ -119,7 +107,7 @@ class Supervisor:
                 return False
             self._reap()
             self._check_stalls()
-            failed = self._first_training_failure()
+            failed = first_training_failure(self.record)
             if failed is not None:
                 return self._on_training_failure(failed)
             if self._elastic is not None and (back := self._elastic.taken_back()):
@@ -233,17 +221,10 @@ class Supervisor:
                 self._record_failure(proc, None, f"stalled: no progress for {timeout:g} s (--stall-timeout)", now)
                 self._save()
 
-    def _first_training_failure(self, preempted: bool | None = None) -> FailureRecord | None:
-        """The first training task of this attempt that ended other than with 0; ``preempted``:
-        only one that was (True) or was not (False) preempted."""
-        return next((f for f in self.record.failures
-                     if f.attempt == self.record.attempt and TaskId.parse(f.task).is_training
-                     and (preempted is None or (f.exit_code == PREEMPTED_EXIT_CODE) == preempted)), None)
-
     def _on_training_failure(self, failure: FailureRecord) -> bool:
         if failure.exit_code == PREEMPTED_EXIT_CODE and self._group is None:
             self._await_agreement()
-            failure = self._first_training_failure(preempted=False) or failure  # mixed: the other failure counts
+            failure = first_training_failure(self.record, preempted=False) or failure  # mixed: the other failure counts
         running = [p for n, p in self._procs.items()
                    if self.record.task(n).state == TaskState.RUNNING and not (self._group and not p.launch.task.is_training)]
         self.record.stopped_because_of_failure = sorted(p.launch.name for p in running)
@@ -269,7 +250,8 @@ class Supervisor:
             self.plan = group_went_on(self._group, self.plan, self.record, self._wall(), say=self._say,
                                       restart=lambda: self._record_restart(failure, preempted))
             return True
-        if self._group is None and (self._may_restart_preempted() if preempted else self._may_restart(failure)):
+        if self._group is None and may_restart(self._config, failure, preempted, self._preemptions if preempted else self._restarts,
+                                                             self._stop_requested):
             self._record_restart(failure, preempted)
             return True
         if preempted and self._stop_requested:  # a stop came during the agreement: it decides how the run ends
@@ -315,7 +297,7 @@ class Supervisor:
         training = [p for p in self._procs.values() if p.launch.task.is_training]
         while not self._stop_requested and self._clock() < deadline:
             self._reap()
-            if self._first_training_failure(preempted=False) is not None:
+            if first_training_failure(self.record, preempted=False) is not None:
                 return
             if all(self.record.task(p.launch.name).state != TaskState.RUNNING for p in training):
                 return
@@ -341,14 +323,6 @@ class Supervisor:
             self._wait(self._config.poll_interval)
         return False
 
-    def _may_restart(self, failure: FailureRecord) -> bool:
-        if self._stop_requested or self._restarts >= self._config.max_restarts:
-            return False
-        return self._config.retry_on == "any" or failure.exit_code in PREEMPTION_EXIT_CODES
-
-    def _may_restart_preempted(self) -> bool:
-        return not self._stop_requested and self._preemptions < self._config.max_preemptions
-
     def _finish_evaluator(self) -> None:
         deadline = self._clock() + self._config.evaluator_timeout
         evaluators = [p for n, p in self._procs.items() if not p.launch.task.is_training]
@@ -360,7 +334,7 @@ class Supervisor:
         self._teardown(evaluators, TaskState.STOPPED)
 
     def _teardown(self, procs: list[TaskProcess], state: TaskState) -> None:
-        """Stop ``procs`` (``launcher.teardown``: SIGTERM, grace, SIGKILL) and record them. Idempotent."""
+        """Stop ``procs`` (``launcher.engines.teardown``: SIGTERM, grace, SIGKILL) and record them. Idempotent."""
         teardown(procs, signal=self._backend.signal, alive=self._backend.alive, grace=self._config.grace_period,
                  force=lambda: self._force, clock=self._clock, wait=self._wait)
         self._mark(procs, state)

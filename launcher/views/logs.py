@@ -3,39 +3,20 @@
 Tasks write straight to their log files (nothing lost if the launcher dies, no SIGPIPE
 for the tasks); the live console view of ``tfl launch`` and ``tfl logs --follow`` both
 tail those files with this one follower. By default it hides TensorFlow's known start-up
-noise (``launcher.noise``) and says, once per task at the end, how many lines it hid; and
-it folds into one line each traceback a lost peer caused (``launcher.fold``).
+noise (``launcher.views.noise``) and says, once per task at the end, how many lines it hid; and
+it folds into one line each traceback a lost peer caused (``launcher.views.fold``).
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from collections import deque
 from pathlib import Path
 from typing import TextIO
 
-from launcher.fold import TracebackFold
-from launcher.noise import NoiseFilter
+from launcher.views.fold import TracebackFold
+from launcher.views.noise import NoiseFilter
 
 _COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
-
-
-def attempt_banner(task: str, attempt: int) -> str:
-    """The line that opens a restarted task's output in its log (every backend writes it)."""
-    return f"--- tfl: attempt {attempt} of {task} at {time.strftime('%H:%M:%S')} ---\n"
-
-
-def tail_lines(path: str | Path, count: int = 20) -> list[str]:
-    """The last ``count`` lines of a file ([] when it does not exist)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return []
-    return list(deque(text.splitlines(), maxlen=count))
 
 
 class _Source:

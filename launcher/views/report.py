@@ -6,9 +6,9 @@ import time
 from typing import Any, Callable, Sequence, TextIO
 
 from launcher.contract import PREEMPTED_EXIT_CODE, PREEMPTED_PHASE, ProgressRecord
-from launcher.runstore import FailureRecord, RunRecord, UnreadableRun
-from launcher.states import RunState
-from launcher.status import RunView, TaskView
+from launcher.records.states import RunState
+from launcher.records.store import FailureRecord, RunRecord, UnreadableRun
+from launcher.views.status import RunView, TaskView
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -11,11 +11,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from launcher import backends
-from launcher.backends.base import GroupBackend, TaskLive
-from launcher.procs import launcher_identity
-from launcher.runstore import RunRecord, RunStore, TaskRecord, UnreadableRun
-from launcher.states import RunState
+from launcher.engines import registry
+from launcher.engines.base import GroupBackend, TaskLive
+from launcher.records.identity import launcher_identity
+from launcher.records.states import RunState
+from launcher.records.store import RunRecord, RunStore, TaskRecord, UnreadableRun
 from launcher.tasks import TaskId
 
 
@@ -91,7 +91,7 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
     and samples cpu % (costly); the list of runs answers from what is at hand, and for a
     finished run that is its record (no backend to import: `tfl status` stays quick)."""
     wanted = measure or not record.state.is_terminal
-    backend = backends.get(record.backend) if wanted else None
+    backend = registry.get(record.backend) if wanted else None
     live = backend.inspect(record, ask=measure) if backend is not None else {}
     tasks = [_task_view(t, live.get(t.task, TaskLive(alive=False))) for t in record.tasks]
     backend_state: dict[str, str] = backend.describe(record) if measure and isinstance(backend, GroupBackend) else {}

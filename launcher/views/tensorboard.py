@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import TextIO
 
 from launcher.contract import CHIEF, MODEL_DIR, MODEL_SUBDIR, RUN_DIR
+from launcher.describe.hosts import SSHTarget
+from launcher.engines.teardown import teardown
 from launcher.errors import LaunchError, UsageError
-from launcher.hosts import SSHTarget
-from launcher.logstream import tail_lines
-from launcher.plan import LaunchPlan
-from launcher.runstore import RunRecord
-from launcher.teardown import teardown
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.records.store import RunRecord
+from launcher.tasklog import tail_lines
 
 HOST = "127.0.0.1"
 DEFAULT_PORT = 6006

@@ -13,11 +13,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from launcher.describe.spec import ClusterSpec
+from launcher.engines.k8s import jobset, tfjob
+from launcher.engines.k8s.pods import ExportOptions, check_options, check_pod_names, ignored_settings, roles_of
+from launcher.engines.k8s.render import render_yaml
 from launcher.errors import ExportError
-from launcher.k8s import jobset, tfjob
-from launcher.k8s.pods import ExportOptions, check_options, check_pod_names, ignored_settings, roles_of
-from launcher.k8s.render import render_yaml
-from launcher.spec import ClusterSpec
 
 _NEEDS = {
     "jobset": "JobSet (jobset.x-k8s.io/v1alpha2, v0.9 or later)",

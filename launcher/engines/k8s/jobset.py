@@ -3,7 +3,7 @@
 One replicated job per role (``chief``, ``worker``, ``evaluator``), each a single Indexed Job
 with one pod per task. JobSet gives every pod a stable DNS name,
 ``<jobset>-<role>-0-<index>.<jobset>``; tfl builds the TF_CONFIG of each role with those names
-as hosts, and the entry shim (launcher/k8s/entry.py) picks the pod's own.
+as hosts, and the entry shim (launcher/engines/k8s/node/entry.py) picks the pod's own.
 
 - ``failurePolicy.maxRestarts``: any training pod that fails fails its Job (``backoffLimit: 0``)
   and JobSet recreates the whole group, as MultiWorkerMirroredStrategy needs.
@@ -26,9 +26,9 @@ from importlib import resources
 from typing import Any
 
 from launcher import contract
-from launcher.errors import ExportError
-from launcher.k8s import entry
-from launcher.k8s.pods import (
+from launcher.describe.spec import ClusterSpec, Topology
+from launcher.engines.k8s.node import entry
+from launcher.engines.k8s.pods import (
     CONTAINER,
     PORT,
     PYTHON,
@@ -43,9 +43,9 @@ from launcher.k8s.pods import (
     metadata,
     storage_volume,
 )
-from launcher.spec import ClusterSpec, Topology
+from launcher.errors import ExportError
+from launcher.plan.tfconfig import tf_config
 from launcher.tasks import TaskId
-from launcher.tfconfig import tf_config
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 ROLE_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"  # set by JobSet on every pod
@@ -81,7 +81,7 @@ def tf_config_table(name: str, roles: list[Role]) -> dict[str, Any]:
 
 
 def entry_config_map(options: ExportOptions, roles: list[Role]) -> dict[str, Any]:
-    source = resources.files("launcher.k8s").joinpath("entry.py").read_text()
+    source = resources.files("launcher.engines.k8s.node").joinpath("entry.py").read_text()
     rows = [f" {json.dumps(role)}: {json.dumps(config)}" for role, config in tf_config_table(options.name, roles).items()]
     table = "{\n" + ",\n".join(rows) + "\n}\n"  # one role's TF_CONFIG per line
     return {

@@ -12,9 +12,9 @@ from typing import Any
 
 from launcher import contract
 from launcher.contract import TASK_TYPES
+from launcher.describe.placement import VISIBLE_DEVICES
+from launcher.describe.spec import ClusterSpec
 from launcher.errors import ExportError
-from launcher.placement import VISIBLE_DEVICES
-from launcher.spec import ClusterSpec
 from launcher.tasks import TaskId
 
 FORMATS = ("jobset", "tfjob")

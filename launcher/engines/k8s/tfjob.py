@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.errors import ExportError
-from launcher.k8s.pods import (
+from launcher.describe.spec import ClusterSpec
+from launcher.engines.k8s.pods import (
     ExportOptions,
     Role,
     base_env,
@@ -33,7 +33,7 @@ from launcher.k8s.pods import (
     metadata,
     storage_volume,
 )
-from launcher.spec import ClusterSpec
+from launcher.errors import ExportError
 
 API_VERSION = "kubeflow.org/v1"
 REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "evaluator": "Evaluator"}

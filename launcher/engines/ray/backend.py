@@ -19,20 +19,20 @@ from collections.abc import Sequence
 from typing import Callable
 
 from launcher import contract
-from launcher.backends.base import Cleanup, TaskLive, TaskProcess
-from launcher.backends.ray import recorded
-from launcher.backends.ray.connect import connect, disconnect, kit_dir, runtime_env
-from launcher.backends.ray.group import CALL_TIMEOUT, RayGroup
-from launcher.backends.ray.relay import Relay
-from launcher.checks import Check, HostTasks
+from launcher.engines.base import Cleanup, TaskLive, TaskProcess
+from launcher.engines.preflight import Check, HostTasks
+from launcher.engines.ray import recorded
+from launcher.engines.ray.connect import connect, disconnect, kit_dir, runtime_env
+from launcher.engines.ray.group import CALL_TIMEOUT, RayGroup
+from launcher.engines.ray.plan import RayUnit, with_addresses
+from launcher.engines.ray.relay import Relay
+from launcher.engines.teardown import teardown
 from launcher.errors import LaunchError
 from launcher.files import open_private
-from launcher.logstream import attempt_banner
-from launcher.plan import LaunchPlan, TaskLaunch
-from launcher.ray.plan import RayUnit, with_addresses
-from launcher.runstore import RunRecord
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+from launcher.records.store import RunRecord
+from launcher.tasklog import attempt_banner
 from launcher.tasks import TaskId
-from launcher.teardown import teardown
 
 GRACE = 10.0  # seconds a task gets to leave before SIGKILL when the group starts again on new ports
 

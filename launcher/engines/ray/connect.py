@@ -10,13 +10,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from launcher.engines.ray.node import INSTALL_HINT
+from launcher.engines.ray.plan import NAMESPACE
 from launcher.errors import LaunchError
-from launcher.ray import INSTALL_HINT
-from launcher.ray.plan import NAMESPACE
 
 LAUNCHER_DIR = Path(__file__).resolve().parents[2]
 # The job kit, and the task runner the actors are: all a node needs of tfl.
-KIT_FILES = ("__init__.py", "contract.py", "jobkit", "ray/__init__.py", "ray/runner.py")
+KIT_FILES = ("__init__.py", "contract.py", "jobkit", "engines/__init__.py", "engines/ray/__init__.py", "engines/ray/node/__init__.py",
+             "engines/ray/node/runner.py")
 
 
 def import_ray() -> ModuleType:

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from launcher.engines.ray.plan import NAMESPACE, NodeAddress, RayUnit
 from launcher.errors import LaunchError
-from launcher.plan import LaunchPlan
-from launcher.ray.plan import NAMESPACE, NodeAddress, RayUnit
+from launcher.plan.launch_plan import LaunchPlan
 from launcher.tasks import TaskId
 
 CALL_TIMEOUT = 60.0  # seconds for one call to an actor (a round trip, or an actor's start on its node)
@@ -122,7 +122,7 @@ class RayGroup:
     def _actor(self, task: TaskId) -> Any:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from launcher.ray.runner import TaskRunner
+        from launcher.engines.ray.node.runner import TaskRunner
 
         unit, index = self.unit, [t.task for t in self.plan.tasks].index(task)
         bundle = dict(unit.bundle)

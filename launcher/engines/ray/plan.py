@@ -1,10 +1,10 @@
 """A Ray run's plan: the tasks Ray will place, and the ``RayUnit`` that says how (pure, stdlib).
 
-Built once, like every plan (``launcher.plan.build_plan`` hands a ``ray`` description here).
+Built once, like every plan (``launcher.plan.launch_plan.build_plan`` hands a ``ray`` description here).
 The tasks are known before the run (chief:0, worker:0.., evaluator:0); their nodes and ports
 are not: each task's actor takes a bundle of the run's placement group, binds a port on its
 node and reports it. ``Backend.resolve`` then fills in every task's host, port and TF_CONFIG
-(``with_addresses``: the same ``launcher.tfconfig`` rule as over SSH). Until then a task's
+(``with_addresses``: the same ``launcher.plan.tfconfig`` rule as over SSH). Until then a task's
 host is ``ray`` and its paths on the node start with ``NODE_DIR``, which the task runner
 replaces with its private dir there.
 """
@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from launcher import contract
 from launcher.errors import UsageError
-from launcher.plan import LaunchPlan, TaskLaunch
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+from launcher.plan.tfconfig import tf_config_json
 from launcher.tasks import TaskId, task_ids
-from launcher.tfconfig import tf_config_json
 
 if TYPE_CHECKING:
-    from launcher.hosts import RemoteOptions
-    from launcher.policy import SupervisorConfig
-    from launcher.ray.settings import RayClusterSpec
+    from launcher.describe.hosts import RemoteOptions
+    from launcher.engines.ray.settings import RayClusterSpec
+    from launcher.plan.run_options import SupervisorConfig
 
 RAY_HOST = "ray"  # a task's host until its actor has reported its node
 NODE_DIR = "{tfl-node}"  # the task's private dir on its node, as the task runner makes it
@@ -45,7 +45,7 @@ class RayUnit:
     ready_timeout: float
     working_dir: str  # the job script's directory: Ray's runtime_env working_dir
     nodes: dict[str, str] = field(default_factory=dict, hash=False)  # task -> Ray node id, once resolved
-    kind: ClassVar[str] = UNIT_KIND  # its description kind (launcher.descriptions) and its backend's name
+    kind: ClassVar[str] = UNIT_KIND  # its description kind (launcher.describe.kinds) and its backend's name
 
     def group_name(self, run_id: str) -> str:
         return f"tfl-{run_id}"
@@ -107,7 +107,7 @@ def _task(task: TaskId, job: str, job_args: tuple[str, ...], env: dict[str, str]
 
 @dataclass(frozen=True)
 class Addresses:
-    """A topology as ``launcher.tfconfig`` reads it, from the addresses the actors reported."""
+    """A topology as ``launcher.plan.tfconfig`` reads it, from the addresses the actors reported."""
 
     chief: list[str]
     worker: list[str]
@@ -123,7 +123,7 @@ class Addresses:
 
 def with_addresses(plan: LaunchPlan, reported: dict[TaskId, NodeAddress]) -> LaunchPlan:
     """The plan with the tasks in ``reported`` on their node and port, and every task's
-    TF_CONFIG built from the result (the same rule as over SSH: ``launcher.tfconfig``)."""
+    TF_CONFIG built from the result (the same rule as over SSH: ``launcher.plan.tfconfig``)."""
     unit = plan.unit
     assert isinstance(unit, RayUnit)
     placed = tuple(dataclasses.replace(t, host=reported[t.task].host, port=reported[t.task].port)
@@ -137,8 +137,8 @@ def with_addresses(plan: LaunchPlan, reported: dict[TaskId, NodeAddress]) -> Lau
 
 def describe_ray(spec: RayClusterSpec, runs_dir: str, python: str, cwd: str) -> tuple[list[str], int]:
     """``tfl validate``: the plan of a run of a placeholder JOB (its tasks, the placement group)."""
-    from launcher.hosts import RemoteOptions
-    from launcher.policy import SupervisorConfig
+    from launcher.describe.hosts import RemoteOptions
+    from launcher.plan.run_options import SupervisorConfig
 
     plan = build_ray_plan(spec, f"{cwd}/JOB", ("--model-dir", "DIR") if spec.storage is None else (), run_id="RUN",
                           run_dir=f"{runs_dir}/RUN", python=python, cwd=cwd, remote=RemoteOptions(), virtual_devices=None,

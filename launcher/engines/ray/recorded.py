@@ -12,12 +12,12 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from launcher.backends.base import Cleanup, TaskLive
-from launcher.backends.ray.connect import connect, disconnect
+from launcher.engines.base import Cleanup, TaskLive
+from launcher.engines.ray.connect import connect, disconnect
+from launcher.engines.ray.plan import NAMESPACE, RayUnit
 from launcher.errors import LaunchError
-from launcher.ray.plan import NAMESPACE, RayUnit
-from launcher.runstore import RunRecord
-from launcher.states import TaskState
+from launcher.records.states import TaskState
+from launcher.records.store import RunRecord
 from launcher.tasks import TaskId
 
 CALL_TIMEOUT = 30.0

@@ -18,9 +18,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from launcher.describe.fields import EnvName, EnvValue, describe_error, one_line
+from launcher.describe.spec import StorageSettings
 from launcher.errors import ClusterFileError
-from launcher.fields import EnvName, EnvValue, describe_error, one_line
-from launcher.spec import StorageSettings
 
 PLACEMENTS = ("STRICT_SPREAD", "SPREAD", "PACK")
 _HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})")
@@ -112,7 +112,7 @@ class RaySettings(_Strict):
 class RayClusterSpec(_Strict):
     """A cluster description whose tasks Ray places."""
 
-    kind: ClassVar[str] = "ray"  # its description kind (launcher.descriptions)
+    kind: ClassVar[str] = "ray"  # its description kind (launcher.describe.kinds)
     ray: RaySettings
     storage: StorageSettings | None = Field(None, description="storage every node mounts at the same path: the runs' model dirs")
     env: dict[EnvName, EnvValue] = Field(default_factory=dict, description="extra environment for every task")

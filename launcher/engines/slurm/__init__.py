@@ -1,8 +1,13 @@
-"""The Slurm backend, the launcher side: a run as one Slurm job (see backend.py).
+"""The Slurm engine, whole: a run as one Slurm job (see backend.py).
 
-Slurm's code lives in two packages, split by where it runs: here the launcher side behind
-the backend protocol (``backend``: prepare, start, poll, signal; ``job``: sbatch or bash in
-an allocation, scancel; ``outcome``: each task's exit from the script's events; ``recorded``:
-status and stop from the record). ``launcher/slurm/`` holds the description block, the
-planner and batch script, and what runs on the nodes (stdlib only): see its docstring.
+Launcher side, behind the engine protocol: ``settings`` (the ``slurm`` description block,
+pydantic), ``plan`` (a Slurm LaunchPlan and its dry-run text), ``script`` and ``resize`` (the
+batch script and srun lines, pure), ``jobstate`` (squeue/sacct/scontrol parsing), ``backend``
+(prepare, start, poll, signal), ``job`` (sbatch or bash in an allocation, scancel), ``outcome``
+(each task's exit from the script's events), ``recorded`` (status and stop from the record).
+
+Node side, ``node/``: what each ``srun`` step runs (``node.task``, as ``python -m
+launcher.engines.slurm.node.task``) and what it reads (``node.batch``, ``node.nodes``,
+``node.errors``); stdlib only (plus ``launcher.contract``, ``launcher.errors``,
+``launcher.tasklog``), so a node never loads the launcher's stack. This file imports nothing.
 """

@@ -16,7 +16,7 @@ The protocol, honestly fitted to a whole-run backend (``base.GroupBackend``):
   would otherwise start the group again); the evaluator through its own step.
 - ``restarted``: the script's policy, written into it from ``--max-restarts`` and
   ``--max-preemptions`` (a step that ended preempted, 170, does not count as a failure).
-- ``inspect`` / ``stop_recorded`` / ``describe``: ``launcher.backends.slurm.recorded``.
+- ``inspect`` / ``stop_recorded`` / ``describe``: ``launcher.engines.slurm.recorded``.
 
 Logs and progress need nothing: the tasks write them into the run dir, on storage every node
 shares, where the console follower and ``tfl status`` read them.
@@ -30,10 +30,14 @@ import tempfile
 from collections.abc import Sequence
 from typing import Callable
 
-from launcher.backends.base import Cleanup, GroupResize, TaskLive, TaskProcess
-from launcher.backends.slurm import recorded
-from launcher.backends.slurm.job import SlurmJob, sbatch_message
-from launcher.backends.slurm.outcome import (
+from launcher.engines.base import Cleanup, GroupResize, TaskLive, TaskProcess
+from launcher.engines.preflight import Check, HostTasks
+from launcher.engines.slurm import recorded
+from launcher.engines.slurm.job import SlurmJob, sbatch_message
+from launcher.engines.slurm.jobstate import Runner, run_command
+from launcher.engines.slurm.node.batch import read_task_info
+from launcher.engines.slurm.node.nodes import rank_of_task
+from launcher.engines.slurm.outcome import (
     Outcome,
     below_minimum,
     evaluator_alive,
@@ -44,14 +48,10 @@ from launcher.backends.slurm.outcome import (
     training_alive,
     training_outcome,
 )
-from launcher.checks import Check, HostTasks
+from launcher.engines.slurm.plan import slurm_unit
 from launcher.errors import LaunchError
-from launcher.plan import LaunchPlan, TaskLaunch
-from launcher.runstore import RunRecord
-from launcher.slurm.batch import read_task_info
-from launcher.slurm.jobstate import Runner, run_command
-from launcher.slurm.nodes import rank_of_task
-from launcher.slurm.plan import slurm_unit
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+from launcher.records.store import RunRecord
 
 SUBMIT_COMMANDS = ("sbatch", "squeue", "scontrol", "scancel")
 ALLOCATION_COMMANDS = ("srun", "squeue", "scontrol", "scancel")

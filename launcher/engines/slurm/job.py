@@ -27,12 +27,8 @@ from pathlib import Path
 
 import psutil
 
-from launcher import procs
-from launcher.backends.slurm.outcome import JobEnd
-from launcher.files import open_private, private_dir, write_atomic
-from launcher.logstream import tail_lines
-from launcher.plan import LaunchPlan
-from launcher.slurm.batch import (
+from launcher.engines.slurm.jobstate import Runner, SlurmJobState, query_job, query_steps, run_command
+from launcher.engines.slurm.node.batch import (
     EVALUATOR_ROLE,
     TRAINING_ROLE,
     RunFiles,
@@ -42,10 +38,14 @@ from launcher.slurm.batch import (
     read_task_info,
     step_name,
 )
-from launcher.slurm.errors import SlurmError
-from launcher.slurm.jobstate import Runner, SlurmJobState, query_job, query_steps, run_command
-from launcher.slurm.nodes import rank_of_task
-from launcher.slurm.plan import slurm_unit
+from launcher.engines.slurm.node.errors import SlurmError
+from launcher.engines.slurm.node.nodes import rank_of_task
+from launcher.engines.slurm.outcome import JobEnd
+from launcher.engines.slurm.plan import slurm_unit
+from launcher.files import open_private, private_dir, write_atomic
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.records import identity
+from launcher.tasklog import tail_lines
 
 STATE_MAX_AGE = 1.0  # seconds a job state from squeue is good for: slurmctld is shared
 
@@ -108,7 +108,7 @@ def signal_steps(ref: JobRef, run: Runner, signum: int, *roles: str) -> None:
 
 def script_process(ref: JobRef) -> psutil.Process | None:
     """The batch script tfl runs inside an allocation, if it is alive (pid and create time)."""
-    return procs.find_process(ref.script_pid, ref.script_create_time) if ref.allocation else None
+    return identity.find_process(ref.script_pid, ref.script_create_time) if ref.allocation else None
 
 
 def stop_job(ref: JobRef, run: Runner, signum: int) -> None:
@@ -243,7 +243,7 @@ class SlurmJob:
     # --- stopping ---------------------------------------------------------------------------
     def node_down(self, node: str) -> str:
         """What Slurm says of a node it lost under a task, and when it noticed (``jobstate``); "" if nothing."""
-        from launcher.slurm.jobstate import describe_node_down, node_down_command, parse_slurmd_timeout
+        from launcher.engines.slurm.jobstate import describe_node_down, node_down_command, parse_slurmd_timeout
 
         config = self._run(["scontrol", "show", "config"])
         timeout = parse_slurmd_timeout(config.stdout) if config.returncode == 0 else None

@@ -22,7 +22,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from launcher.slurm.errors import SlurmError
+from launcher.engines.slurm.node.errors import SlurmError
 
 SQUEUE_FORMAT = "%i|%T|%r|%N"
 SACCT_FIELDS = "JobIDRaw,State,ExitCode,NodeList,Reason"

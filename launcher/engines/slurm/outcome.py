@@ -2,7 +2,7 @@
 word on the job. Pure: the backend reads the files and asks Slurm, this module decides.
 
 Slurm keeps no exit code per task without accounting, but the batch script notes how each
-step ended (``launcher.slurm.batch``: the events file) and keeps srun's stderr, whose
+step ended (``launcher.engines.slurm.node.batch``: the events file) and keeps srun's stderr, whose
 ``srun: error: n2: task 1: Exited with exit code 3`` lines name the task that ended the
 step. With ``--kill-on-bad-exit`` srun then ends the others and reports them too
 ("Terminated"); those were *stopped because of it*, as in a local run, so only the root
@@ -14,7 +14,7 @@ that says what happened (``Outcome.ended_by``).
 A step whose first failed task exited with ``contract.PREEMPTED_EXIT_CODE`` (170) was
 preempted: every task that exited 170 saved the agreed checkpoint, and each reports 170 with
 "preempted" as what ended it. The batch script applies the same rule (``preempted_step`` in
-``launcher.slurm.script``) to restart such a step without counting it against max_restarts.
+``launcher.engines.slurm.script``) to restart such a step without counting it against max_restarts.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from launcher.contract import PREEMPTED_EXIT_CODE
-from launcher.slurm.batch import LostNodes, StepEvents
-from launcher.slurm.jobstate import SrunTaskFailure, parse_srun_failures, root_cause
-from launcher.slurm.nodes import NODE_FAILURE, task_of_rank
+from launcher.engines.slurm.jobstate import SrunTaskFailure, parse_srun_failures, root_cause
+from launcher.engines.slurm.node.batch import LostNodes, StepEvents
+from launcher.engines.slurm.node.nodes import NODE_FAILURE, task_of_rank
 
 # srun names a signalled task by strsignal(): "Killed", "Terminated", "Segmentation fault"...
 _SIGNAL_WORDS = {signal.strsignal(s) or s.name: -int(s) for s in signal.Signals}

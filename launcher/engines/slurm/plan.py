@@ -1,15 +1,15 @@
 """A Slurm run's plan: the tasks Slurm will place, and the batch script that places them.
 
-Built once, like every plan (``launcher.plan.build_plan`` hands a ``slurm`` description
+Built once, like every plan (``launcher.plan.launch_plan.build_plan`` hands a ``slurm`` description
 here). The tasks are known before the job exists (chief:0, worker:0.., evaluator:0); their
 nodes and ports are not: Slurm picks the nodes, the task driver builds each TF_CONFIG once
-the job runs (``launcher.slurm.nodes``). So a task's host is ``slurm`` until the run's
+the job runs (``launcher.engines.slurm.node.nodes``). So a task's host is ``slurm`` until the run's
 record names its node, and its argv is the driver's. The restart policy goes into the
 script (``--max-restarts``, and ``--max-preemptions`` for groups that ended preempted: the
 script relaunches the training group), so the options it cannot carry are refused here, in
 one line. An elastic run (``--min-tasks``) is submitted with ``--no-kill``: after a node
-failure the script starts the next attempt on the nodes left (``launcher.slurm.script``);
-``launcher.elastic.check_elastic`` checks its sizes and batch as for any plan.
+failure the script starts the next attempt on the nodes left (``launcher.engines.slurm.script``);
+``launcher.plan.resize.check_elastic`` checks its sizes and batch as for any plan.
 """
 
 from __future__ import annotations
@@ -17,12 +17,9 @@ from __future__ import annotations
 import shlex
 
 from launcher.contract import EVALUATOR, GLOBAL_BATCH, LOGS_SUBDIR, PROGRESS_SUBDIR, task_variables
-from launcher.errors import UsageError
-from launcher.hosts import RemoteOptions
-from launcher.plan import LaunchPlan, TaskLaunch
-from launcher.policy import SupervisorConfig
-from launcher.slurm.batch import EVALUATOR_ROLE, TRAINING_ROLE, RunFiles, SlurmJobPlan
-from launcher.slurm.script import (
+from launcher.describe.hosts import RemoteOptions
+from launcher.engines.slurm.node.batch import EVALUATOR_ROLE, TRAINING_ROLE, RunFiles, SlurmJobPlan
+from launcher.engines.slurm.script import (
     BatchJob,
     batch_env,
     driver_argv,
@@ -31,7 +28,10 @@ from launcher.slurm.script import (
     sbatch_command,
     training_srun,
 )
-from launcher.slurm.settings import AllocationSpec, SlurmClusterSpec
+from launcher.engines.slurm.settings import AllocationSpec, SlurmClusterSpec
+from launcher.errors import UsageError
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+from launcher.plan.run_options import SupervisorConfig
 from launcher.tasks import TaskId, task_ids
 
 SLURM_HOST = "slurm"  # a task's host until its node is known

@@ -2,7 +2,7 @@
 ``backend_data``) finds the job; Slurm and the run dir say the rest.
 
 Status asks slurmctld once per run (``squeue``, then ``sacct`` where accounting is on, then
-``scontrol show job``: ``launcher.slurm.jobstate``): the job's state with its pending reason
+``scontrol show job``: ``launcher.engines.slurm.jobstate``): the job's state with its pending reason
 (``Resources``, ``Priority``...), and each task's from the batch script's events. ``stop``
 cancels the job (inside an allocation: SIGINT to tfl's batch script, which passes SIGTERM to the
 run's steps), waits for it to end, SIGKILL after the grace period; a job already gone is fine.
@@ -13,15 +13,15 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from launcher.backends.base import TaskLive
-from launcher.backends.slurm.job import JobRef, find_job, script_process, stop_job
-from launcher.runstore import RunRecord
-from launcher.slurm.batch import SlurmJobPlan, StepEvents, read_events, read_task_info
-from launcher.slurm.errors import SlurmError
-from launcher.slurm.jobstate import Runner, SlurmJobState, query_job
-from launcher.states import TaskState
+from launcher.engines.base import TaskLive
+from launcher.engines.slurm.job import JobRef, find_job, script_process, stop_job
+from launcher.engines.slurm.jobstate import Runner, SlurmJobState, query_job
+from launcher.engines.slurm.node.batch import SlurmJobPlan, StepEvents, read_events, read_task_info
+from launcher.engines.slurm.node.errors import SlurmError
+from launcher.engines.teardown import teardown
+from launcher.records.states import TaskState
+from launcher.records.store import RunRecord
 from launcher.tasks import TaskId
-from launcher.teardown import teardown
 
 
 def job_ref(record: RunRecord) -> JobRef:

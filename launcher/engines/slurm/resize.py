@@ -3,12 +3,12 @@
 The job is submitted with ``--no-kill``: when Slurm loses a node (its slurmd silent for
 SlurmdTimeout, or the node set DOWN) it takes the node out of the job and srun ends the
 training step ("srun: error: Node failure on n2"), but the job and its batch script go on.
-After a failed step, the script asks the task driver (``python -m launcher.slurm.task
+After a failed step, the script asks the task driver (``python -m launcher.engines.slurm.node.task
 survivors``) which nodes of that attempt Slurm still gives the job and holds usable, and:
 
 - no node lost: the usual restart policy (``--max-restarts``);
 - nodes lost, and their training tasks left >= ``min_tasks``: the ``lost`` event
-  (``launcher.slurm.batch``), then the next attempt on the nodes left, counted neither as a
+  (``launcher.engines.slurm.node.batch``), then the next attempt on the nodes left, counted neither as a
   failure nor as a preemption. ``TFL_SLURM_NODES`` and the layout are narrowed, so each
   task's driver builds its TF_CONFIG from the survivors: ranks are renumbered in block order,
   and the first task left is the chief (a worker, when the chief's node was lost). The job

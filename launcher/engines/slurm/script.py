@@ -4,7 +4,7 @@ One allocation holds the run: the script is submitted with ``sbatch`` (a ``slurm
 the cluster file), or run by tfl inside an allocation that exists (``tfl launch --slurm``
 under ``salloc`` or a user's own batch script). It resolves the nodes once (Slurm's order
 and each node's NodeAddr, see nodes.py), then starts two kinds of step, each running tfl's
-small task driver (``python -m launcher.slurm.task``), which builds the task's TF_CONFIG
+small task driver (``python -m launcher.engines.slurm.node.task``), which builds the task's TF_CONFIG
 and execs the job:
 
 - the **training group**: ``srun --exact --nodes=N --ntasks=N*T --ntasks-per-node=T
@@ -19,11 +19,11 @@ and execs the job:
 
 An **elastic run** (``--min-tasks``) is submitted with ``--no-kill``: after a training step
 failed, the script asks which of its nodes Slurm still gives the job, and starts the next
-attempt on those (``launcher.slurm.resize``), or ends below the minimum.
+attempt on those (``launcher.engines.slurm.resize``), or ends below the minimum.
 
 Every step's stderr (srun's own "srun: error: n2: task 1: Exited with exit code 3" lines)
 goes to a file per step, and the script notes what it did in the events file
-(``launcher.slurm.batch``): that is how the launcher follows the run.
+(``launcher.engines.slurm.node.batch``): that is how the launcher follows the run.
 
 Signals to the script: **SIGTERM is a preemption notice** (``slurm.preemption_notice``:
 ``sbatch --signal=B:TERM@N`` before the time limit, or ``scancel --signal=TERM --batch``):
@@ -59,7 +59,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from launcher.contract import PREEMPTED_EXIT_CODE, SLURM_LAYOUT, SLURM_NODES, run_variables
-from launcher.slurm.batch import (
+from launcher.engines.slurm.node.batch import (
     EVALUATOR_ERR,
     EVALUATOR_ROLE,
     EVENT_END,
@@ -74,12 +74,12 @@ from launcher.slurm.batch import (
     RunFiles,
     step_name,
 )
-from launcher.slurm.errors import SlurmError
-from launcher.slurm.nodes import format_tasks_per_node
-from launcher.slurm.resize import check_lines, elastic_srun, resize_lines, start_lines
-from launcher.slurm.settings import SlurmSettings
+from launcher.engines.slurm.node.errors import SlurmError
+from launcher.engines.slurm.node.nodes import format_tasks_per_node
+from launcher.engines.slurm.resize import check_lines, elastic_srun, resize_lines, start_lines
+from launcher.engines.slurm.settings import SlurmSettings
 
-TASK_DRIVER = "launcher.slurm.task"
+TASK_DRIVER = "launcher.engines.slurm.node.task"
 DEFAULT_MAX_PREEMPTIONS = 100
 TRAINING, EVALUATOR = TRAINING_ROLE, EVALUATOR_ROLE
 _PLAIN = re.compile(r"[A-Za-z0-9_./+@:,=-]+")  # what an #SBATCH line carries without quoting
@@ -248,7 +248,7 @@ def _prologue(batch: BatchJob) -> list[str]:
 def _policy_functions() -> list[str]:
     """Shell: what the restart policy asks of the step's srun stderr and of Slurm."""
     return [
-        "# preempted: srun's first failed task exited with the preempted code (launcher.backends.slurm.outcome agrees)",
+        "# preempted: srun's first failed task exited with the preempted code (launcher.engines.slurm.outcome agrees)",
         f"preempted_step() {{ local first; first=$(grep -o -m1 'Exited with exit code [0-9]*' \"$1\" 2>/dev/null); "
         f"[ \"${{first##* }}\" = {PREEMPTED_EXIT_CODE} ]; }}",
         "job_running() { [ \"$(squeue -h -j \"$SLURM_JOB_ID\" -o %T 2>/dev/null)\" = RUNNING ]; }",

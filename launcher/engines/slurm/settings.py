@@ -20,11 +20,11 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from launcher.describe.fields import describe_error
+from launcher.describe.spec import ElasticSettings
+from launcher.engines.slurm.node.errors import SlurmLayoutError
+from launcher.engines.slurm.node.nodes import MAX_TASKS_PER_ADDRESS, parse_tasks_per_node
 from launcher.errors import ClusterFileError, UsageError
-from launcher.fields import describe_error
-from launcher.slurm.errors import SlurmLayoutError
-from launcher.slurm.nodes import MAX_TASKS_PER_ADDRESS, parse_tasks_per_node
-from launcher.spec import ElasticSettings
 
 MAX_NOTICE_SECONDS = 65535
 _TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE|unlimited|infinite")
@@ -153,7 +153,7 @@ def sbatch_arg_problem(arg: str) -> str | None:
 class SlurmClusterSpec(_Strict):
     """A cluster description whose tasks Slurm places."""
 
-    kind: ClassVar[str] = "slurm"  # its description kind (launcher.descriptions)
+    kind: ClassVar[str] = "slurm"  # its description kind (launcher.describe.kinds)
     slurm: SlurmSettings
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for every task")
     elastic: ElasticSettings | None = Field(None, description="go on with the nodes left after a node failure "

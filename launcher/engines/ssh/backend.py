@@ -22,21 +22,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from launcher.backends.base import Cleanup, TaskLive, TaskProcess
-from launcher.backends.ssh.connect import SSHError
-from launcher.backends.ssh.pool import HEARTBEAT_TIMEOUT, HostPool
-from launcher.backends.ssh.prepare import cleanup_hosts, prepare_hosts
-from launcher.backends.ssh.probe import probe_hosts
-from launcher.backends.ssh.restart import PREDECESSOR_WAIT, stop_lost_attempt
-from launcher.backends.ssh.watch import CHECK_EVERY, HostWatch
-from launcher.backends.ssh.wire import MARK, agent_request, python_failure
-from launcher.checks import Check, HostTasks
 from launcher.contract import ATTEMPT, PROGRESS_FILE
+from launcher.engines.base import Cleanup, TaskLive, TaskProcess
+from launcher.engines.preflight import Check, HostTasks
+from launcher.engines.ssh.connect import SSHError
+from launcher.engines.ssh.pool import HEARTBEAT_TIMEOUT, HostPool
+from launcher.engines.ssh.prepare import cleanup_hosts, prepare_hosts
+from launcher.engines.ssh.probe import probe_hosts
+from launcher.engines.ssh.restart import PREDECESSOR_WAIT, stop_lost_attempt
+from launcher.engines.ssh.watch import CHECK_EVERY, HostWatch
+from launcher.engines.ssh.wire import MARK, agent_request, python_failure
 from launcher.files import open_private, write_atomic
-from launcher.logstream import attempt_banner
-from launcher.plan import LaunchPlan, TaskLaunch
-from launcher.policy import DEFAULT_GRACE_S
-from launcher.runstore import RunRecord
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+from launcher.plan.run_options import DEFAULT_GRACE_S
+from launcher.records.store import RunRecord
+from launcher.tasklog import attempt_banner
 
 if TYPE_CHECKING:
     from paramiko import Channel
@@ -299,16 +299,16 @@ class SSHBackend:
     def inspect(self, record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
         """``ask``: every host of the run is asked (over SSH, all at once). Without it, a
         running task counts as alive while its launcher is: its agent kills it without one."""
-        from launcher.backends.ssh import recorded
+        from launcher.engines.ssh import recorded
 
         return recorded.inspect(record, ask=ask)
 
     def stop_recorded(self, record: RunRecord, grace: float) -> int:
-        from launcher.backends.ssh import recorded
+        from launcher.engines.ssh import recorded
 
         return recorded.stop(record, grace)
 
     def clean_recorded(self, record: RunRecord) -> Cleanup:
-        from launcher.backends.ssh import recorded
+        from launcher.engines.ssh import recorded
 
         return recorded.clean(record)

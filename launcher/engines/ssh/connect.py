@@ -17,8 +17,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher.describe.hosts import SSHTarget
 from launcher.errors import LaunchError
-from launcher.hosts import SSHTarget
 
 if TYPE_CHECKING:
     from fabric import Connection

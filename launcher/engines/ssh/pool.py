@@ -7,10 +7,10 @@ import threading
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from launcher.backends.ssh.connect import SSHError, connect, open_channel
-from launcher.backends.ssh.wire import agent_command, agent_input
-from launcher.hosts import SSHTarget
-from launcher.plan import TaskLaunch
+from launcher.describe.hosts import SSHTarget
+from launcher.engines.ssh.connect import SSHError, connect, open_channel
+from launcher.engines.ssh.wire import agent_command, agent_input
+from launcher.plan.launch_plan import TaskLaunch
 
 if TYPE_CHECKING:
     from fabric import Connection

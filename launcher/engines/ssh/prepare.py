@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from launcher.backends.ssh.connect import SSHError
-from launcher.backends.ssh.wire import agent_request, archives, cleanup_request, converse, kit_archive
-from launcher.checks import Check, HostTasks, host_tasks, judge, judge_setup, probe_request
-from launcher.parallel import first_error, parallel
-from launcher.plan import LaunchPlan
+from launcher.engines.parallel import first_error, parallel
+from launcher.engines.preflight import Check, HostTasks, host_tasks, judge, judge_setup, probe_request
+from launcher.engines.ssh.connect import SSHError
+from launcher.engines.ssh.wire import agent_request, archives, cleanup_request, converse, kit_archive
+from launcher.plan.launch_plan import LaunchPlan
 
 if TYPE_CHECKING:
-    from launcher.backends.ssh.pool import HostPool
+    from launcher.engines.ssh.pool import HostPool
 
 
 def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str]) -> list[Check]:

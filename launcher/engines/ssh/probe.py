@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from launcher.backends.ssh.connect import SSHError, connect, open_channel
-from launcher.backends.ssh.wire import agent_command, agent_input, converse, kit_data
-from launcher.checks import Check, HostTasks, judge, judge_storage, probe_request
-from launcher.parallel import parallel
+from launcher.engines.parallel import parallel
+from launcher.engines.preflight import Check, HostTasks, judge, judge_storage, probe_request
+from launcher.engines.ssh.connect import SSHError, connect, open_channel
+from launcher.engines.ssh.wire import agent_command, agent_input, converse, kit_data
 
 if TYPE_CHECKING:
     from fabric import Connection

@@ -14,17 +14,17 @@ from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import Any
 
-from launcher.backends.base import Cleanup, TaskLive
-from launcher.backends.ssh.connect import connect
-from launcher.backends.ssh.wire import agent_request, cleanup_request
 from launcher.contract import PROGRESS_FILE, RUN_DIR
-from launcher.hosts import HOST_CACHE, SSHTarget
-from launcher.parallel import parallel
-from launcher.plan import LaunchPlan, TaskLaunch
-from launcher.procs import launcher_identity
-from launcher.runstore import RunRecord
-from launcher.states import TaskState
-from launcher.teardown import teardown
+from launcher.describe.hosts import HOST_CACHE, SSHTarget
+from launcher.engines.base import Cleanup, TaskLive
+from launcher.engines.parallel import parallel
+from launcher.engines.ssh.connect import connect
+from launcher.engines.ssh.wire import agent_request, cleanup_request
+from launcher.engines.teardown import teardown
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+from launcher.records.identity import launcher_identity
+from launcher.records.states import TaskState
+from launcher.records.store import RunRecord
 
 HostTasks = dict[str, tuple[SSHTarget, str, list[dict[str, Any]]]]
 
@@ -104,7 +104,7 @@ def _signal_hosts(record: RunRecord, signum: int) -> None:
 
 
 def stop(record: RunRecord, grace: float) -> int:
-    """SIGTERM, grace, SIGKILL (``launcher.teardown``) to the run's SSH tasks still alive on
+    """SIGTERM, grace, SIGKILL (``launcher.engines.teardown``) to the run's SSH tasks still alive on
     their hosts, every host at once per step. Their agents also kill them on their own once
     the launcher's connection is gone; this makes it immediate. Returns how many were alive.
     A run whose launcher is gone had no one to remove the code it shipped: that is done here.

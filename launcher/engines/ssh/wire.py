@@ -23,16 +23,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.backends.ssh.connect import SSHError, exec_command
+from launcher.engines.ssh.connect import SSHError, exec_command
 
 if TYPE_CHECKING:
     from fabric import Connection
     from paramiko import Channel
 
-    from launcher.plan import TaskLaunch
+    from launcher.plan.launch_plan import TaskLaunch
 
 HERE = Path(__file__).parent
-AGENT_SOURCES = [(HERE / "agent_files.py").read_text(), (HERE / "agent.py").read_text()]
+AGENT_SOURCES = [(HERE / "node" / "agent_files.py").read_text(), (HERE / "node" / "agent.py").read_text()]
 # The whole remote command line: the agent's sources and its request follow on stdin.
 BOOTSTRAP = ("import sys,json,types;s=json.loads(sys.stdin.readline());m=types.ModuleType('tfl_agent_files');"
              "exec(s[0],m.__dict__);sys.modules[m.__name__]=m;exec(s[1])  # tfl-agent")

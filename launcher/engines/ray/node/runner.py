@@ -2,7 +2,7 @@
 
 Stdlib only (and the ``ray`` the actor runs in, never imported here): shipped with the job
 kit in the run's ``py_modules``, so a node needs Ray and TensorFlow, not tfl. The backend
-(``launcher.backends.ray``) wraps ``TaskRunner`` with ``ray.remote`` and calls it:
+(``launcher.engines.ray``) wraps ``TaskRunner`` with ``ray.remote`` and calls it:
 
 1. ``reserve()``: bind a port on this node and report node id, address and port. The socket
    is held (bound, not listening) so no other process can take the port while the launcher
@@ -29,7 +29,7 @@ import sys
 import tempfile
 from typing import Any
 
-NODE_DIR = "{tfl-node}"  # as in launcher.ray.plan (which the node side does not import)
+NODE_DIR = "{tfl-node}"  # as in launcher.engines.ray.plan (which the node side does not import)
 PR_SET_PDEATHSIG = 1
 ADDRESS_IN_USE = ("Address already in use", "Could not start gRPC server", "Failed to add port")
 READ_LIMIT = 1 << 20  # bytes of output per read
@@ -37,7 +37,10 @@ READ_LIMIT = 1 << 20  # bytes of output per read
 
 def _kit_root() -> str:
     """The dir that holds the shipped ``launcher`` package (py_modules), for the job's PYTHONPATH."""
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    here = os.path.abspath(__file__)  # <root>/launcher/engines/ray/node/runner.py
+    for _ in range(5):
+        here = os.path.dirname(here)
+    return here
 
 
 def _die_with_parent() -> None:  # pragma: no cover (runs in the child between fork and exec)

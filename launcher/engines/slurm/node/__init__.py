@@ -1,17 +1,8 @@
-"""Slurm, the parts that run on the nodes or render without the backend.
+"""The Slurm engine's node side: what every ``srun`` step of tfl's batch script runs on a node.
 
-Slurm's code lives in two packages, split by where it runs and what it may import:
-
-- ``launcher/slurm/`` (here): the ``slurm`` description block (``settings``, pydantic), its
-  planner (``plan``) and batch script (``script``), node order and TF_CONFIG (``nodes``), the
-  run dir's files and events format (``batch``), the parsing of squeue/sacct/scontrol
-  (``jobstate``), and ``task``, the driver every ``srun`` step runs on a node. What runs on
-  the nodes (``task``, ``nodes``, ``batch``, ``errors``) imports only the standard library
-  and ``launcher.contract``: importing ``launcher.backends`` would load the launcher's stack
-  on every node.
-- ``launcher/backends/slurm/``: the launcher side, behind the backend protocol (submit or
-  run the script, follow the tasks, status, stop).
-
-Every engine with a node side follows this split (``launcher/<engine>/`` for what runs on
-the nodes, ``launcher/backends/<engine>/`` for the launcher); docs/architecture.md maps both.
+``task`` (the driver: nodes, survivors, training, evaluator), ``batch`` (the plan's SlurmJobPlan,
+the run dir's slurm/ files and events format), ``nodes`` (node order, NodeAddr, ports,
+TF_CONFIG), ``errors``. Standard library only, plus ``launcher.contract``, ``launcher.errors``
+and ``launcher.tasklog`` (an import-linter contract keeps it so): importing the launcher side
+(``launcher.engines.slurm``) would load the launcher's stack on every node.
 """

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.contract import CHIEF, EVALUATOR, SLURM_NODES, TRAINING_TYPES, WORKER
-from launcher.slurm.errors import SlurmLayoutError
+from launcher.engines.slurm.node.errors import SlurmLayoutError
 
 PORT_FIRST = 10000
 PORT_END = 32768  # exclusive: Linux's default ephemeral port range starts here
@@ -153,7 +153,7 @@ def rank_of_task(task_type: str, index: int) -> int:
 
 
 def host_port(host: str, port: int) -> str:
-    """``host:port``, IPv6 hosts in brackets (as launcher.spec.Address prints them)."""
+    """``host:port``, IPv6 hosts in brackets (as launcher.describe.spec.Address prints them)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -184,7 +184,7 @@ def job_cluster(job_id: int, nodes: Sequence[SlurmNode], counts: Sequence[int],
                   evaluator_node: SlurmNode | None = None) -> dict[str, list[str]]:
     """TF_CONFIG's ``cluster`` for the job: chief, workers, and the evaluator if its node is given.
 
-    Task types without tasks are left out, as launcher.tfconfig.tf_config leaves them out.
+    Task types without tasks are left out, as launcher.plan.tfconfig.tf_config leaves them out.
     """
     addresses = training_addresses(job_id, training_layout(nodes, counts))
     cluster = {CHIEF: list(addresses[:1]), WORKER: list(addresses[1:])}
@@ -195,10 +195,10 @@ def job_cluster(job_id: int, nodes: Sequence[SlurmNode], counts: Sequence[int],
 
 def slurm_tf_config(job_id: int, nodes: Sequence[SlurmNode], counts: Sequence[int], task_type: str, index: int,
                     evaluator_node: SlurmNode | None = None) -> dict[str, Any]:
-    """The TF_CONFIG of one task: the shape of launcher.tfconfig.tf_config (a test holds them equal).
+    """The TF_CONFIG of one task: the shape of launcher.plan.tfconfig.tf_config (a test holds them equal).
 
     Training tasks see only the training cluster; the evaluator sees it and itself. Not a
-    call to tf_config: that needs launcher.spec, whose pydantic import would cost every
+    call to tf_config: that needs launcher.describe.spec, whose pydantic import would cost every
     task's start 0.4-0.9 s on the test machine; this module is stdlib only.
     """
     if task_type == EVALUATOR:

@@ -1,4 +1,4 @@
-"""The small driver each srun step of a tfl batch script runs (``python -m launcher.slurm.task``).
+"""The small driver each srun step of a tfl batch script runs (``python -m launcher.engines.slurm.node.task``).
 
 - ``nodes``: run once in the batch step; prints the job's nodes in Slurm's order with their
   NodeAddr (``scontrol show hostnames`` and ``scontrol show node -o``), for ``TFL_SLURM_NODES``.
@@ -29,11 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.contract import ATTEMPT, EVALUATOR, LOGS_SUBDIR, RUN_DIR, SLURM_LAYOUT, SLURM_NODES, TF_CONFIG, task_slug, task_variables
-from launcher.errors import TflError
-from launcher.logstream import attempt_banner
-from launcher.slurm.batch import EVALUATOR_ROLE, TRAINING_ROLE, LostNodes, RunFiles, TaskInfo, write_task_info
-from launcher.slurm.errors import SlurmError, SlurmLayoutError
-from launcher.slurm.nodes import (
+from launcher.engines.slurm.node.batch import EVALUATOR_ROLE, TRAINING_ROLE, LostNodes, RunFiles, TaskInfo, write_task_info
+from launcher.engines.slurm.node.errors import SlurmError, SlurmLayoutError
+from launcher.engines.slurm.node.nodes import (
     EVALUATOR_SLOT,
     failed_nodes,
     format_nodes,
@@ -54,6 +52,8 @@ from launcher.slurm.nodes import (
     training_slots,
     unusable_nodes,
 )
+from launcher.errors import TflError
+from launcher.tasklog import attempt_banner
 
 ROLES = (TRAINING_ROLE, EVALUATOR_ROLE)
 
@@ -76,7 +76,7 @@ class TaskStart:
 def _need(environ: Mapping[str, str], name: str) -> str:
     value = environ.get(name)
     if not value:
-        raise SlurmLayoutError(f"{name} is not set; `python -m launcher.slurm.task` runs inside a step of tfl's batch script")
+        raise SlurmLayoutError(f"{name} is not set; `python -m launcher.engines.slurm.node.task` runs inside a step of tfl's batch script")
     return value
 
 
@@ -150,7 +150,7 @@ def survivors(srun_err: str, attempt: int, environ: Mapping[str, str]) -> tuple[
 
 def _survivors_main(argv: Sequence[str]) -> int:
     if len(argv) != 2 or not argv[1].isdigit():
-        raise SlurmError("usage: python -m launcher.slurm.task survivors SRUN_ERR ATTEMPT")
+        raise SlurmError("usage: python -m launcher.engines.slurm.node.task survivors SRUN_ERR ATTEMPT")
     try:
         srun_err = Path(argv[0]).read_text(errors="replace")
     except OSError:
@@ -181,7 +181,7 @@ def _check_port_free(start: TaskStart) -> None:
             sock.bind((start.host, start.port))
         except OSError as exc:
             raise SlurmError(f"{start.task} on {start.node}: port {host_port(start.host, start.port)} is taken ({exc.strerror}); another "
-                             "job on this node may use it (ports follow the job id, see launcher/slurm/nodes.py)") from None
+                             "job on this node may use it (ports follow the job id, see launcher/engines/slurm/node/nodes.py)") from None
 
 
 def _record(start: TaskStart, environ: Mapping[str, str]) -> None:
@@ -222,7 +222,7 @@ def main(argv: Sequence[str]) -> int:
         if list(argv[:1]) == ["survivors"]:
             return _survivors_main(argv[1:])
         if len(argv) < 2:
-            raise SlurmError("usage: python -m launcher.slurm.task {nodes | training JOB [ARGS] | evaluator JOB [ARGS]}")
+            raise SlurmError("usage: python -m launcher.engines.slurm.node.task {nodes | training JOB [ARGS] | evaluator JOB [ARGS]}")
         start = task_start(argv[0], argv[1], argv[2:], os.environ, sys.executable)
         _check_port_free(start)
         _record(start, os.environ)

@@ -20,7 +20,7 @@ Modes of a request:
 ``info`` / ``signal``
     Liveness, cpu, memory and progress of recorded tasks / signal their groups, a pid only
     if its start matches the recorded one (pids get reused; also how a restart stops a lost
-    attempt first: ``launcher.backends.ssh.restart``).
+    attempt first: ``launcher.engines.ssh.restart``).
 ``probe``
     What ``tfl doctor`` checks: python, package versions, ports, disk, GPUs, and the job
     kit sent along imported as a task would (with ``quick``: python and ports only, what
@@ -50,11 +50,11 @@ import time
 from typing import IO, Any, cast
 
 try:
-    import tfl_agent_files as files  # sent along with this file (launcher.backends.ssh.wire.BOOTSTRAP)
+    import tfl_agent_files as files  # sent along with this file (launcher.engines.ssh.wire.BOOTSTRAP)
 except ImportError:  # imported in the launcher itself
-    from launcher.backends.ssh import agent_files as files
+    from launcher.engines.ssh.node import agent_files as files
 
-MARK = "\x1etfl\x1e"  # starts every reply; launcher.backends.ssh.wire.MARK
+MARK = "\x1etfl\x1e"  # starts every reply; launcher.engines.ssh.wire.MARK
 PING_EVERY = 2.0  # seconds between the agent's pings; the launcher expects one at least this often
 LOST = threading.Event()  # the launcher is gone: stdin at EOF, or sshd hung up on us
 

@@ -23,7 +23,7 @@ from typing import Any
 # shutil, tarfile and tempfile are imported where used: every agent (one per task) loads this
 # module, and only a host's first one unpacks anything.
 
-CACHE_PLACEHOLDER = "{tfl-cache}"  # launcher.hosts.HOST_CACHE
+CACHE_PLACEHOLDER = "{tfl-cache}"  # launcher.describe.hosts.HOST_CACHE
 KIT_PACKAGES = ("tensorflow", "tf_keras", "keras", "psutil")
 
 
