@@ -14,24 +14,24 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, TextIO
 
+from launcher.contract import HOME
+from launcher.describe.hosts import RemoteOptions
 from launcher.engines import registry
 from launcher.engines.base import Backend
 from launcher.engines.preflight import host_tasks, raise_failures
-from launcher.contract import HOME
-from launcher.plan.resize import check_elastic
 from launcher.errors import LaunchError, UsageError
 from launcher.files import open_private, write_atomic
-from launcher.describe.hosts import RemoteOptions
-from launcher.tasklog import tail_lines
-from launcher.views.logs import LogFollower
 from launcher.plan.launch_plan import LaunchPlan, build_plan, job_name
+from launcher.plan.resize import check_elastic
 from launcher.plan.run_options import SupervisorConfig
-from launcher.records.identity import ProcessIdentity
-from launcher.runs.resume import check_resumable, claim, recorded_plan
-from launcher.records.store import RunRecord, RunStore
 from launcher.plan.storage import check_sharing
+from launcher.records.identity import ProcessIdentity
+from launcher.records.store import RunRecord, RunStore
+from launcher.runs.resume import check_resumable, claim, recorded_plan
 from launcher.supervise.supervisor import Supervisor, initial_record
 from launcher.supervise.waker import Waker
+from launcher.tasklog import tail_lines
+from launcher.views.logs import LogFollower
 
 # SIGINT (Ctrl-C) and SIGHUP (the terminal closed) come from a terminal: an inherited SIG_IGN
 # (`nohup tfl launch`, `tfl launch … &` in a script) is kept. SIGTERM is how `tfl stop` asks,

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.engines import registry
 from launcher.contract import MODEL_DIR
+from launcher.engines import registry
 from launcher.errors import UsageError
 from launcher.records.identity import launcher_identity
 from launcher.records.index import mark_ended

@@ -26,8 +26,8 @@ from launcher.errors import UsageError
 from launcher.plan.launch_plan import LaunchPlan
 from launcher.plan.run_options import SupervisorConfig
 from launcher.records.identity import ProcessIdentity, launcher_identity
-from launcher.records.store import RestartRecord, RunRecord, RunStore, TaskRecord
 from launcher.records.states import RunState, TaskState
+from launcher.records.store import RestartRecord, RunRecord, RunStore, TaskRecord
 
 LOCK_FILE = "launcher.lock"
 

@@ -15,14 +15,14 @@ from typing import Callable, TextIO
 import psutil
 
 from launcher.engines import registry
-from launcher.errors import UsageError
-from launcher.views.logs import LogFollower
-from launcher.records.identity import is_running, launcher_identity
-from launcher.records.store import RunRecord, RunStore
-from launcher.records.states import RunState, TaskState
-from launcher.views.status import effective_state
-from launcher.tasks import TaskId
 from launcher.engines.teardown import teardown
+from launcher.errors import UsageError
+from launcher.records.identity import is_running, launcher_identity
+from launcher.records.states import RunState, TaskState
+from launcher.records.store import RunRecord, RunStore
+from launcher.tasks import TaskId
+from launcher.views.logs import LogFollower
+from launcher.views.status import effective_state
 
 LAUNCHER_EXTRA_GRACE = 15.0  # beyond its grace: the launcher's SIGKILL of its tasks (teardown.KILL_WAIT) and last save
 
