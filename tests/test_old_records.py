@@ -94,3 +94,23 @@ def test_a_resumed_old_record_runs_and_stops(tfl_home: Path, tmp_path: Path, chi
     record = RunStore(tfl_home).load(STOPPED)
     assert record.state == RunState.STOPPED and [r.attempt for r in record.restarts] == [1]
     assert all(t.attempt == 1 and t.state.value == "stopped" for t in record.tasks), record.tasks
+
+
+def test_a_recorded_slurm_plan_of_9bbb15a_runs_todays_task_driver() -> None:
+    """A Slurm run's record keeps its whole batch script, which named the node driver by its old module
+    (`python -m launcher.slurm.task`); `tfl resume` writes that script again, so the old name is read as today's.
+    slurm_plan.json: LaunchPlan.to_dict() of a 2-node `slurm` description with an evaluator, built by 9bbb15a."""
+    import importlib.util
+    import re
+
+    from launcher.plan.launch_plan import LaunchPlan
+
+    recorded = json.loads((DATA / "slurm_plan.json").read_text())
+    assert "-m launcher.slurm.task nodes" in recorded["unit"]["script"]  # what the old record says
+    unit = LaunchPlan.from_dict(recorded).unit
+    assert unit is not None and "launcher.slurm.task" not in unit.script
+    lines = [unit.script, *(line for _, line in unit.steps)]
+    modules = {m for text in lines for m in re.findall(r"-m (\S+)", text)}
+    assert modules == {"launcher.engines.slurm.node.task"}
+    assert all(importlib.util.find_spec(m) is not None for m in modules)
+    assert len(re.findall(r"-m launcher\.engines\.slurm\.node\.task (?:nodes|training|evaluator)", unit.script)) >= 3

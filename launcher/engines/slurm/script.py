@@ -69,6 +69,7 @@ from launcher.engines.slurm.node.batch import (
     EVENT_TRAINING,
     EVENTS_FILE,
     FIRST_ATTEMPT_FILE,
+    TASK_DRIVER,
     TRAINING_ERR,
     TRAINING_ROLE,
     RunFiles,
@@ -79,7 +80,6 @@ from launcher.engines.slurm.node.nodes import format_tasks_per_node
 from launcher.engines.slurm.resize import check_lines, elastic_srun, resize_lines, start_lines
 from launcher.engines.slurm.settings import SlurmSettings
 
-TASK_DRIVER = "launcher.engines.slurm.node.task"
 DEFAULT_MAX_PREEMPTIONS = 100
 TRAINING, EVALUATOR = TRAINING_ROLE, EVALUATOR_ROLE
 _PLAIN = re.compile(r"[A-Za-z0-9_./+@:,=-]+")  # what an #SBATCH line carries without quoting

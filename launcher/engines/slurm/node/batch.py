@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -39,6 +40,10 @@ EVENTS_FILE = "events"
 FIRST_ATTEMPT_FILE = "first-attempt"
 TRAINING_ERR = "training-{attempt}.err"
 EVALUATOR_ERR = "evaluator.err"
+TASK_DRIVER = "launcher.engines.slurm.node.task"  # the module every step runs (``python -m``)
+# Before the stage packages (records of tfl 9bbb15a and older) the driver was launcher.slurm.task: a recorded
+# script that names it is read with today's name, so `tfl resume` of such a run starts a driver that exists.
+_OLD_TASK_DRIVER = re.compile(r"(?<=-m )launcher\.slurm\.task(?![\w.])")
 TRAINING_ROLE, EVALUATOR_ROLE = "training", "evaluator"  # the task driver's roles: one step each
 EVENT_TRAINING = TRAINING_ROLE  # "training A start", "training A exit STATUS"
 EVENT_EVALUATOR_EXIT = "evaluator exit"  # "evaluator exit STATUS": its step ended
@@ -121,9 +126,9 @@ class SlurmJobPlan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SlurmJobPlan:
-        return cls(script=data["script"], sbatch=tuple(data["sbatch"]), job_name=data["job_name"],
+        return cls(script=_OLD_TASK_DRIVER.sub(TASK_DRIVER, data["script"]), sbatch=tuple(data["sbatch"]), job_name=data["job_name"],
                    allocation=data.get("allocation"), test_only=tuple(data.get("test_only", ())),
-                   steps=tuple((role, line) for role, line in data.get("steps", ())),
+                   steps=tuple((role, _OLD_TASK_DRIVER.sub(TASK_DRIVER, line)) for role, line in data.get("steps", ())),
                    max_restarts=int(data.get("max_restarts", 0)), max_preemptions=int(data.get("max_preemptions", 100)),
                    requeue=bool(data.get("requeue", False)), min_tasks=data.get("min_tasks"))
 
