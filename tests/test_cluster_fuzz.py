@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.describe.spec import load_cluster
-from launcher.plan.launch_plan import build_plan
+from launcher.plan.build import build_plan
 from tests.conftest import ROOT
 
 JOB = str(ROOT / "jobs" / "mnist.py")

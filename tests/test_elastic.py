@@ -11,7 +11,8 @@ import pytest
 
 from launcher.describe.spec import parse_cluster
 from launcher.errors import UsageError
-from launcher.plan.launch_plan import LaunchPlan, build_plan
+from launcher.plan.build import build_plan
+from launcher.plan.launch_plan import LaunchPlan
 from launcher.plan.resize import check_elastic, elastic_options, resize_plan, training_size
 
 STORAGE = {"path": "/mnt/shared/tfl"}

@@ -15,7 +15,8 @@ from launcher.contract import PREEMPTED_EXIT_CODE
 from launcher.describe.spec import parse_cluster
 from launcher.engines.preflight import Check, HostTasks
 from launcher.engines.registry import TaskProcess
-from launcher.plan.launch_plan import LaunchPlan, TaskLaunch, build_plan
+from launcher.plan.build import build_plan
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
 from launcher.plan.resize import resize_plan
 from launcher.plan.run_options import SupervisorConfig
 from launcher.records.states import RunState

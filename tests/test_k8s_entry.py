@@ -26,7 +26,7 @@ from launcher.cli import app
 from launcher.contract import PREEMPTED_EXIT_CODE
 from launcher.describe.spec import parse_cluster
 from launcher.engines.k8s import jobset
-from launcher.plan.launch_plan import build_plan
+from launcher.plan.build import build_plan
 from tests.conftest import ROOT
 from tests.jobkit_helpers import JobProcess, assert_none_alive, free_ports, job_env, kill_all, wait_all
 from tests.procs import assert_none_left

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from launcher.describe.spec import parse_cluster
-from launcher.plan.launch_plan import LaunchPlan, build_plan, render_plan
+from launcher.plan.build import build_plan, render_plan
+from launcher.plan.launch_plan import LaunchPlan
 from launcher.plan.tfconfig import TaskId, tasks_of, tf_config
 
 SPEC = parse_cluster({

@@ -22,7 +22,8 @@ import pytest
 
 from launcher.describe.spec import local_cluster
 from launcher.engines.local import LocalBackend
-from launcher.plan.launch_plan import TaskLaunch, build_plan
+from launcher.plan.build import build_plan
+from launcher.plan.launch_plan import TaskLaunch
 from launcher.records.identity import signal_group
 
 NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"

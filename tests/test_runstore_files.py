@@ -21,7 +21,7 @@ from launcher.cli import app
 from launcher.describe.spec import free_port, parse_cluster
 from launcher.engines.local import LocalBackend
 from launcher.errors import RunExistsError, StateWriteError, UnreadableRunError
-from launcher.plan.launch_plan import build_plan
+from launcher.plan.build import build_plan
 from launcher.plan.run_options import SupervisorConfig
 from launcher.records.states import RunState
 from launcher.records.store import RECORD_VERSION, RunRecord, RunStore, TaskRecord

@@ -33,7 +33,8 @@ from launcher.engines.slurm.outcome import (
 )
 from launcher.engines.slurm.settings import allocation_cluster, parse_slurm_cluster
 from launcher.errors import ClusterFileError, LaunchError, UsageError
-from launcher.plan.launch_plan import LaunchPlan, build_plan
+from launcher.plan.build import build_plan
+from launcher.plan.launch_plan import LaunchPlan
 from launcher.plan.run_options import SupervisorConfig
 from launcher.runs import launch
 

@@ -9,7 +9,8 @@ import sys
 from launcher.describe.hosts import HOST_CACHE, RemoteDirs, RemoteOptions, SSHTarget, ssh_target
 from launcher.describe.spec import parse_cluster
 from launcher.engines.registry import name_for_plan
-from launcher.plan.launch_plan import LaunchPlan, build_plan, render_plan
+from launcher.plan.build import build_plan, render_plan
+from launcher.plan.launch_plan import LaunchPlan
 from tests.conftest import ROOT
 
 SPEC = parse_cluster({

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.describe.spec import parse_cluster
-from launcher.plan.launch_plan import LaunchPlan, build_plan
+from launcher.plan.build import build_plan
+from launcher.plan.launch_plan import LaunchPlan
 from launcher.plan.storage import sharing_need
 
 TWO_HOSTS = {"chief": ["h1:1000"], "worker": ["h2:1001"]}

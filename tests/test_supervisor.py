@@ -12,7 +12,8 @@ import pytest
 from launcher.describe.spec import parse_cluster
 from launcher.engines.registry import TaskProcess
 from launcher.errors import LaunchError
-from launcher.plan.launch_plan import LaunchPlan, TaskLaunch, build_plan
+from launcher.plan.build import build_plan
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
 from launcher.plan.run_options import SupervisorConfig
 from launcher.records.states import RunState, TaskState
 from launcher.records.store import RunStore

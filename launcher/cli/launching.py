@@ -59,7 +59,7 @@ def launch(
 ) -> None:
     """Launch JOB on a cluster (--cluster FILE), on local processes (--local N), or inside a Slurm allocation (--slurm)."""
     from launcher.describe.hosts import RemoteOptions
-    from launcher.plan.launch_plan import render_plan
+    from launcher.plan.build import render_plan
     from launcher.plan.resize import elastic_options
     from launcher.plan.run_options import SupervisorConfig
     from launcher.runs import launch as core
@@ -150,7 +150,7 @@ def validate(file: Path = typer.Argument(..., help="cluster description (JSON)")
     import os
 
     from launcher.describe.kinds import load_description
-    from launcher.plan.launch_plan import describe
+    from launcher.plan.build import describe
 
     spec = _core(lambda: load_description(file))
     lines, count = _core(lambda: describe(spec, str(_store().runs_dir), sys.executable, os.getcwd()))

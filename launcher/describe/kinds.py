@@ -5,7 +5,7 @@ ports per task: local processes or SSH), ``slurm`` (Slurm places them), and each
 added later its own. ``KINDS`` lists them; everything else asks this module:
 
 - ``load_description`` reads a file strictly and hands the data to its kind's parser;
-- ``build_plan`` hands a parsed description to its kind's planner (``launcher.plan.launch_plan`` itself
+- ``build_plan`` hands a parsed description to its kind's planner (``launcher.plan.build`` itself
   names no engine);
 - a plan's engine-specific part (``LaunchPlan.unit``, e.g. Slurm's batch script) is read
   back by ``load_unit`` and shown by ``render_unit``, through the kind named in it.

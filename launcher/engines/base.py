@@ -33,7 +33,7 @@ class TaskProcess:
     create_time: float | None
     pgid: int | None
     handle: Any = field(default=None, repr=False)  # backend-private (a Popen, a channel…)
-    start_ticks: int | None = None  # clock ticks since boot at its start, on its host (``procs.start_ticks``)
+    start_ticks: int | None = None  # clock ticks since boot at its start, on its host (``records.identity.start_ticks``)
     # Filled in by ``poll`` where a backend learns them only later; the supervisor records them.
     host: str | None = None  # where the task runs, when that is known only once it runs (Slurm: its node)
     ended_by: str | None = None  # why it ended, when its exit code does not say (a Slurm job's NODE_FAIL, TIMEOUT…)
@@ -70,7 +70,7 @@ class Backend(Protocol):
 
     # --- before a run ---------------------------------------------------------------------
     def probe(self, hosts: Sequence[HostTasks], *, quick: bool) -> list[Check]:
-        """Gather each host's facts on a connection of its own and judge them (``checks.judge``).
+        """Gather each host's facts on a connection of its own and judge them (``engines.preflight.judge``).
         ``quick``: python and ports only, what a launch needs; else everything ``tfl doctor`` shows."""
         ...
 

@@ -261,7 +261,7 @@ class RunStore:
 
     def create(self, record: RunRecord, *, reserved: bool = False) -> None:
         """Record a new run: its dir (unless ``reserve`` made it), logs/, progress/, state.json,
-        and its marker among the active runs (``runindex``)."""
+        and its marker among the active runs (``records.index``)."""
         if not reserved:
             self.reserve(record.run_dir)
         try:
@@ -343,7 +343,7 @@ class RunStore:
 
     def recent(self, count: int) -> _Recent:
         """The active runs and the ``count`` runs whose record changed last (readable or not),
-        oldest first, and how many other run dirs there are. Reads only those records (``runindex``)."""
+        oldest first, and how many other run dirs there are. Reads only those records (``records.index``)."""
         names, total = recent_ids(self.runs_dir, count)
         wanted = list(dict.fromkeys([*active_ids(self.home), *names]))
         records, unreadable = self.scan(wanted)

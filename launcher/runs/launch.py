@@ -21,7 +21,8 @@ from launcher.engines.base import Backend
 from launcher.engines.preflight import host_tasks, raise_failures
 from launcher.errors import LaunchError, UsageError
 from launcher.files import open_private, write_atomic
-from launcher.plan.launch_plan import LaunchPlan, build_plan, job_name
+from launcher.plan.build import build_plan, job_name
+from launcher.plan.launch_plan import LaunchPlan
 from launcher.plan.resize import check_elastic
 from launcher.plan.run_options import SupervisorConfig
 from launcher.plan.storage import check_sharing

@@ -8,7 +8,7 @@ A host is lost when, after a training failure:
   check failed);
 - or tasks on it failed ``blacklist_after`` attempts in a row.
 
-The next attempt then runs without the lost hosts' tasks (``elastic.resize_plan``), from the
+The next attempt then runs without the lost hosts' tasks (``plan.resize.resize_plan``), from the
 last checkpoint. Such a resize counts neither as a failure (``--max-restarts``) nor as a
 preemption. When the training tasks left are fewer than ``min_tasks``, the policy waits up
 to ``elastic_wait`` s, probing the lost hosts every ``probe_interval`` s, and the run fails

@@ -63,7 +63,7 @@ def group_went_on(group: GroupBackend, plan: LaunchPlan, record: RunRecord, time
     record.resizes.append(ResizeRecord(attempt=resize.attempt, time=time, from_tasks=resize.from_tasks,
                                        to_tasks=resize.to_tasks, reason=reason, hosts=sorted(resize.lost),
                                        notes=list(resize.notes)))
-    say(f"tfl: resize: {resize.from_tasks} -> {resize.to_tasks} training tasks; {reason}"  # as elastic_policy says it
+    say(f"tfl: resize: {resize.from_tasks} -> {resize.to_tasks} training tasks; {reason}"  # as supervise.elastic says it
         + "".join(f"; {note}" for note in resize.notes))
     kept = {r.task: r for r in record.tasks if not TaskId.parse(r.task).is_training}  # the evaluator runs on
     record.tasks = [kept.get(t.name) or TaskRecord(task=t.name, host=t.host, backend=record.backend, log_path=t.log_path,

@@ -238,7 +238,7 @@ class Supervisor:
             self.record.task(failure.task).exit_code = self._backend.poll(failed)
         lost = self._lost_hosts()
         outcome = self._elastic.after_failure(self.plan, self._procs.values()) if self._elastic else None
-        if outcome is not None:  # hosts lost: an elastic run goes on without them (``elastic_policy``)
+        if outcome is not None:  # hosts lost: an elastic run goes on without them (``supervise.elastic``)
             return self._resized(outcome)
         if lost:  # a restart would wait on a host that does not answer (an elastic run goes on without it)
             self.record.stopped_because_of_failure = [n for n in self.record.stopped_because_of_failure

@@ -7,7 +7,7 @@ with long TensorFlow tracebacks ending in the coordination service's report, e.g
     /job:worker/replica:0/task:0
 
 The root cause is the lost host, which tfl names; those tracebacks only bury it. So the
-console (``logstream.LogFollower``, which hides start-up noise the same way) holds each
+console (``views.logs.LogFollower``, which hides start-up noise the same way) holds each
 traceback until it ends (the task falls silent for ``IDLE`` s, or says something of tfl's),
 and prints it in full unless a peer is known lost: TensorFlow's report is in it, or tfl has
 said a host is lost. Then it prints one line instead. The task's log keeps every line.

@@ -1,6 +1,6 @@
 """A Ray run's plan: the tasks Ray will place, and the ``RayUnit`` that says how (pure, stdlib).
 
-Built once, like every plan (``launcher.plan.launch_plan.build_plan`` hands a ``ray`` description here).
+Built once, like every plan (``launcher.plan.build.build_plan`` hands a ``ray`` description here).
 The tasks are known before the run (chief:0, worker:0.., evaluator:0); their nodes and ports
 are not: each task's actor takes a bundle of the run's placement group, binds a port on its
 node and reports it. ``Backend.resolve`` then fills in every task's host, port and TF_CONFIG

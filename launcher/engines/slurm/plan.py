@@ -1,6 +1,6 @@
 """A Slurm run's plan: the tasks Slurm will place, and the batch script that places them.
 
-Built once, like every plan (``launcher.plan.launch_plan.build_plan`` hands a ``slurm`` description
+Built once, like every plan (``launcher.plan.build.build_plan`` hands a ``slurm`` description
 here). The tasks are known before the job exists (chief:0, worker:0.., evaluator:0); their
 nodes and ports are not: Slurm picks the nodes, the task driver builds each TF_CONFIG once
 the job runs (``launcher.engines.slurm.node.nodes``). So a task's host is ``slurm`` until the run's

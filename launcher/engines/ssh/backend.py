@@ -175,7 +175,7 @@ def write_atomic_quietly(path: str, text: str) -> None:
 
 
 class SSHBackend:
-    """The Backend protocol over SSH (see ``backends.base``)."""
+    """The Backend protocol over SSH (see ``engines.base``)."""
 
     concurrent_start = True  # each start is a round trip to its host's agent
 

@@ -5,7 +5,7 @@ Per host one connection and one agent session, all hosts at once. The probe carr
 job kit: the host's python imports it from a private temp dir, first on its path, as a task
 will. Then, for ``tfl doctor``, three rounds over every host at once: each host writes a
 token into the storage; the chief's host reads every other host's, each other host reads
-the chief's; each removes its own. ``checks.judge_storage`` names every host that did not
+the chief's; each removes its own. ``engines.preflight.judge_storage`` names every host that did not
 see a token it should have.
 """
 
