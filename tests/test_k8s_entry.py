@@ -156,7 +156,7 @@ TABLE = {"chief": {"cluster": {"chief": ["a:1"], "worker": ["b:1", "c:1"]}, "tas
 
 @pytest.fixture
 def shim(tmp_path: Path) -> Path:
-    (tmp_path / "entry.py").write_text((ROOT / "launcher" / "k8s" / "entry.py").read_text())
+    (tmp_path / "entry.py").write_text((ROOT / "launcher" / "engines" / "k8s" / "node" / "entry.py").read_text())
     (tmp_path / "tf_config.json").write_text(json.dumps(TABLE))
     return tmp_path / "entry.py"
 

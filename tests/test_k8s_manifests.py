@@ -160,7 +160,7 @@ def test_jobset_shim_table_gives_every_pod_tfls_own_tf_config(roles: tuple[int, 
     for task in tasks_of(topology):
         assert task.index < rjobs[task.type]
         assert entry.tf_config_for(table, task.type, task.index) == tf_config_json(topology, task)
-    assert docs["ConfigMap"]["data"]["entry.py"] == (ROOT / "launcher" / "k8s" / "entry.py").read_text()
+    assert docs["ConfigMap"]["data"]["entry.py"] == (ROOT / "launcher" / "engines" / "k8s" / "node" / "entry.py").read_text()
 
 
 def test_env_gpus_and_storage_reach_every_container() -> None:
