@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.diagnosis import KERAS3_FIX, failure_tail, known_fix
+from launcher.views.diagnosis import KERAS3_FIX, failure_tail, known_fix
 from tests.procs import tfl_processes
 
 HEAD = """\

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.plan import build_plan
-from launcher.spec import parse_cluster
+from launcher.describe.spec import parse_cluster
+from launcher.plan.build import build_plan
 from tests.procs import tfl_processes
 
 JOB = """\

@@ -10,9 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.plan import LaunchPlan, build_plan
-from launcher.spec import parse_cluster
-from launcher.storage import sharing_need
+from launcher.describe.spec import parse_cluster
+from launcher.plan.build import build_plan
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.plan.storage import sharing_need
 
 TWO_HOSTS = {"chief": ["h1:1000"], "worker": ["h2:1001"]}
 
@@ -84,8 +85,8 @@ def test_preemption_restarts_asked_for_without_shared_storage_are_refused_in_one
 
 
 def test_by_default_such_a_run_has_no_preemption_restarts_and_says_so(tmp_path: Path) -> None:
-    from launcher.policy import DEFAULT_MAX_PREEMPTIONS
-    from launcher.storage import preemption_restarts
+    from launcher.plan.run_options import DEFAULT_MAX_PREEMPTIONS
+    from launcher.plan.storage import preemption_restarts
 
     result = _two_host_launch(tmp_path)
     assert result.exit_code == 0 and "chief:0" in result.stdout
