@@ -23,6 +23,7 @@ from launcher.errors import LaunchError, UsageError
 from launcher.files import open_private, write_atomic
 from launcher.hosts import RemoteOptions
 from launcher.logstream import LogFollower, tail_lines
+from launcher.network import choose_network
 from launcher.plan import LaunchPlan, build_plan, job_name
 from launcher.policy import SupervisorConfig
 from launcher.procs import ProcessIdentity
@@ -43,7 +44,7 @@ RECORD_WAIT = 300.0
 
 def make_plan(job: str, job_args: tuple[str, ...], spec: Any, store: RunStore,
               remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None,
-              config: SupervisorConfig | None = None) -> LaunchPlan:
+              config: SupervisorConfig | None = None, network: str = "auto") -> LaunchPlan:
     path = Path(job)
     if not path.is_file():
         raise UsageError(f"{job}: no such job script (give the path of a Python file, e.g. jobs/mnist.py)")
@@ -55,6 +56,7 @@ def make_plan(job: str, job_args: tuple[str, ...], spec: Any, store: RunStore,
                       python=sys.executable, cwd=os.getcwd(), remote=remote, virtual_devices=virtual_devices,
                       config=config)
     backends.name_for_plan(plan)  # one backend per run: refused here, before anything is written
+    plan = choose_network(plan, network)
     if config is not None:
         plan = check_elastic(plan, min_tasks=config.min_tasks, batch=config.elastic_batch,
                              global_batch=config.global_batch, virtual_devices=virtual_devices)

@@ -100,6 +100,7 @@ class LaunchPlan:
     job_args: tuple[str, ...]
     tasks: tuple[TaskLaunch, ...]
     unit: UnitPlan | None = None  # what starts the tasks as one unit (a `slurm` description: the batch script)
+    network: str = "host"  # where the task ports can be reached from: auto | private | host (launcher.network)
 
     @property
     def training_tasks(self) -> tuple[TaskLaunch, ...]:
@@ -108,7 +109,7 @@ class LaunchPlan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id, "run_dir": self.run_dir, "job": self.job,
-            "job_args": list(self.job_args), "tasks": [t.to_dict() for t in self.tasks],
+            "job_args": list(self.job_args), "tasks": [t.to_dict() for t in self.tasks], "network": self.network,
             **({"unit": {"kind": self.unit.kind, **self.unit.to_dict()}} if self.unit else {}),
         }
 
@@ -117,7 +118,7 @@ class LaunchPlan:
         return cls(
             run_id=data["run_id"], run_dir=data["run_dir"], job=data["job"],
             job_args=tuple(data["job_args"]), tasks=tuple(TaskLaunch.from_dict(t) for t in data["tasks"]),
-            unit=_unit(data),
+            unit=_unit(data), network=data.get("network", "host"),  # recorded before the modes: host
         )
 
     def on_hosts(self, caches: dict[str, str]) -> LaunchPlan:
@@ -161,7 +162,8 @@ def render_plan(plan: LaunchPlan) -> str:
     if render is not None:
         text: str = render(plan)
         return text
-    lines = [f"run {plan.run_id}", f"  dir: {plan.run_dir}", f"  job: {plan.job} {shlex.join(plan.job_args)}".rstrip()]
+    lines = [f"run {plan.run_id}", f"  dir: {plan.run_dir}", f"  job: {plan.job} {shlex.join(plan.job_args)}".rstrip(),
+             f"  network: {plan.network}"]
     if any(HOST_CACHE in t.env.get(contract.RUN_DIR, "") for t in plan.tasks):
         lines.append(f"  {HOST_CACHE}: each remote host's $XDG_CACHE_HOME/tfl or ~/.cache/tfl (asked when the run starts)")
     for t in plan.tasks:

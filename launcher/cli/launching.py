@@ -56,6 +56,9 @@ def launch(
                                        "long for lost hosts to return, then fail"),
     probe_interval: float = typer.Option(30.0, "--probe-interval", min=0.1, help="elastic: probe lost hosts every "
                                          "S seconds"),
+    network: str = typer.Option("auto", "--network", help="who can reach the task ports: private (tasks on this machine "
+                                "in a network namespace of their own), host (this machine's networks), auto (private "
+                                "where it can be; docs/security.md)"),
 ) -> None:
     """Launch JOB on a cluster (--cluster FILE), on local processes (--local N), or inside a Slurm allocation (--slurm)."""
     from launcher import launch as core
@@ -78,7 +81,7 @@ def launch(
                               max_preemptions=max_preemptions,
                               blacklist_after=blacklist_after, elastic_wait=elastic_wait, probe_interval=probe_interval,
                               **elastic_options(spec, min_tasks, elastic_batch, global_batch))
-    plan = _core(lambda: core.make_plan(job, tuple(ctx.args), spec, store, remote, virtual_devices, config))
+    plan = _core(lambda: core.make_plan(job, tuple(ctx.args), spec, store, remote, virtual_devices, config, network))
     if dry_run:
         typer.echo(render_plan(plan))
         return
