@@ -59,3 +59,12 @@ def public_warning(host: str, tasks: list[str]) -> str:
     return (f"{', '.join(tasks)} listen{'s' if len(tasks) == 1 else ''} on public address {host}: TensorFlow runs "
             f"whatever reaches its port; put the hosts on a private network or firewall the ports "
             f"(\"ssh\": {{\"firewall\": true}}; docs/security.md)")
+
+
+def public_warnings(plan: LaunchPlan) -> list[str]:
+    """One line per host of the plan whose task address is public (``public_address``)."""
+    hosts: dict[str, list[str]] = {}
+    for t in plan.tasks:
+        if t.task.is_training and public_address(t.host):  # the evaluator starts no server
+            hosts.setdefault(t.host, []).append(t.name)
+    return [public_warning(host, tasks) for host, tasks in hosts.items()]

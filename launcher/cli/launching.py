@@ -64,6 +64,7 @@ def launch(
     from launcher import launch as core
     from launcher.elastic import elastic_options
     from launcher.hosts import RemoteOptions
+    from launcher.network import public_warnings
     from launcher.plan import render_plan
     from launcher.policy import SupervisorConfig
     from launcher.report import summary
@@ -85,6 +86,8 @@ def launch(
     if dry_run:
         typer.echo(render_plan(plan))
         return
+    for warning in public_warnings(plan):
+        typer.echo(f"tfl: warning: {warning}", err=True)
     if detach:
         _detach(plan, store, config)
         return
