@@ -290,3 +290,23 @@ def _network_helpers(home: Path) -> list[int]:
         except psutil.Error:
             pass
     return found
+
+
+def test_a_resumed_private_run_gets_a_namespace_again(tmp_path: Path, child_env: dict[str, str]) -> None:
+    job = tmp_path / "job.py"
+    job.write_text("import os, sys\n"
+                   "open(os.path.join(sys.argv[1], os.environ['TFL_TASK'].replace(':', '-') + '-' + os.environ['TFL_ATTEMPT']), 'w')"
+                   ".write(os.readlink('/proc/self/ns/net'))\n"
+                   "sys.exit(3 if os.environ['TFL_ATTEMPT'] == '0' else 0)\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    failed = _tfl(["launch", str(job), "--local", "2", "--", str(out)], child_env)
+    assert failed.returncode != 0
+    (run,) = (Path(child_env["TFL_HOME"]) / "runs").iterdir()
+    resumed = _tfl(["resume", run.name], child_env)
+    assert resumed.returncode == 0, resumed.stderr
+    first, second = ({(out / f"{t}-{a}").read_text() for t in ("chief-0", "worker-0")} for a in (0, 1))
+    mine = os.readlink("/proc/self/ns/net")
+    assert len(first) == len(second) == 1 and first != second and mine not in first | second
+    assert json.loads(_tfl(["status", run.name, "--json"], child_env).stdout)["network"] == "private"
+    assert not _netns_pids(second.pop()) and not _netns_pids(first.pop())
