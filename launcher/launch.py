@@ -191,6 +191,16 @@ def _spawn(args: list[str], store: RunStore, run_id: str, timeout: float) -> int
     return child.pid  # still preparing after the guard: it records the run when it can (`tfl status` shows it then)
 
 
+def launcher_notes(store: RunStore, run_id: str) -> list[str]:
+    """The one-line warnings and notes a detached launcher wrote while preparing the run (a
+    private network that could not be made, or has no route out): the terminal shows them too."""
+    try:
+        text = (store.run_dir(run_id) / "launcher.log").read_text(errors="replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.startswith(("tfl: warning: ", "tfl: note: "))]
+
+
 def supervise_detached(plan_file: Path, config_json: str, store: RunStore) -> RunRecord:
     """The body of a detached launcher (``tfl _supervise``)."""
     plan = LaunchPlan.from_dict(json.loads(plan_file.read_text()))

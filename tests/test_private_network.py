@@ -165,6 +165,18 @@ def test_fallback_says_so_in_one_line_and_runs_on_the_host(tmp_path: Path, child
     assert json.loads(_tfl(["status", run.name, "--json"], child_env).stdout)["network"] == "host"
 
 
+def test_a_detached_launch_shows_the_fallback_line_too(tmp_path: Path, child_env: dict[str, str]) -> None:
+    (tmp_path / "job.py").write_text("print('ran')\n")
+    result = _tfl(["launch", str(tmp_path / "job.py"), "--local", "2", "--detach"], {**child_env, DENY: "1"})
+    assert result.returncode == 0, result.stderr
+    assert len([line for line in result.stderr.splitlines() if "no private network" in line]) == 1, result.stderr
+    run_dir = _run_dir(child_env, result.stdout.strip())
+    deadline = time.monotonic() + 60
+    while json.loads((run_dir / "state.json").read_text())["state"] == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
 def test_network_private_refuses_where_no_namespace_can_be_made(tmp_path: Path, child_env: dict[str, str]) -> None:
     (tmp_path / "job.py").write_text("print('ran')\n")
     result = _tfl(["launch", str(tmp_path / "job.py"), "--local", "2", "--network", "private"], {**child_env, DENY: "1"})

@@ -127,6 +127,8 @@ def _detach(plan: Any, store: Any, config: Any) -> None:
 
     _core(lambda: core.preflight(plan))
     pid = _core(lambda: core.detach(plan, store, config))
+    for note in core.launcher_notes(store, plan.run_id):
+        typer.echo(note, err=True)
     typer.echo(plan.run_id)
     typer.echo(f"tfl: run {plan.run_id} supervised in the background (pid {pid}); "
                f"follow it with `tfl logs {plan.run_id} --follow`, end it with `tfl stop {plan.run_id}`", err=True)
