@@ -78,14 +78,17 @@ def _connects(host: str, port: int, netns: str | None = None) -> bool:
     return subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True).returncode == 0
 
 
-def _netns_pids(link: str) -> list[int]:
-    """Every process whose network namespace is ``link`` (``net:[inode]``)."""
+def _netns_pids(link: str, home: str | None = None) -> list[int]:
+    """Every process whose network namespace is ``link`` (``net:[inode]``); with ``home``, only
+    those started under that run store (TFL_HOME): once a namespace is gone the kernel may give
+    its inode number to another session's new one."""
     found = []
     for pid in psutil.pids():
         try:
-            if os.readlink(f"/proc/{pid}/ns/net") == link:
+            if os.readlink(f"/proc/{pid}/ns/net") == link and (
+                    home is None or psutil.Process(pid).environ().get("TFL_HOME") == home):
                 found.append(pid)
-        except OSError:
+        except (OSError, psutil.Error):
             pass
     return found
 
@@ -149,8 +152,9 @@ def test_task_ports_reachable_only_by_each_other(mode: str, netbed: NetBed, chil
     else:
         assert links == {mine}
         assert reach == {"outside host": [True, True], "this machine": [True, True]}  # the exposure the mode removes
-    deadline = time.monotonic() + 10
-    while any(pid_alive(p) for p in [*members, *helpers, server.pid]) or (mode == "private" and _netns_pids(links.pop())):
+    deadline, link = time.monotonic() + 10, next(iter(links))
+    while any(pid_alive(p) for p in [*members, *helpers, server.pid]) or (
+            mode == "private" and _netns_pids(link, child_env["TFL_HOME"])):
         assert time.monotonic() < deadline, "the run's processes or its namespace outlived it"
         time.sleep(0.1)
 
@@ -243,7 +247,9 @@ def test_restart_stop_and_a_killed_launcher_keep_working_privately(tmp_path: Pat
     job.write_text("import os, sys, time\n"
                    "open(os.path.join(sys.argv[1], f\"{os.environ['TFL_TASK'].split(':')[0]}-{os.environ['TFL_ATTEMPT']}\"), 'w')"
                    ".write(os.readlink('/proc/self/ns/net'))\n"
-                   "if os.environ['TFL_TASK'] == 'chief:0' and os.environ['TFL_ATTEMPT'] == '0': sys.exit(3)\n"
+                   "if os.environ['TFL_TASK'] == 'chief:0' and os.environ['TFL_ATTEMPT'] == '0':\n"
+                   "    while not os.path.exists(os.path.join(sys.argv[1], 'worker-0')): time.sleep(0.05)\n"
+                   "    sys.exit(3)  # once the worker has written its file\n"
                    "time.sleep(600)\n")
     out = tmp_path / "out"
     out.mkdir()
@@ -271,7 +277,7 @@ def test_restart_stop_and_a_killed_launcher_keep_working_privately(tmp_path: Pat
     stopped = _tfl(["stop", run_id], child_env)
     assert stopped.returncode == 0, stopped.stderr
     deadline = time.monotonic() + 20
-    while any(pid_alive(p) for p in tasks) or _netns_pids(link):
+    while any(pid_alive(p) for p in tasks) or _netns_pids(link, child_env["TFL_HOME"]):
         assert time.monotonic() < deadline, "tasks or their namespace outlived `tfl stop`"
         time.sleep(0.1)
     assert json.loads(_tfl(["status", run_id, "--json"], child_env).stdout)["network"] == "private"
@@ -306,19 +312,25 @@ def _network_helpers(home: Path) -> list[int]:
 
 def test_a_resumed_private_run_gets_a_namespace_again(tmp_path: Path, child_env: dict[str, str]) -> None:
     job = tmp_path / "job.py"
-    job.write_text("import os, sys\n"
+    job.write_text("import os, sys, time\n"
                    "open(os.path.join(sys.argv[1], os.environ['TFL_TASK'].replace(':', '-') + '-' + os.environ['TFL_ATTEMPT']), 'w')"
                    ".write(os.readlink('/proc/self/ns/net'))\n"
-                   "sys.exit(3 if os.environ['TFL_ATTEMPT'] == '0' else 0)\n")
+                   "if os.environ['TFL_ATTEMPT'] == '0':\n"
+                   "    if os.environ['TFL_TASK'] == 'chief:0':  # fails once the worker has written its file\n"
+                   "        while not os.path.exists(os.path.join(sys.argv[1], 'worker-0-0')): time.sleep(0.05)\n"
+                   "        sys.exit(3)\n"
+                   "    time.sleep(600)  # the worker: stopped when the chief fails\n")
     out = tmp_path / "out"
     out.mkdir()
     failed = _tfl(["launch", str(job), "--local", "2", "--", str(out)], child_env)
     assert failed.returncode != 0
     (run,) = (Path(child_env["TFL_HOME"]) / "runs").iterdir()
+    first = {(out / f"{t}-0").read_text() for t in ("chief-0", "worker-0")}
+    assert len(first) == 1 and not _netns_pids(next(iter(first)), child_env["TFL_HOME"])  # gone with the failed attempt
     resumed = _tfl(["resume", run.name], child_env)
     assert resumed.returncode == 0, resumed.stderr
-    first, second = ({(out / f"{t}-{a}").read_text() for t in ("chief-0", "worker-0")} for a in (0, 1))
-    mine = os.readlink("/proc/self/ns/net")
-    assert len(first) == len(second) == 1 and first != second and mine not in first | second
+    second = {(out / f"{t}-1").read_text() for t in ("chief-0", "worker-0")}
+    # A new namespace (the kernel may give it the freed one's inode number, so that is not compared).
+    assert len(second) == 1 and os.readlink("/proc/self/ns/net") not in first | second
     assert json.loads(_tfl(["status", run.name, "--json"], child_env).stdout)["network"] == "private"
-    assert not _netns_pids(second.pop()) and not _netns_pids(first.pop())
+    assert not _netns_pids(second.pop(), child_env["TFL_HOME"])
