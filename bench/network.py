@@ -43,7 +43,7 @@ def _run(ws: Workspace, label: str, job: Path, mode: str, args: list[str]) -> Gr
 
 
 def _namespace_ms(reps: int) -> tuple[list[float], list[float]]:
-    from launcher.backends.netns import make_private_network
+    from launcher.engines.local.netns import make_private_network
 
     made, closed = [], []
     for _ in range(reps):

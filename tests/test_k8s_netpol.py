@@ -8,9 +8,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from launcher.k8s.export import export_k8s
-from launcher.k8s.pods import PORT, ExportOptions
-from launcher.spec import parse_cluster
+from launcher.describe.spec import parse_cluster
+from launcher.engines.k8s.export import export_k8s
+from launcher.engines.k8s.pods import PORT, ExportOptions
 from tests.k8s_checks import core_objects, validate_core
 
 CLUSTER = {"cluster": {"chief": ["c:2222"], "worker": ["w0:2222", "w1:2222"], "evaluator": ["e:2222"]}}

@@ -7,11 +7,11 @@ import dataclasses
 
 import pytest
 
-from launcher.checks import HostTasks, judge
+from launcher.describe.hosts import SSHTarget
+from launcher.engines.preflight import HostTasks, judge
 from launcher.errors import UsageError
-from launcher.hosts import SSHTarget
-from launcher.network import choose_network, public_address, public_warnings
-from launcher.plan import LaunchPlan, TaskLaunch
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+from launcher.plan.network import choose_network, public_address, public_warnings
 from launcher.tasks import TaskId
 
 

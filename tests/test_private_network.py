@@ -20,7 +20,7 @@ from tests.conftest import ROOT
 from tests.netbed import NetBed
 from tests.procs import pid_alive
 
-DENY = "TFL_TEST_DENY_NETNS"  # launcher/backends/netns_holder.py reads it, for tests only
+DENY = "TFL_TEST_DENY_NETNS"  # launcher/engines/local/node/netns_holder.py reads it, for tests only
 JOB = '''
 import json, os, socket, sys, threading, time, urllib.request
 cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
@@ -209,7 +209,7 @@ def test_an_ordinary_user_gets_a_namespace_of_a_user_namespace(tmp_path: Path) -
         pytest.skip(f"{python} or the checkout is not usable by another user")
     code = ("import json, subprocess, sys\n"
             "sys.executable = sys.argv[1]\n"
-            "from launcher.backends.netns import make_private_network\n"
+            "from launcher.engines.local.netns import make_private_network\n"
             "net = make_private_network(outbound=False)\n"
             "probe = 'import os, socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); s.listen(); '\\\n"
             "        'socket.create_connection(s.getsockname()).close(); print(os.getuid(), os.readlink(\"/proc/self/ns/net\"))'\n"
