@@ -45,7 +45,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         scopes = {d.scope for defs in fixtures.name2fixturedefs.values() for d in defs} if fixtures else set()
         if "module" in scopes:
             grouped.append(item)
-    if config.getvalue("loadgroup"):  # on an xdist worker: the scheduler reads the ids
+    if getattr(config.option, "loadgroup", False):  # on an xdist worker (--dist loadgroup): the scheduler reads the ids
         for item in grouped:
             _in_group(item, item.nodeid.split("::", 1)[0])
     first = set(map(id, grouped))
