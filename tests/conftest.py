@@ -16,6 +16,52 @@ from tests.sshd import sshd  # noqa: F401  (session fixture: a real sshd on 127.
 ROOT = Path(__file__).resolve().parent.parent
 
 
+WORKERS = 2  # pytest-xdist workers for `-n auto` (pyproject's addopts)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """Two workers (CI has 2 cores; more made the real-TensorFlow tests crowd each other); none (the tests run in this process, quick to start) when the command line
+    names one test file, or tests of one file: `pytest tests/test_spec.py`."""
+    files = {str(arg).split("::", 1)[0] for arg in config.args}
+    if len(files) == 1 and os.path.isfile(next(iter(files))):
+        return 0
+    return WORKERS
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The suite runs on several pytest-xdist workers (``-n auto --dist loadgroup``:
+    pyproject's addopts), which share no fixture. The tests that share a module-scoped fixture (a Ray
+    cluster, a Slurm cluster of the module's own, a training run whose outcome several tests
+    read) go to one worker together, so it is made once: module scope says "costly, shared".
+    Session-scoped fixtures (the loopback sshd, the Slurm cluster) are made once per worker
+    that needs one; each picks free ports and a private dir, so several live side by side.
+
+    The groups go first: each is long (minutes for a whole module), and one that started last
+    would leave the other workers idle at the end."""
+    grouped = []
+    for item in items:
+        fixtures = getattr(item, "_fixtureinfo", None)
+        scopes = {d.scope for defs in fixtures.name2fixturedefs.values() for d in defs} if fixtures else set()
+        if "module" in scopes:
+            grouped.append(item)
+    if getattr(config.option, "loadgroup", False):  # on an xdist worker (--dist loadgroup): the scheduler reads the ids
+        for item in grouped:
+            _in_group(item, item.nodeid.split("::", 1)[0])
+    first = set(map(id, grouped))
+    items[:] = grouped + [item for item in items if id(item) not in first]
+
+
+def _in_group(item: pytest.Item, group: str) -> None:
+    """What ``pytest.mark.xdist_group(group)`` would do: loadgroup's scheduler reads a test's
+    group from the "@group" suffix of its id, which pytest-xdist 3.8 can no longer write under
+    pytest 9.2's structured ids (pytest-dev/pytest-xdist#1386: the mark is silently ignored)."""
+    if hasattr(item, "_id"):  # pytest >= 9.2
+        item._id = type(item._id).parse(f"{item.nodeid}@{group}")
+    else:
+        item._nodeid = f"{item.nodeid}@{group}"
+
+
 @pytest.fixture
 def tfl_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A private run store; afterwards, proof that no task of its runs is alive."""

@@ -57,7 +57,8 @@ def export(data: dict[str, Any], fmt: str = "jobset", **options: Any) -> list[di
     opts = ExportOptions(job="jobs/mnist.py", image="registry.example/train:1", name=options.pop("name", "run1"), format=fmt, **options)
     result = export_k8s(parse_cluster(data), opts)
     assert list(yaml.safe_load_all(result.text)) == list(result.documents)  # the YAML says exactly that
-    return list(result.documents)
+    assert result.documents[-1]["kind"] == "NetworkPolicy"  # tests/test_k8s_netpol.py checks it
+    return list(result.documents[:-1])
 
 
 def by_kind(documents: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -134,7 +135,7 @@ def test_tfjob_warns_that_backoff_limit_does_not_cap_exit_code_retries(tmp_path:
     assert result.exit_code == 0, result.output
     (warning,) = [ln for ln in result.stderr.splitlines() if "backoffLimit" in ln]
     assert "exit codes 128-255 (a preemption's 170 among them) are retried without limit" in warning
-    (tfjob,) = yaml.safe_load_all(result.stdout)
+    (tfjob, _) = yaml.safe_load_all(result.stdout)
     assert {s["template"]["spec"]["terminationGracePeriodSeconds"] for s in tfjob["spec"]["tfReplicaSpecs"].values()} == {90}
     assert "backoffLimit" not in runner.invoke(app, ["export", "k8s", "jobs/mnist.py", "-c", str(path), "--image", "img:1",
                                                      "--format", "jobset", "--max-restarts", "3"]).stderr
@@ -299,12 +300,12 @@ def test_cli_prints_yaml_or_writes_the_file(tmp_path: Path) -> None:
                                   "--", "--epochs", "3"])
     assert printed.exit_code == 0, printed.output
     kinds = [d["kind"] for d in yaml.safe_load_all(printed.stdout)]
-    assert kinds == ["ConfigMap", "JobSet"] and printed.stderr == ""
+    assert kinds == ["ConfigMap", "JobSet", "NetworkPolicy"] and printed.stderr == ""
     out = tmp_path / "m1.yaml"
     written = runner.invoke(app, ["export", "k8s", "jobs/mnist.py", "--local", "1", "--evaluator", "--image", "img:1",
                                   "--name", "m1", "--format", "tfjob", "-o", str(out)])
     assert written.exit_code == 0 and written.stdout == ""
-    (tfjob,) = yaml.safe_load_all(out.read_text())
+    (tfjob, _) = yaml.safe_load_all(out.read_text())
     assert list(tfjob["spec"]["tfReplicaSpecs"]) == ["Chief", "Evaluator"]
 
 

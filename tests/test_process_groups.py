@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from launcher.describe.spec import local_cluster
-from launcher.engines.local import LocalBackend
+from launcher.engines.local.backend import LocalBackend
 from launcher.plan.build import build_plan
 from launcher.plan.launch_plan import TaskLaunch
 from launcher.records.identity import signal_group

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from launcher import files
 from launcher.cli import app
 from launcher.describe.spec import free_port, parse_cluster
-from launcher.engines.local import LocalBackend
+from launcher.engines.local.backend import LocalBackend
 from launcher.errors import RunExistsError, StateWriteError, UnreadableRunError
 from launcher.plan.build import build_plan
 from launcher.plan.run_options import SupervisorConfig

@@ -151,9 +151,9 @@ def test_below_the_minimum_the_run_fails_naming_the_lost_node(cluster: SlurmClus
     job.write_text(STEPPER)
     launcher = launch(cluster, tfl_home, str(job), "--cluster", str(description(tmp_path)), "--min-tasks", "2",
                       "--global-batch", "64", "--", "2000")
-    try:
+    try:  # n2 set DOWN at once: the silent slurmd's SlurmdTimeout is the test above's
         _, err = kill_n2_when(cluster, launcher, lambda: len(list(tfl_home.glob("runs/*/slurm/tasks/*.json"))) == 2,
-                              "both tasks")
+                              "both tasks", down=True)
         assert launcher.returncode == 1, err[-3000:]
         run = only_run(tfl_home)
         job_id = job_id_of(run)

@@ -46,9 +46,10 @@ def env(slurm_cluster: SlurmCluster, tfl_home: Path) -> dict[str, str]:
     return {**slurm_cluster.env, "TFL_HOME": str(tfl_home), "PYTHONUNBUFFERED": "1"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def mnist_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Offline data for jobs/mnist.py (scikit-learn's digits as MNIST), so no task tries the network."""
+    """Offline data for jobs/mnist.py (scikit-learn's digits as MNIST), so no task tries the network.
+    Session-scoped: cheap, and a module-scoped fixture would keep the module's tests on one worker (conftest)."""
     import numpy as np
 
     from launcher.jobkit.datasets import load_digits_as_mnist

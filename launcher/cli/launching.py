@@ -57,10 +57,14 @@ def launch(
                                        "long for lost hosts to return, then fail"),
     probe_interval: float = typer.Option(30.0, "--probe-interval", min=0.1, help="elastic: probe lost hosts every "
                                          "S seconds"),
+    network: str = typer.Option("auto", "--network", help="who can reach the task ports: private (tasks on this machine "
+                                "in a network namespace of their own), host (this machine's networks), auto (private "
+                                "where it can be; docs/security.md)"),
 ) -> None:
     """Launch JOB on a cluster (--cluster FILE), on local processes (--local N), or inside a Slurm allocation (--slurm)."""
     from launcher.describe.hosts import RemoteOptions
     from launcher.plan.build import render_plan
+    from launcher.plan.network import public_warnings
     from launcher.plan.resize import elastic_options
     from launcher.plan.run_options import SupervisorConfig
     from launcher.runs import launch as core
@@ -80,11 +84,13 @@ def launch(
                               blacklist_after=blacklist_after, elastic_wait=elastic_wait, probe_interval=probe_interval,
                               **elastic_options(spec, min_tasks, elastic_batch, global_batch))
     plan, config, note = _core(lambda: core.plan_launch(job, tuple(ctx.args), spec, store, remote, virtual_devices, config,
-                                                        max_preemptions))
+                                                        max_preemptions, network))
     if dry_run:
         typer.echo(render_plan(plan))
         _note(note)
         return
+    for warning in public_warnings(plan):
+        typer.echo(f"tfl: warning: {warning}", err=True)
     if detach:
         _detach(plan, store, config, note)
         return
@@ -131,6 +137,8 @@ def _detach(plan: Any, store: Any, config: Any, note: str | None) -> None:
     _core(lambda: core.preflight(plan))
     _note(note)
     pid = _core(lambda: core.detach(plan, store, config))
+    for note in core.launcher_notes(store, plan.run_id):
+        typer.echo(note, err=True)
     typer.echo(plan.run_id)
     typer.echo(f"tfl: run {plan.run_id} supervised in the background (pid {pid}); "
                f"follow it with `tfl logs {plan.run_id} --follow`, end it with `tfl stop {plan.run_id}`", err=True)

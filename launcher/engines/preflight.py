@@ -23,6 +23,7 @@ from launcher.contract import LEGACY_KERAS
 from launcher.describe.hosts import RemoteOptions, SSHTarget, host_plan
 from launcher.errors import LaunchError
 from launcher.plan.launch_plan import LaunchPlan
+from launcher.plan.network import public_address, public_warning
 
 if TYPE_CHECKING:
     from launcher.describe.spec import ClusterSpec
@@ -106,6 +107,8 @@ def judge(h: HostTasks, facts: dict[str, Any], *, quick: bool = False) -> list[C
         checks.append(Check(h.host, f"port {port}", "ok", f"free for {task}") if held is None else Check(
             h.host, f"port {port}", "fail", f"port {port} of {task} is in use ({held}); "
                                             f"stop what holds it or give {task} another port in the cluster file"))
+    if public_address(h.host) and h.ports:
+        checks.append(Check(h.host, "network", "warn", public_warning(h.host, [task for task, _ in h.ports])))
     if "kit" in facts:
         checks.append(_kit(h, facts["kit"]))
     if quick:

@@ -21,7 +21,7 @@ __all__ = ["BACKENDS", "Backend", "Cleanup", "GroupBackend", "TaskLive", "TaskPr
 
 # name -> "module:Class"
 BACKENDS: dict[str, str] = {
-    "local": "launcher.engines.local:LocalBackend",
+    "local": "launcher.engines.local.backend:LocalBackend",
     "ssh": "launcher.engines.ssh.backend:SSHBackend",
     "slurm": "launcher.engines.slurm.backend:SlurmBackend",
     "ray": "launcher.engines.ray.backend:RayBackend",

@@ -45,7 +45,8 @@ def render_plan(plan: LaunchPlan) -> str:
     if render is not None:
         text: str = render(plan)
         return text
-    lines = [f"run {plan.run_id}", f"  dir: {plan.run_dir}", f"  job: {plan.job} {shlex.join(plan.job_args)}".rstrip()]
+    lines = [f"run {plan.run_id}", f"  dir: {plan.run_dir}", f"  job: {plan.job} {shlex.join(plan.job_args)}".rstrip(),
+             f"  network: {plan.network}"]
     if any(HOST_CACHE in t.env.get(contract.RUN_DIR, "") for t in plan.tasks):
         lines.append(f"  {HOST_CACHE}: each remote host's $XDG_CACHE_HOME/tfl or ~/.cache/tfl (asked when the run starts)")
     for t in plan.tasks:

@@ -95,6 +95,7 @@ class LaunchPlan:
     job_args: tuple[str, ...]
     tasks: tuple[TaskLaunch, ...]
     unit: UnitPlan | None = None  # what starts the tasks as one unit (a `slurm` description: the batch script)
+    network: str = "host"  # where the task ports can be reached from: auto | private | host (launcher.plan.network)
 
     @property
     def training_tasks(self) -> tuple[TaskLaunch, ...]:
@@ -103,7 +104,7 @@ class LaunchPlan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id, "run_dir": self.run_dir, "job": self.job,
-            "job_args": list(self.job_args), "tasks": [t.to_dict() for t in self.tasks],
+            "job_args": list(self.job_args), "tasks": [t.to_dict() for t in self.tasks], "network": self.network,
             **({"unit": {"kind": self.unit.kind, **self.unit.to_dict()}} if self.unit else {}),
         }
 
@@ -112,7 +113,7 @@ class LaunchPlan:
         return cls(
             run_id=data["run_id"], run_dir=data["run_dir"], job=data["job"],
             job_args=tuple(data["job_args"]), tasks=tuple(TaskLaunch.from_dict(t) for t in data["tasks"]),
-            unit=_unit(data),
+            unit=_unit(data), network=data.get("network", "host"),  # recorded before the modes: host
         )
 
     def on_hosts(self, caches: dict[str, str]) -> LaunchPlan:

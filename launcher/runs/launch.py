@@ -24,6 +24,7 @@ from launcher.errors import LaunchError, UsageError
 from launcher.files import open_private, write_atomic
 from launcher.plan.build import build_plan, job_name
 from launcher.plan.launch_plan import LaunchPlan
+from launcher.plan.network import choose_network
 from launcher.plan.resize import check_elastic
 from launcher.plan.run_options import SupervisorConfig
 from launcher.plan.storage import check_sharing, preemption_restarts
@@ -49,7 +50,7 @@ RECORD_WAIT = 300.0
 
 def make_plan(job: str, job_args: tuple[str, ...], spec: Any, store: RunStore,
               remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None,
-              config: SupervisorConfig | None = None) -> LaunchPlan:
+              config: SupervisorConfig | None = None, network: str = "auto") -> LaunchPlan:
     path = Path(job)
     if not path.is_file():
         raise UsageError(f"{job}: no such job script (give the path of a Python file, e.g. jobs/mnist.py)")
@@ -61,6 +62,7 @@ def make_plan(job: str, job_args: tuple[str, ...], spec: Any, store: RunStore,
                       python=sys.executable, cwd=os.getcwd(), remote=remote, virtual_devices=virtual_devices,
                       config=config)
     registry.name_for_plan(plan)  # one backend per run: refused here, before anything is written
+    plan = choose_network(plan, network)
     if config is not None:
         plan = check_elastic(plan, min_tasks=config.min_tasks, batch=config.elastic_batch,
                              global_batch=config.global_batch, virtual_devices=virtual_devices)
@@ -92,10 +94,10 @@ def check_description(spec: Any, runs_dir: str, python: str, cwd: str) -> None:
 
 def plan_launch(job: str, job_args: tuple[str, ...], spec: Any, store: RunStore, remote: RemoteOptions,
                 virtual_devices: int | None, config: SupervisorConfig,
-                max_preemptions: int | None) -> tuple[LaunchPlan, SupervisorConfig, str | None]:
+                max_preemptions: int | None, network: str = "auto") -> tuple[LaunchPlan, SupervisorConfig, str | None]:
     """``make_plan``, and the run's config with ``--max-preemptions`` as the plan allows it
     (``storage.preemption_restarts``: None = not given), and the note to show when it differs."""
-    plan = make_plan(job, job_args, spec, store, remote, virtual_devices, config)
+    plan = make_plan(job, job_args, spec, store, remote, virtual_devices, config, network)
     taken, note = preemption_restarts(plan, max_preemptions, config.max_preemptions)
     return plan, dataclasses.replace(config, max_preemptions=taken), note
 
@@ -225,6 +227,16 @@ def _spawn(args: list[str], store: RunStore, run_id: str, timeout: float) -> int
             raise LaunchError(f"the detached launcher exited with code {child.returncode}: {tail}")
         time.sleep(0.05)
     return child.pid  # still preparing after the guard: it records the run when it can (`tfl status` shows it then)
+
+
+def launcher_notes(store: RunStore, run_id: str) -> list[str]:
+    """The one-line warnings and notes a detached launcher wrote while preparing the run (a
+    private network that could not be made, or has no route out): the terminal shows them too."""
+    try:
+        text = (store.run_dir(run_id) / "launcher.log").read_text(errors="replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.startswith(("tfl: warning: ", "tfl: note: "))]
 
 
 def supervise_detached(plan_file: Path, config_json: str, store: RunStore) -> RunRecord:

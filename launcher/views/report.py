@@ -71,6 +71,7 @@ def run_detail(view: RunView, bar_width: int = 0) -> str:
     head = [f"run {view.run_id}  {view.state}  ({view.alive}/{view.total} tasks alive, "
             f"{duration(view.duration_s)}, {view.restarts} restart(s)"
             f"{f', {view.preemptions} after a preemption' if view.preemptions else ''})"]
+    head.append(f"  network: {NETWORK_TEXT.get(view.network, view.network)}")
     if view.elsewhere:
         head.append(f"  its launcher runs on host {view.elsewhere}: this machine cannot see its processes "
                     f"(run `tfl status {view.run_id}` there)")
@@ -83,6 +84,10 @@ def run_detail(view: RunView, bar_width: int = 0) -> str:
     rows = [_task_row(t, bar_width) for t in view.tasks]
     return "\n".join(head) + "\n" + table(
         ("task", "host", "state", "pid", "cpu%", "rss_mb", "uptime", "exit", "progress"), rows)
+
+
+NETWORK_TEXT = {"private": "private (the tasks' own network namespace: their ports are reachable only by each other)",
+                "host": "host (the task ports are open to this machine's networks; docs/security.md)"}
 
 
 def _elastic_lines(view: RunView) -> list[str]:

@@ -58,6 +58,7 @@ class RunView:
     full_training_tasks: int = 0
     lost_hosts: dict[str, str] = field(default_factory=dict)
     resizes: list[dict[str, Any]] = field(default_factory=list)
+    network: str = "host"  # who can reach the task ports: private (a namespace of the run's own) | host
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,6 +108,7 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
         training_tasks=sum(TaskId.parse(t.task).is_training for t in record.tasks),
         full_training_tasks=sum(TaskId.parse(t["task"]).is_training for t in record.plan.get("tasks", [])),
         lost_hosts=dict(record.lost_hosts), resizes=[asdict(r) for r in record.resizes],
+        network=str(record.plan.get("network", "host")),
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from launcher.describe.spec import ClusterSpec
 from launcher.engines.k8s import jobset, tfjob
+from launcher.engines.k8s.netpol import network_policy
 from launcher.engines.k8s.pods import ExportOptions, check_options, check_pod_names, ignored_settings, roles_of
 from launcher.engines.k8s.render import render_yaml
 from launcher.errors import ExportError
@@ -44,6 +45,7 @@ def export_k8s(spec: ClusterSpec, options: ExportOptions) -> Export:
     else:
         check_pod_names(roles, partial(tfjob.pod_name, options.name), "TFJob")
         documents = tfjob.tfjob_manifests(spec, options, roles)
+    documents = [*documents, network_policy(options)]  # only the job's own pods reach its task ports
     header = (f"Written by `tfl export k8s --format {options.format}`; apply with `kubectl apply -f FILE`.\n"
               f"Needs {_NEEDS[options.format]} in the cluster; see docs/kubernetes.md.")
     return Export(render_yaml(documents, header), tuple(documents), tuple(export_warnings(spec, options)))

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import psutil
 
 from launcher.engines.base import Cleanup, TaskLive, TaskProcess
+from launcher.engines.local.netns import PrivateNetwork, resolve_network
 from launcher.engines.preflight import Check, HostTasks, diagnose, host_tasks, probe_request
 from launcher.engines.teardown import teardown
 from launcher.errors import LaunchError
@@ -61,6 +62,7 @@ class LocalBackend:
     def __init__(self, notify: Callable[[], None] = lambda: None) -> None:
         self._notify = notify
         self._kits: set[str] = set()  # job kit copies made for this run (tasks under another python than tfl's)
+        self._network: PrivateNetwork | None = None  # the run's namespace (``--network private``/auto)
 
     # --- before a run -------------------------------------------------------------------
     def probe(self, hosts: Sequence[HostTasks], *, quick: bool) -> list[Check]:
@@ -70,7 +72,9 @@ class LocalBackend:
         return self.probe(host_tasks(plan), quick=True)
 
     def resolve(self, plan: LaunchPlan) -> LaunchPlan:
-        return plan  # every path is this machine's already
+        """Every path is this machine's already; the network is made here (``netns``)."""
+        plan, self._network = resolve_network(plan, _say)
+        return plan
 
     @staticmethod
     def _facts(h: HostTasks, quick: bool) -> dict[str, Any] | None:
@@ -113,8 +117,8 @@ class LocalBackend:
                 log.flush()
             try:
                 popen = subprocess.Popen(
-                    launch.argv, env=env, cwd=launch.cwd, stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, start_new_session=True,
+                    self._network.enter(launch.argv) if self._network else launch.argv, env=env, cwd=launch.cwd,
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 )
             except OSError as exc:
                 raise LaunchError(f"{launch.name}: cannot run {launch.argv[0]}: {exc.strerror} "
@@ -173,7 +177,8 @@ class LocalBackend:
         return False
 
     def close(self) -> None:
-        pass
+        if self._network is not None:
+            self._network.close()
 
     # --- a recorded run -----------------------------------------------------------------
     def inspect(self, record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
@@ -204,6 +209,10 @@ class LocalBackend:
 
     def clean_recorded(self, record: RunRecord) -> Cleanup:
         return Cleanup()  # a local run's files all lie in its run dir, which the run store removes
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)  # the detached launcher's stderr is its launcher.log
 
 
 def _port_owner(port: int) -> str:
