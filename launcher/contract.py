@@ -61,6 +61,11 @@ PREEMPTED_EXIT_CODE: Final = 170
 PREEMPTED_PHASE: Final = "preempted"
 # The notice itself: what a launcher, Slurm (--signal) or Kubernetes sends a training task.
 PREEMPTION_SIGNAL: Final = "SIGTERM"
+# The teardown after a failure elsewhere (a peer died or stalled): not a notice, as no agreement
+# can include a dead peer, so nothing is saved. A signal whose default action ends the task at
+# once, which the kit and TensorFlow leave alone (a job without the kit stops just the same);
+# then SIGKILL after the grace, as for the notice.
+TEARDOWN_SIGNAL: Final = "SIGUSR2"
 # Barrier the training tasks meet at after the agreed checkpoint, before leaving (chief last).
 PREEMPTED_BARRIER: Final = "tfl-jobkit-preempted"
 

@@ -110,3 +110,27 @@ def test_bad_cluster_files_get_one_line_never_a_traceback(tfl_home: Path, tmp_pa
             assert len(lines) == 1 and lines[0].startswith(f"tfl: error: {path}: ") and message in lines[0], lines
             assert "Traceback" not in result.output
     assert not tfl_home.exists()
+
+
+def test_validate_refuses_what_the_file_alone_decides_in_one_line_naming_the_field(tmp_path: Path) -> None:
+    """Refused by the launch before issue 26, accepted by validate: the same refusal now, naming the file's field."""
+    two = {"chief": ["localhost:23456"], "worker": ["localhost:23457"]}
+    three = {"chief": ["localhost:23456"], "worker": ["localhost:23457", "localhost:23458"]}
+    cases = [
+        ({"cluster": two, "elastic": {"min_tasks": 5}},
+         "elastic.min_tasks 5: the cluster has 2 training tasks (the chief included); give elastic.min_tasks 2 or less"),
+        ({"cluster": three, "elastic": {"min_tasks": 2, "global_batch": 10}},
+         "elastic.global_batch 10 cannot be split over 3 training tasks"),
+        ({"slurm": {"nodes": 2, "requeue": True}, "elastic": {"min_tasks": 1, "global_batch": 4}},
+         "elastic.min_tasks with the slurm block's \"requeue\": true"),
+    ]
+    for number, (description, start) in enumerate(cases):
+        path = tmp_path / f"c{number}.json"
+        path.write_text(json.dumps(description))
+        result = runner.invoke(app, ["validate", str(path)])
+        assert result.exit_code == 2 and result.stdout == "", (description, result.output)
+        assert result.stderr.startswith(f"tfl: error: {start}") and result.stderr.count("\n") == 1, result.stderr
+    # What the command line can still give is left to the launch: --global-batch for this one.
+    path = tmp_path / "later.json"
+    path.write_text(json.dumps({"cluster": three, "elastic": {"min_tasks": 2}}))
+    assert runner.invoke(app, ["validate", str(path)]).exit_code == 0

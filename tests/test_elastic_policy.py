@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.contract import PREEMPTED_EXIT_CODE
+from launcher.contract import PREEMPTED_EXIT_CODE, TEARDOWN_SIGNAL
 from launcher.describe.spec import parse_cluster
 from launcher.engines.preflight import Check, HostTasks
 from launcher.engines.registry import TaskProcess
@@ -215,9 +215,10 @@ def test_a_lost_host_that_answers_again_is_taken_back_at_an_agreed_checkpoint(tm
     assert [len(hosts.attempts()[a]) for a in (0, 1, 2)] == [3, 2, 3]
     assert [(r.from_tasks, r.to_tasks, r.hosts) for r in record.resizes] == [(3, 2, ["h2"]), (2, 3, ["h2"])]
     assert record.resizes[1].reason == "back: h2 answers again (taken back at an agreed checkpoint)"
-    # The notice (SIGTERM) went to the two that ran; nothing was killed, nothing counted as a restart.
+    # The notice (SIGTERM) went to the two that ran; nothing was killed, nothing counted as a restart. The
+    # loss before was a failure: its survivors got the teardown signal, not a notice (no agreement without h2).
     assert hosts.signals[-2:] == [("chief:0", signal.SIGTERM), ("worker:0", signal.SIGTERM)]
-    assert all(sig == signal.SIGTERM for _, sig in hosts.signals)
+    assert {sig for _, sig in hosts.signals[:-2]} == {signal.Signals[TEARDOWN_SIGNAL]}
     assert record.restarts == [] and record.lost_hosts == {}
     assert [f.attempt for f in record.failures] == [0]  # only the lost task: the notice's exit 170 is no failure
     assert said[1] == "tfl: resize: 2 -> 3 training tasks; back: h2 answers again (taken back at an agreed checkpoint)"

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from launcher.contract import TEARDOWN_SIGNAL
 from tests.procs import tfl_processes
 
 JOBS = {
@@ -120,7 +121,7 @@ def test_failure_stops_the_rest_fast_and_names_the_task(jobs: dict[str, str], ch
     assert took < 60  # a hang guard: the others sleep 120 s; they were stopped, not waited for
     tasks = {t["task"]: t for t in status_json(child_env, latest_run(tfl_home))["tasks"]}  # type: ignore[index]
     assert tasks["worker:0"]["state"] == "failed" and tasks["chief:0"]["state"] == "stopped"
-    assert tasks["chief:0"]["exit_code"] == -signal.SIGTERM
+    assert tasks["chief:0"]["exit_code"] == -signal.Signals[TEARDOWN_SIGNAL]  # not the notice: nothing to agree on
 
 
 def test_tf_config_in_environment_not_command_line(jobs: dict[str, str], child_env: dict[str, str], tfl_home: Path) -> None:

@@ -45,7 +45,7 @@ SOMETIMES = {
     "cuInit without a driver": "failed call to cuInit",
 }
 # The only known lines above info level; any other hidden line at W/E/F would be a bug.
-LOUD_KINDS = {"absl pre-init warning", "cuInit without a driver"}
+LOUD_KINDS = {"absl pre-init warning", "cuInit without a driver", "tf.data: input not optimized"}
 LOUD = re.compile(r"[WEF]\d{4} |\d{4}-\d\d-\d\d [\d:.]+: [WEF] |WARNING|ERROR|Traceback|\s+File ")
 TF_INFO = re.compile(r"I\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] ")
 

@@ -21,6 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
+from launcher.contract import TEARDOWN_SIGNAL
 from launcher.describe.spec import free_port
 from launcher.engines.ssh.recorded import remote_signal, remote_task_info
 from launcher.records.store import RunStore
@@ -132,7 +133,7 @@ def test_failure_on_one_host_stops_the_other(sshd: Sshd, tmp_path: Path, tfl_hom
     assert "| boom: worker is failing" in result.stderr and "stopped because of it: chief:0" in result.stderr
     assert time.monotonic() - start < 90  # a hang guard: the chief sleeps 120 s; it was stopped, not waited for
     tasks = {t.task: t for t in RunStore(tfl_home).load(only_run(tfl_home)).tasks}
-    assert tasks["chief:0"].state.value == "stopped" and tasks["chief:0"].exit_code == -signal.SIGTERM
+    assert tasks["chief:0"].state.value == "stopped" and tasks["chief:0"].exit_code == -signal.Signals[TEARDOWN_SIGNAL]
 
 
 def start_sleepers(sshd: Sshd, tmp_path: Path, home: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:

@@ -64,3 +64,37 @@ def test_the_job_kit_takes_the_shared_model_dir_when_the_launcher_names_one() ->
     shared = task_context({"TFL_RUN_DIR": "/host/run", "TFL_MODEL_DIR": "/mnt/shared/tfl/r1/model"})
     assert default_model_dir(shared, "mnist") == Path("/mnt/shared/tfl/r1/model")
     assert default_model_dir(task_context({"TFL_RUN_DIR": "/host/run"}), "mnist") == Path("/host/run/model")
+
+
+def _two_host_launch(tmp_path: Path, *options: str) -> Any:
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps({"cluster": TWO_HOSTS}))
+    job = tmp_path / "job.py"
+    job.write_text("")
+    return CliRunner().invoke(app, ["launch", str(job), "--cluster", str(cluster), *options, "--dry-run"])
+
+
+def test_preemption_restarts_asked_for_without_shared_storage_are_refused_in_one_line(tmp_path: Path, tfl_home: Path) -> None:
+    result = _two_host_launch(tmp_path, "--max-preemptions", "3")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.strip() == (
+        "tfl: error: --max-preemptions 3: a restarted group resumes from the chief's backup on h1, which the tasks on h2 "
+        "cannot see (each host keeps its model dir on its own disk); name storage every host mounts at the same path in "
+        'the cluster file ("storage": {"path": "/mnt/shared/tfl"}), or pass the job a shared --model-dir')
+    assert not (tfl_home / "runs").exists()
+
+
+def test_by_default_such_a_run_has_no_preemption_restarts_and_says_so(tmp_path: Path) -> None:
+    from launcher.plan.run_options import DEFAULT_MAX_PREEMPTIONS
+    from launcher.plan.storage import preemption_restarts
+
+    result = _two_host_launch(tmp_path)
+    assert result.exit_code == 0 and "chief:0" in result.stdout
+    (note,) = [line for line in result.stderr.splitlines() if "preemption" in line]
+    assert note.startswith("tfl: no preemption restarts (--max-preemptions 0): the tasks on h2 could not see the chief's "
+                           "checkpoint on h1") and "storage" in note
+    assert preemption_restarts(plan(TWO_HOSTS), None, DEFAULT_MAX_PREEMPTIONS)[0] == 0
+    assert preemption_restarts(plan(TWO_HOSTS), 0, DEFAULT_MAX_PREEMPTIONS) == (0, None)  # asked for: as asked
+    for shared in (plan(TWO_HOSTS, storage={"path": "/mnt/shared"}), plan(TWO_HOSTS, "--model-dir", "/nfs/m"),
+                   plan({"chief": ["localhost:1"], "worker": ["localhost:2"]})):
+        assert preemption_restarts(shared, None, DEFAULT_MAX_PREEMPTIONS) == (DEFAULT_MAX_PREEMPTIONS, None)

@@ -9,6 +9,7 @@ from typing import Callable
 
 import pytest
 
+from launcher.contract import TEARDOWN_SIGNAL
 from launcher.describe.spec import parse_cluster
 from launcher.engines.registry import TaskProcess
 from launcher.errors import LaunchError
@@ -19,6 +20,8 @@ from launcher.records.states import RunState, TaskState
 from launcher.records.store import RunStore
 from launcher.supervise.supervisor import Supervisor, initial_record
 from launcher.views.report import summary
+
+TEARDOWN = signal.Signals[TEARDOWN_SIGNAL]
 
 
 class FakeClock:
@@ -35,7 +38,7 @@ class FakeClock:
 class FakeBackend:
     """Each task exits with ``exits[name][attempt] = (at, code)``; None runs until signalled.
 
-    ``ignores_term`` tasks survive SIGTERM (only SIGKILL ends them).
+    ``ignores_term`` tasks survive SIGTERM and TEARDOWN (only SIGKILL ends them).
     """
 
     concurrent_start = False
@@ -69,7 +72,7 @@ class FakeBackend:
 
     def signal(self, proc: TaskProcess, signum: int) -> None:
         self.signals.append((proc.launch.name, signum, self.clock.now))
-        if self.poll(proc) is None and not (signum == signal.SIGTERM and proc.launch.name in self.ignores_term):
+        if self.poll(proc) is None and not (signum != signal.SIGKILL and proc.launch.name in self.ignores_term):
             self._dead[proc.pid] = -signum
 
     def alive(self, proc: TaskProcess) -> bool:
@@ -117,10 +120,10 @@ def test_training_failure_stops_the_rest_at_once(tmp_path: Path) -> None:
     assert record.failures[0].task == "worker:0" and record.failures[0].reason == "exit code 3"
     assert record.stopped_because_of_failure == ["chief:0", "evaluator:0"]
     assert states(sup) == {"chief:0": TaskState.STOPPED, "worker:0": TaskState.FAILED, "evaluator:0": TaskState.STOPPED}
-    # SIGTERM went out within one poll interval of the death, long before TF's ~14 s heartbeat.
-    term_times = [t for name, sig, t in backend.signals if sig == signal.SIGTERM]
-    assert sorted(name for name, sig, _ in backend.signals) == ["chief:0", "evaluator:0"]
-    assert max(term_times) - 5 <= SupervisorConfig().poll_interval + 0.01
+    # The teardown signal, not the notice (SIGTERM: a training task would wait for an agreement the
+    # dead worker cannot join), went out within one poll interval of the death, long before TF's ~14 s heartbeat.
+    assert sorted((name, sig) for name, sig, _ in backend.signals) == [("chief:0", TEARDOWN), ("evaluator:0", TEARDOWN)]
+    assert max(t for _, _, t in backend.signals) - 5 <= SupervisorConfig().poll_interval + 0.01
 
 
 def test_sigkill_after_grace_when_sigterm_is_ignored(tmp_path: Path) -> None:
@@ -128,7 +131,7 @@ def test_sigkill_after_grace_when_sigterm_is_ignored(tmp_path: Path) -> None:
                               evaluator=False, grace_period=3.0)
     sup.run()
     chief = [(sig, t) for name, sig, t in backend.signals if name == "chief:0"]
-    assert [s for s, _ in chief] == [signal.SIGTERM, signal.SIGKILL]
+    assert [s for s, _ in chief] == [TEARDOWN, signal.SIGKILL]
     assert chief[1][1] - chief[0][1] == pytest.approx(3.0, abs=0.1)
     assert sup.record.task("chief:0").exit_code == -signal.SIGKILL
 

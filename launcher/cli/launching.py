@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from launcher.cli.app import _colour, _Command, _core, _fail, _Group, _store, app
-from launcher.plan.run_options import DEFAULT_GRACE_S
+from launcher.plan.run_options import DEFAULT_GRACE_S, DEFAULT_MAX_PREEMPTIONS
 
 
 @app.command(cls=_Command, context_settings={"allow_extra_args": True})
@@ -27,9 +27,10 @@ def launch(
     dry_run: bool = typer.Option(False, "--dry-run", help="print what would run where; start nothing, write nothing"),
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="restart the whole group up to K times after a failure"),
     retry_on: str = typer.Option("any", "--retry-on", help="which failures are restarted: any | preemption (exit 143 / SIGTERM)"),
-    max_preemptions: int = typer.Option(100, "--max-preemptions", min=0,
-                                        help="restart the group up to N times after a preemption (a task saved on notice and "
-                                        "exited 170); not counted against --max-restarts"),
+    max_preemptions: int | None = typer.Option(None, "--max-preemptions", min=0, show_default=False,
+                                               help="restart the group up to N times after a preemption (a task saved on "
+                                               "notice and exited 170); not counted against --max-restarts  [default: "
+                                               "100; 0 on hosts without shared storage]"),
     grace_period: float = typer.Option(DEFAULT_GRACE_S, "--grace-period", min=0,
                                        help="seconds from the notice (SIGTERM) to SIGKILL when stopping tasks: time for them "
                                        "to agree on a step and save there"),
@@ -79,19 +80,22 @@ def launch(
                            accept_new_host_keys=accept_new_host_keys, keep_remote=keep_remote)
     config = SupervisorConfig(max_restarts=max_restarts, retry_on=retry_on, grace_period=grace_period,
                               evaluator_timeout=evaluator_timeout, stall_timeout=stall_timeout,
-                              max_preemptions=max_preemptions,
+                              max_preemptions=DEFAULT_MAX_PREEMPTIONS if max_preemptions is None else max_preemptions,
                               blacklist_after=blacklist_after, elastic_wait=elastic_wait, probe_interval=probe_interval,
                               **elastic_options(spec, min_tasks, elastic_batch, global_batch))
-    plan = _core(lambda: core.make_plan(job, tuple(ctx.args), spec, store, remote, virtual_devices, config, network))
+    plan, config, note = _core(lambda: core.plan_launch(job, tuple(ctx.args), spec, store, remote, virtual_devices, config,
+                                                        max_preemptions, network))
     if dry_run:
         typer.echo(render_plan(plan))
+        _note(note)
         return
     for warning in public_warnings(plan):
         typer.echo(f"tfl: warning: {warning}", err=True)
     if detach:
-        _detach(plan, store, config)
+        _detach(plan, store, config, note)
         return
     prepared = _core(lambda: core.prepare(plan))
+    _note(note)  # once the hosts passed their checks: their refusal stays the one line
     typer.echo(f"tfl: run {plan.run_id}: {', '.join(t.name for t in plan.tasks)}; logs in {plan.run_dir}/logs", err=True)
     record = _core(lambda: core.execute(prepared, store, config, sys.stdout, colour=_colour(), verbose=verbose))
     typer.echo(summary(record), err=True)
@@ -120,12 +124,18 @@ def _description(cluster: Path | None, local: int | None, slurm: bool, evaluator
     return _core(lambda: load_description(cluster) if cluster is not None else local_cluster(local or 0, evaluator))
 
 
-def _detach(plan: Any, store: Any, config: Any) -> None:
+def _note(note: str | None) -> None:
+    if note:
+        typer.echo(note, err=True)
+
+
+def _detach(plan: Any, store: Any, config: Any, note: str | None) -> None:
     """``--detach``: the quick checks here (their failures reach this terminal), then a
     background launcher; prints the run id."""
     from launcher.runs import launch as core
 
     _core(lambda: core.preflight(plan))
+    _note(note)
     pid = _core(lambda: core.detach(plan, store, config))
     for note in core.launcher_notes(store, plan.run_id):
         typer.echo(note, err=True)
@@ -159,8 +169,10 @@ def validate(file: Path = typer.Argument(..., help="cluster description (JSON)")
 
     from launcher.describe.kinds import load_description
     from launcher.plan.build import describe
+    from launcher.runs.launch import check_description
 
     spec = _core(lambda: load_description(file))
+    _core(lambda: check_description(spec, str(_store().runs_dir), sys.executable, os.getcwd()))
     lines, count = _core(lambda: describe(spec, str(_store().runs_dir), sys.executable, os.getcwd()))
     typer.echo("\n".join(lines))
     typer.echo(f"{file}: valid ({count} tasks)", err=True)

@@ -35,6 +35,7 @@ from launcher.tasks import LOCAL_HOSTS
 if TYPE_CHECKING:  # the spec (pydantic) is needed only to build a plan, never to read one
     from launcher.describe.spec import ClusterSpec
 
+KIT_SUBDIR = "kit"  # the job kit's copy in a run dir (a remote host's, or this machine's for another python)
 HOST_CACHE = "{tfl-cache}"  # a remote host's per-user tfl dir, until its agent has said where that is
 
 
@@ -128,6 +129,7 @@ class HostPlan:
     run_dir: str  # TFL_RUN_DIR as the host's tasks see it
     ssh: SSHTarget | None  # None: this machine, no SSH
     dirs: RemoteDirs | None = None  # None: this machine
+    kit: str | None = None  # this machine, another python than tfl's: where the job kit is copied for it
 
 
 def is_remote(spec: ClusterSpec, host: str) -> bool:
@@ -147,9 +149,11 @@ def host_plan(spec: ClusterSpec, host: str, *, run_id: str | None, run_dir: str,
               options: RemoteOptions) -> HostPlan:
     """``run_id`` None (``tfl doctor``): no run yet; a remote workdir is then the host's tfl dir."""
     settings = spec.host(host)
-    python = settings.python or python
+    own_python, python = python, settings.python or python
     if not is_remote(spec, host):
-        return HostPlan(host, python, settings.workdir or cwd, run_dir, None)
+        # Another python may not have tfl installed: its tasks get the kit as an SSH host's do.
+        kit = f"{run_dir}/{KIT_SUBDIR}" if run_id is not None and python != own_python else None
+        return HostPlan(host, python, settings.workdir or cwd, run_dir, None, kit=kit)
     target = ssh_target(spec, host, options.accept_new_host_keys)
     if run_id is None:
         return HostPlan(host, python, settings.workdir or HOST_CACHE, "", target)
@@ -157,7 +161,7 @@ def host_plan(spec: ClusterSpec, host: str, *, run_id: str | None, run_dir: str,
     root = f"{runs}/{run_id}/{_slug(host)}"
     code = f"{root}/code"
     workdir = settings.workdir or (code if options.ship_code else cwd)
-    kit = f"{root}/kit"
+    kit = f"{root}/{KIT_SUBDIR}"
     removed = (kit, f"{root}/{PROGRESS_SUBDIR}", f"{root}/scratch", *((code,) if workdir == code else ()))
     dirs = RemoteDirs(private=(HOST_CACHE, runs, f"{runs}/{run_id}", root),
                       checked=(settings.workdir,) if settings.workdir and options.ship_code else (), kit=kit,

@@ -16,6 +16,9 @@ reads it. What the thread does depends on where the task is:
   from the gaps between calls, an epoch's end included (its checkpoint and backup).
 
 Pure: no TensorFlow. The evaluator is not a training task: its SIGTERM is left alone.
+tfl's teardown after a failure elsewhere is another signal (contract.TEARDOWN_SIGNAL),
+which the kit leaves to its default action: the task ends at once, as nothing can be
+agreed with a dead peer.
 """
 
 from __future__ import annotations

@@ -54,6 +54,8 @@ def render_plan(plan: LaunchPlan) -> str:
                   f"  cwd: {t.cwd}", f"  log: {t.log_path}"]
         if t.ssh is not None:
             lines += [f"  ssh: {t.ssh.describe()}", *(f"  ship: {a} -> {b}" for a, b in t.sync)]
+        if t.kit is not None:
+            lines.append(f"  copy: the job kit -> {t.kit} (its python is not tfl's)")
         if t.dirs is not None:
             lines += [f"  ship: the job kit -> {t.dirs.kit}",
                       f"  removed at the end: {', '.join(t.dirs.remove) or 'nothing (--keep-remote)'}"]

@@ -52,12 +52,13 @@ def task_launch(spec: ClusterSpec, task: TaskId, host: HostPlan, port: int, job:
     }
     if spec.storage is not None:
         env[contract.MODEL_DIR] = contract.shared_model_dir(spec.storage.path, run_id)
-    if host.dirs is not None:  # the shipped job kit before anything else the task could import
-        env["PYTHONPATH"] = ":".join(p for p in (host.dirs.kit, env.get("PYTHONPATH")) if p)
+    kit = host.dirs.kit if host.dirs is not None else host.kit
+    if kit is not None:  # the shipped (or copied) job kit before anything else the task could import
+        env["PYTHONPATH"] = ":".join(p for p in (kit, env.get("PYTHONPATH")) if p)
     return TaskLaunch(
         task=task, host=host.host, port=port, argv=(host.python, "-u", job_there, *job_args), env=env,
         cwd=host.workdir, log_path=f"{run_dir}/{contract.LOGS_SUBDIR}/{task.slug}.log",
-        progress_path=f"{run_dir}/{progress_name}", ssh=host.ssh, sync=sync, dirs=host.dirs,
+        progress_path=f"{run_dir}/{progress_name}", ssh=host.ssh, sync=sync, dirs=host.dirs, kit=host.kit,
     )
 
 

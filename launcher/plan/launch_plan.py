@@ -32,6 +32,7 @@ class TaskLaunch:
     ssh: SSHTarget | None = None  # how to reach the task's host; None: this machine
     sync: tuple[tuple[str, str], ...] = ()  # (local, remote) copies that put the code on the host
     dirs: RemoteDirs | None = None  # the run's dirs on a remote host (the job kit's among them)
+    kit: str | None = None  # a local task under another python than tfl's: the job kit's copy, first on its PYTHONPATH
 
     @property
     def name(self) -> str:
@@ -47,7 +48,7 @@ class TaskLaunch:
             "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd,
             "log_path": self.log_path, "progress_path": self.progress_path,
             "ssh": self.ssh.to_dict() if self.ssh else None, "sync": [list(s) for s in self.sync],
-            "dirs": self.dirs.to_dict() if self.dirs else None,
+            "dirs": self.dirs.to_dict() if self.dirs else None, **({"kit": self.kit} if self.kit else {}),
         }
 
     @classmethod
@@ -58,7 +59,7 @@ class TaskLaunch:
             log_path=data["log_path"], progress_path=data["progress_path"],
             ssh=SSHTarget.from_dict(data["ssh"]) if data.get("ssh") else None,
             sync=tuple((a, b) for a, b in data.get("sync", [])),
-            dirs=RemoteDirs.from_dict(data["dirs"]) if data.get("dirs") else None,
+            dirs=RemoteDirs.from_dict(data["dirs"]) if data.get("dirs") else None, kit=data.get("kit"),
         )
 
     def on_host(self, cache: str) -> TaskLaunch:

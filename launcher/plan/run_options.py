@@ -19,6 +19,8 @@ PREEMPTION_EXIT_CODES = frozenset({143, -signal.SIGTERM, PREEMPTED_EXIT_CODE})
 # checkpoint take seconds (docs/benchmarks.md); 30 s is also Kubernetes' default termination
 # grace and a spot VM's notice on GCE.
 DEFAULT_GRACE_S = 30.0
+# Restarts after a preemption; 0 where they cannot work (``storage.preemption_restarts``).
+DEFAULT_MAX_PREEMPTIONS = 100
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,7 @@ class SupervisorConfig:
     max_restarts: int = 0
     retry_on: str = "any"  # "any": every failure; "preemption": only PREEMPTION_EXIT_CODES
     grace_period: float = DEFAULT_GRACE_S
-    max_preemptions: int = 100  # restarts after a preemption, counted apart from max_restarts
+    max_preemptions: int = DEFAULT_MAX_PREEMPTIONS  # restarts after a preemption, counted apart from max_restarts
     poll_interval: float = 0.5  # an upper bound: local exits wake the supervisor at once
     evaluator_timeout: float = 600.0
     stall_timeout: float | None = None  # no progress from a training task for this long = failure

@@ -22,8 +22,9 @@ def model_dir_given(job_args: tuple[str, ...]) -> bool:
     return any(a == "--model-dir" or a.startswith("--model-dir=") for a in job_args)
 
 
-def sharing_need(plan: LaunchPlan, max_restarts: int) -> str | None:
-    """Why the plan needs storage every host sees and has none, or None."""
+def _restart_need(plan: LaunchPlan) -> tuple[str, list[str]] | None:
+    """The chief's host and the other training hosts, when a restarted group could not see the
+    chief's backup (remote hosts, no storage they all see); else None."""
     remote = any(t.ssh is not None for t in plan.tasks)
     if not remote or not plan.training_tasks or model_dir_given(plan.job_args):
         return None
@@ -31,18 +32,51 @@ def sharing_need(plan: LaunchPlan, max_restarts: int) -> str | None:
         return None
     chief = plan.training_tasks[0]  # the chief, else worker:0 (TensorFlow's rule): tasks are in that order
     others = sorted({t.host for t in plan.training_tasks} - {chief.host})
-    if max_restarts and others:
-        return (f"--max-restarts {max_restarts}: a restarted group resumes from the chief's backup on {chief.host}, "
-                f"which the tasks on {', '.join(others)} cannot see")
-    evaluator = next((t for t in plan.tasks if not t.task.is_training and t.host != chief.host), None)
-    if evaluator is not None:
+    return (chief.host, others) if others else None
+
+
+def _unseen_backup(option: str, need: tuple[str, list[str]]) -> str:
+    return (f"{option}: a restarted group resumes from the chief's backup on {need[0]}, "
+            f"which the tasks on {', '.join(need[1])} cannot see")
+
+
+def sharing_need(plan: LaunchPlan, max_restarts: int, max_preemptions: int = 0) -> str | None:
+    """Why the plan needs storage every host sees and has none, or None."""
+    restart = _restart_need(plan)
+    if restart is not None and max_restarts:
+        return _unseen_backup(f"--max-restarts {max_restarts}", restart)
+    if restart is not None and max_preemptions:
+        return _unseen_backup(f"--max-preemptions {max_preemptions}", restart)
+    if any(MODEL_DIR in t.env for t in plan.tasks) or model_dir_given(plan.job_args) or not any(t.ssh for t in plan.tasks):
+        return None
+    chief = plan.training_tasks[0] if plan.training_tasks else None
+    evaluator = next((t for t in plan.tasks if not t.task.is_training and chief and t.host != chief.host), None)
+    if chief is not None and evaluator is not None:
         return f"the evaluator on {evaluator.host} would never see the checkpoints the chief writes on {chief.host}"
     return None
 
 
-def check_sharing(plan: LaunchPlan, max_restarts: int) -> None:
+def check_sharing(plan: LaunchPlan, max_restarts: int, max_preemptions: int = 0) -> None:
     """Refuse, with the fix, a plan that needs shared storage and has none."""
-    need = sharing_need(plan, max_restarts)
+    need = sharing_need(plan, max_restarts, max_preemptions)
     if need is not None:
         raise UsageError(f"{need} (each host keeps its model dir on its own disk); name storage every host mounts "
                          f"at the same path in the cluster file ({EXAMPLE}), or pass the job a shared --model-dir")
+
+
+def preemption_restarts(plan: LaunchPlan, asked: int | None, default: int) -> tuple[int, str | None]:
+    """``--max-preemptions`` as the run takes it, and a note when it is not what the user would assume.
+
+    A preemption restart resumes from the chief's agreed checkpoint like any restart: without
+    storage the hosts share, it is doomed (the other hosts' tasks find no backup). Asked for,
+    it is refused (``check_sharing``); left at its default, it is 0 for such a plan: a preempted
+    run ends PREEMPTED at once, and the note says how to have the restarts."""
+    if asked is not None:
+        check_sharing(plan, 0, asked)
+        return asked, None
+    need = _restart_need(plan)
+    if need is None:
+        return default, None
+    return 0, (f"tfl: no preemption restarts (--max-preemptions 0): the tasks on {', '.join(need[1])} could not see the "
+               f"chief's checkpoint on {need[0]}; for them, name storage every host mounts in the cluster file ({EXAMPLE}) "
+               "or pass the job a shared --model-dir")

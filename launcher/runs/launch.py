@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -26,7 +27,7 @@ from launcher.plan.launch_plan import LaunchPlan
 from launcher.plan.network import choose_network
 from launcher.plan.resize import check_elastic
 from launcher.plan.run_options import SupervisorConfig
-from launcher.plan.storage import check_sharing
+from launcher.plan.storage import check_sharing, preemption_restarts
 from launcher.records.identity import ProcessIdentity
 from launcher.records.store import RunRecord, RunStore
 from launcher.runs.resume import check_resumable, claim, recorded_plan
@@ -40,6 +41,9 @@ from launcher.views.logs import LogFollower
 # and how a machine going away says so (a preemption): always handled.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 KEEP_IGNORED = frozenset({signal.SIGINT, signal.SIGHUP})
+# The options of an elastic launch, as the cluster file's elastic block names them (``check_description``).
+FILE_FIELDS = (("--min-tasks", "elastic.min_tasks"), ("--global-batch", "elastic.global_batch"),
+               ("--elastic-batch", "elastic.batch"))
 # The least a detached launch waits for its background launcher to record the run (``record_wait``).
 RECORD_WAIT = 300.0
 
@@ -64,6 +68,38 @@ def make_plan(job: str, job_args: tuple[str, ...], spec: Any, store: RunStore,
                              global_batch=config.global_batch, virtual_devices=virtual_devices)
     check_sharing(plan, config.max_restarts if config else 0)
     return plan
+
+
+def check_description(spec: Any, runs_dir: str, python: str, cwd: str) -> None:
+    """``tfl validate``: refuse what ``make_plan`` would refuse of a launch with the file's own
+    options (its elastic block) and the defaults for the rest, as one line. What the command
+    line can still answer is left to the launch: a shared ``--model-dir`` (assumed given), the
+    elastic global batch (``--global-batch``; checked where the file gives it)."""
+    from launcher.plan.resize import elastic_options
+
+    config = SupervisorConfig(**elastic_options(spec, None, None, None))
+    try:
+        plan = build_plan(spec, f"{cwd}/JOB", ("--model-dir", "DIR"), run_id="RUN", run_dir=f"{runs_dir}/RUN",
+                          python=python, cwd=cwd, config=config)
+        registry.name_for_plan(plan)
+        if config.min_tasks is not None:
+            batch = config.elastic_batch if config.global_batch is not None else "per-replica"
+            check_elastic(plan, min_tasks=config.min_tasks, batch=batch, global_batch=config.global_batch)
+    except UsageError as exc:  # the launch's refusal, naming the file's fields instead of the options
+        text = str(exc)
+        for option, field in FILE_FIELDS:
+            text = text.replace(option, field)
+        raise UsageError(text) from None
+
+
+def plan_launch(job: str, job_args: tuple[str, ...], spec: Any, store: RunStore, remote: RemoteOptions,
+                virtual_devices: int | None, config: SupervisorConfig,
+                max_preemptions: int | None, network: str = "auto") -> tuple[LaunchPlan, SupervisorConfig, str | None]:
+    """``make_plan``, and the run's config with ``--max-preemptions`` as the plan allows it
+    (``storage.preemption_restarts``: None = not given), and the note to show when it differs."""
+    plan = make_plan(job, job_args, spec, store, remote, virtual_devices, config, network)
+    taken, note = preemption_restarts(plan, max_preemptions, config.max_preemptions)
+    return plan, dataclasses.replace(config, max_preemptions=taken), note
 
 
 @dataclass

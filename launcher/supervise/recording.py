@@ -12,8 +12,8 @@ from collections.abc import Callable
 from launcher.engines.base import GroupBackend, ResizingGroup
 from launcher.plan.launch_plan import LaunchPlan
 from launcher.records.store import FailureRecord, ResizeRecord, RunRecord, TaskRecord
-from launcher.tasklog import tail_lines
 from launcher.tasks import TaskId
+from launcher.views.diagnosis import failure_tail
 
 
 def progress_mtime(path: str) -> float | None:
@@ -43,7 +43,7 @@ def failure_record(task: TaskRecord, *, code: int | None, reason: str | None, lo
                    attempt: int) -> FailureRecord:
     """A task that failed, as data: why (``reason``, else its exit told), its log's tail."""
     return FailureRecord(task=task.task, host=task.host, pid=task.pid, exit_code=code, reason=reason or describe_exit(code or 0),
-                         log_tail=tail_lines(log_path, lines), time=time, attempt=attempt)
+                         log_tail=failure_tail(log_path, lines), time=time, attempt=attempt)
 
 
 def group_went_on(group: GroupBackend, plan: LaunchPlan, record: RunRecord, time: float, *,

@@ -1,7 +1,8 @@
 """The restart policy, pure: which failure of an attempt counts, and whether the group may start again.
 
 Policy (all-or-nothing, see ``states``): the first training task to fail stops every
-other task at once (SIGTERM to its group, ``grace_period``, then SIGKILL), without waiting
+other task at once (``contract.TEARDOWN_SIGNAL`` to its group, not the notice SIGTERM: no agreed
+save can include a dead peer; ``grace_period``, then SIGKILL), without waiting
 for TensorFlow's own ~14 s heartbeat timeout. Then the group is restarted while restarts
 are left, else the run has failed.
 

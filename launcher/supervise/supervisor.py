@@ -229,11 +229,12 @@ class Supervisor:
                    if self.record.task(n).state == TaskState.RUNNING and not (self._group and not p.launch.task.is_training)]
         self.record.stopped_because_of_failure = sorted(p.launch.name for p in running)
         failed = self._procs[failure.task]
+        preempted = failure.exit_code == PREEMPTED_EXIT_CODE  # else no agreement can include the failed task
         if self._group:  # it stops the rest of its group itself: the failed task (if alive), then record them
-            self._teardown([failed], TaskState.STOPPED)
+            self._teardown([failed], TaskState.STOPPED, notice=preempted)
             self._mark(running, TaskState.STOPPED)
         else:  # the failed task too: a stalled one is still alive
-            self._teardown(list(self._procs.values()), TaskState.STOPPED)
+            self._teardown(list(self._procs.values()), TaskState.STOPPED, notice=preempted)
         if self.record.task(failure.task).exit_code is None:
             self.record.task(failure.task).exit_code = self._backend.poll(failed)
         lost = self._lost_hosts()
@@ -245,7 +246,6 @@ class Supervisor:
                                                       if self._procs[n].unreachable_since is None]
             self._finish(RunState.FAILED, 1, f"{lost}; no restart on a host known lost")
             return False
-        preempted = failure.exit_code == PREEMPTED_EXIT_CODE
         if self._group is not None and self._group_restarted():  # restarted; an elastic one maybe resized
             self.plan = group_went_on(self._group, self.plan, self.record, self._wall(), say=self._say,
                                       restart=lambda: self._record_restart(failure, preempted))
@@ -333,10 +333,10 @@ class Supervisor:
             self._wait(min(self._config.poll_interval, max(0.0, deadline - self._clock())))
         self._teardown(evaluators, TaskState.STOPPED)
 
-    def _teardown(self, procs: list[TaskProcess], state: TaskState) -> None:
-        """Stop ``procs`` (``launcher.engines.teardown``: SIGTERM, grace, SIGKILL) and record them. Idempotent."""
+    def _teardown(self, procs: list[TaskProcess], state: TaskState, notice: bool = True) -> None:
+        """Stop ``procs`` (``engines.teardown``; not a ``notice`` after a failure: TEARDOWN_SIGNAL) and record them."""
         teardown(procs, signal=self._backend.signal, alive=self._backend.alive, grace=self._config.grace_period,
-                 force=lambda: self._force, clock=self._clock, wait=self._wait)
+                 force=lambda: self._force, clock=self._clock, wait=self._wait, notice=notice)
         self._mark(procs, state)
 
     def _mark(self, procs: list[TaskProcess], state: TaskState) -> None:

@@ -71,6 +71,11 @@ KNOWN: tuple[Noise, ...] = (
            r"Coordination agent has successfully connected\."),
     _noise("tf.data memory patch", ("generator_dataset_op.cc",), "I",
            r"Memory patch applied: M_TRIM_THRESHOLD=\d+ kb was set\."),
+    # A warning, once per task of every run of the job kit's input under MultiWorkerMirroredStrategy
+    # (TensorFlow's per-device generator dataset): nothing the user did or can act on.
+    _noise("tf.data: input not optimized", ("dataset.cc",), "W",
+           r"Input of GeneratorDatasetOp::Dataset will not be optimized because the dataset does not implement the "
+           r"AsGraphDefInternal\(\) method needed to apply optimizations\."),
 )
 
 

@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence, TextIO
 from launcher.contract import PREEMPTED_EXIT_CODE, PREEMPTED_PHASE, ProgressRecord
 from launcher.records.states import RunState
 from launcher.records.store import FailureRecord, RunRecord, UnreadableRun
+from launcher.views.diagnosis import known_fix
 from launcher.views.status import RunView, TaskView
 
 
@@ -168,4 +169,5 @@ def restart_counts(record: RunRecord) -> str:
 
 def _failure_lines(label: str, failure: FailureRecord) -> list[str]:
     lines = [f"  {label}: {failure.task} on {failure.host} (pid {failure.pid}) {failure.reason}; last lines of its log:"]
-    return lines + [f"    | {line}" for line in failure.log_tail]
+    fix = known_fix(failure.log_tail)
+    return lines + [f"    | {line}" for line in failure.log_tail] + ([f"  fix: {fix}"] if fix else [])

@@ -61,6 +61,7 @@ class LocalBackend:
 
     def __init__(self, notify: Callable[[], None] = lambda: None) -> None:
         self._notify = notify
+        self._kits: set[str] = set()  # job kit copies made for this run (tasks under another python than tfl's)
         self._network: PrivateNetwork | None = None  # the run's namespace (``--network private``/auto)
 
     # --- before a run -------------------------------------------------------------------
@@ -81,7 +82,7 @@ class LocalBackend:
         under the host's python for the full ones (its packages are what counts). The agent is
         the one place host facts are gathered, whatever the backend."""
         from launcher.engines.ssh.node import agent
-        from launcher.engines.ssh.wire import BOOTSTRAP, agent_input, python_failure, reply
+        from launcher.engines.ssh.wire import BOOTSTRAP, agent_input, kit_data, python_failure, reply
 
         if quick:
             facts = agent.probe(probe_request(h, quick=True))
@@ -90,8 +91,11 @@ class LocalBackend:
                 if held is not None:
                     facts["ports"][port] = held + _port_owner(int(port))
             return facts
+        request = probe_request(h)
+        if h.python != sys.executable:  # its tasks get the kit on their path: does it import there?
+            request["kit"] = kit_data()
         try:
-            out = subprocess.run([h.python, "-u", "-c", BOOTSTRAP], input=agent_input(probe_request(h)),
+            out = subprocess.run([h.python, "-u", "-c", BOOTSTRAP], input=agent_input(request),
                                  capture_output=True, timeout=60)
         except (FileNotFoundError, PermissionError):
             raise LaunchError(f"{h.host}: {python_failure(h.python, 127, b'no such file', h.host)}") from None
@@ -105,6 +109,8 @@ class LocalBackend:
         env = {**os.environ, **launch.env, "TFL_ATTEMPT": str(attempt)}
         if launch.cwd and not os.path.isdir(launch.cwd):
             raise LaunchError(f"{launch.name}: working directory {launch.cwd} does not exist (fix hosts.{launch.host}.workdir)")
+        if launch.kit is not None and launch.kit not in self._kits:
+            self._copy_kit(launch.kit)
         with open_private(launch.log_path) as log:
             if attempt:
                 log.write(attempt_banner(launch.name, attempt).encode())
@@ -125,6 +131,18 @@ class LocalBackend:
                            handle=Leader(popen), start_ticks=identity.start_ticks(popen.pid))
         threading.Thread(target=self._wait, args=(popen.pid,), name=f"wait-{launch.name}", daemon=True).start()
         return proc
+
+    def _copy_kit(self, kit: str) -> None:
+        """The job kit (at this launcher's version) where the plan put it on the task's PYTHONPATH,
+        as an SSH host gets it: another python may not have tfl installed."""
+        from launcher.engines.ssh.node.agent_files import extract
+        from launcher.engines.ssh.wire import kit_archive
+
+        try:
+            extract([kit_archive(kit)])  # the agent's own unpacking, as for an SSH host's kit
+        except OSError as exc:
+            raise LaunchError(f"cannot copy the job kit to {kit}: {exc.strerror or exc}") from None
+        self._kits.add(kit)
 
     def _wait(self, pid: int) -> None:
         # Exit is an event: the supervisor wakes at once instead of waiting for its next poll.

@@ -1,0 +1,39 @@
+"""Known causes of a task's failure, told from the end of its log: the tail a failure record
+keeps (dumps folded) and the one line that says what to do.
+
+Keras 3 under MultiWorkerMirroredStrategy (keras-team/keras#20585): a job that writes
+`import keras` gets Keras 3, whose `fit` hands a `PerReplica` batch to an op, and TensorFlow
+raises `ValueError: Attempt to convert a value (PerReplica:{ … })` with every replica's
+batch printed in between: a screenful of numbers that buries the message. The tail keeps
+the first and last lines and folds the dump; the fix is tf_keras. Pure.
+"""
+
+from __future__ import annotations
+
+import re
+
+from launcher.contract import LEGACY_KERAS
+from launcher.tasklog import tail_lines
+
+SCAN_LINES = 2000  # how far back a dump's first line is looked for
+_DUMP_START = re.compile(r"\w*Error: Attempt to convert a value \(PerReplica:\{")
+_KERAS3_END = re.compile(r".*with an unsupported type \(<class '[\w.]*PerReplica'>\) to a Tensor\.\s*$")
+KERAS3_FIX = ("Keras 3 (`import keras`) breaks under MultiWorkerMirroredStrategy (keras-team/keras#20585): "
+              f"use `import tf_keras as keras`, or `tf.keras` (tfl sets {LEGACY_KERAS}=1 for it)")
+
+
+def failure_tail(log_path: str, count: int) -> list[str]:
+    """The last ``count`` lines of a failed task's log, a known dump folded into one line."""
+    lines = tail_lines(log_path, SCAN_LINES)
+    if lines and _KERAS3_END.match(lines[-1]):
+        start = next((i for i in range(len(lines) - 1, -1, -1) if _DUMP_START.search(lines[i])), None)
+        if start is not None and len(lines) - start > 2:
+            folded = len(lines) - start - 2
+            lines = [*lines[:start + 1], f"… {folded} lines of the value's tensors folded (the task's log keeps them)",
+                     lines[-1]]
+    return lines[-count:] if count else []
+
+
+def known_fix(tail: list[str]) -> str | None:
+    """What to do about a failure whose log ends in ``tail``, when the cause is a known one."""
+    return KERAS3_FIX if tail and _KERAS3_END.match(tail[-1]) else None
