@@ -167,3 +167,43 @@ def assert_none_alive(jobs: Iterable[JobProcess]) -> None:
     alive = [job.name for job in jobs if psutil.pid_exists(job.popen.pid)
              and psutil.Process(job.popen.pid).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"processes still alive: {alive}"
+
+
+HELD_JOB = REPO / "tests" / "jobs" / "held.py"
+
+
+@dataclass
+class Hold:
+    """The test's side of tests/jobs/held.py: every training task of attempt 0 stops at `step`
+    (the end of the first call of the train function at or past it) until `release()`."""
+
+    directory: Path
+    step: int
+
+    def __post_init__(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"TFL_TEST_HOLD": f"{self.step}:{self.directory}"}
+
+    def held_at(self, task: str) -> int | None:
+        marker = self.directory / f"held-{task.replace(':', '-')}"
+        try:
+            return int(marker.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def wait(self, tasks: Sequence[str], alive: Any, timeout_s: float = 300) -> dict[str, int]:
+        """The step each of `tasks` holds at, once all hold; `alive()` False fails at once (a hang guard)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            steps = {task: self.held_at(task) for task in tasks}
+            if all(step is not None for step in steps.values()):
+                return {task: int(step) for task, step in steps.items() if step is not None}
+            assert alive(), f"a task ended before holding at step {self.step}: {steps}"
+            assert time.monotonic() < deadline, f"not held at step {self.step} in {timeout_s} s: {steps}"
+            time.sleep(0.02)
+
+    def release(self) -> None:
+        (self.directory / "go").touch()

@@ -21,6 +21,7 @@ import pytest
 
 from launcher.runstore import RunStore
 from tests.conftest import ROOT
+from tests.jobkit_helpers import HELD_JOB, Hold
 from tests.procs import assert_none_left, tfl_processes
 
 pytestmark = pytest.mark.slow
@@ -60,24 +61,6 @@ def losses(home: Path) -> dict[int, float]:
     return {int(m[1]): float(m[2]) for m in EPOCH_LINE.finditer(text)}
 
 
-def chief_step(home: Path) -> int:
-    """The chief's latest global step in training (the kit's progress log)."""
-    try:
-        lines = (home.parent / "steps.jsonl").read_text().splitlines()
-    except FileNotFoundError:
-        return 0
-    steps = [r["global_step"] for r in map(_json, lines) if r and r.get("task") == "chief:0" and r.get("phase") == "train"]
-    return max(steps, default=0)
-
-
-def _json(line: str) -> dict[str, object] | None:
-    try:
-        found = json.loads(line)
-        return found if isinstance(found, dict) else None
-    except ValueError:
-        return None
-
-
 def wait_until(predicate: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -112,25 +95,36 @@ def control(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, floa
     assert_none_left(str(home))
 
 
-def launch(home: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "launcher", "launch", MNIST, "--local", "2", *args, "--", *ARGS],
-                            env=env_for(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def launch(home: Path, hold: Hold, *args: str) -> subprocess.Popen[str]:
+    """jobs/mnist.py on a chief and a worker, held at `hold.step` in attempt 0 (tests/jobs/held.py)."""
+    return subprocess.Popen([sys.executable, "-m", "launcher", "launch", str(HELD_JOB), "--local", "2", *args, "--",
+                             MNIST, *ARGS], env={**env_for(home), **hold.env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def notice_taken(home: Path, task: str) -> bool:
+    log = home / "runs" / only_run(home) / "logs" / f"{task.replace(':', '-')}.log"
+    return "jobkit: preemption notice (SIGTERM);" in log.read_text(errors="replace")
 
 
 def test_sigterm_to_the_evaluator_then_the_worker_ends_0_like_the_control(control: dict[int, float],
                                                                          tfl_home: Path) -> None:
-    launcher = launch(tfl_home, "--evaluator", "--max-restarts", "0", "--evaluator-timeout", "60")
+    # The moment: the chief and the worker hold at step 10 of 30 (tests/jobs/held.py) while the
+    # evaluator, then the worker, get their notices; the worker goes on only once TensorFlow's
+    # handler has its notice, so the agreed step is within a call or two of 10: epoch 1 on any machine.
+    hold = Hold(tfl_home.parent / "hold", 10)
+    launcher = launch(tfl_home, hold, "--evaluator", "--max-restarts", "0", "--evaluator-timeout", "60")
     try:
-        wait_until(lambda: chief_step(tfl_home) >= 3, "the chief trains")
+        target = hold.wait(["chief:0", "worker:0"], alive=lambda: launcher.poll() is None, timeout_s=TIMEOUT)["chief:0"]
         os.kill(pid_of(tfl_home, "evaluator:0"), signal.SIGTERM)
         wait_until(lambda: RunStore(tfl_home).load(only_run(tfl_home)).task("evaluator:0").state.is_terminal,
                    "the evaluator leaves")
-        at = chief_step(tfl_home)
-        wait_until(lambda: chief_step(tfl_home) >= at + 3, "training goes on without the evaluator")
-        assert launcher.poll() is None and RunStore(tfl_home).load(only_run(tfl_home)).attempt == 0
-        target = min(STEPS - 2, chief_step(tfl_home) + 2)
-        wait_until(lambda: chief_step(tfl_home) >= target, f"the chief reaches step {target}")
+        record = RunStore(tfl_home).load(only_run(tfl_home))
+        assert launcher.poll() is None and record.attempt == 0  # training goes on without the evaluator
+        assert {record.task(t).state.value for t in ("chief:0", "worker:0")} == {"running"}
         os.kill(pid_of(tfl_home, "worker:0"), signal.SIGTERM)
+        wait_until(lambda: notice_taken(tfl_home, "worker:0"), "the worker takes the notice")
+        hold.release()
         _, err = launcher.communicate(timeout=TIMEOUT)
     finally:
         if launcher.poll() is None:
@@ -147,11 +141,18 @@ def test_sigterm_to_the_evaluator_then_the_worker_ends_0_like_the_control(contro
 
 def test_stop_then_resume_trains_like_the_control(control: dict[int, float], tfl_home: Path) -> None:
     env = env_for(tfl_home)
-    started = tfl(["launch", MNIST, "--local", "2", "--detach", "--", *ARGS], env)
+    hold = Hold(tfl_home.parent / "hold", 8)  # the moment: both hold at step 8 of 90 while `tfl stop` comes
+    started = tfl(["launch", str(HELD_JOB), "--local", "2", "--detach", "--", MNIST, *ARGS], {**env, **hold.env})
     run = started.stdout.strip()
     assert started.returncode == 0, started.stderr
-    wait_until(lambda: chief_step(tfl_home) >= 8, "the chief trains")
-    stopped = tfl(["stop", run], env)
+    held = hold.wait(["chief:0", "worker:0"], alive=lambda: True, timeout_s=TIMEOUT)
+    assert len(set(held.values())) == 1 and 8 <= held["chief:0"] <= 10, held  # calls of 1 or 5 steps
+    stopping = subprocess.Popen([sys.executable, "-m", "launcher", "stop", run], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: notice_taken(tfl_home, "chief:0") and notice_taken(tfl_home, "worker:0"), "the notices")
+    hold.release()
+    out, err = stopping.communicate(timeout=TIMEOUT)
+    stopped = subprocess.CompletedProcess(stopping.args, stopping.returncode, out, err)
     assert stopped.returncode == 0 and stopped.stdout.strip() == f"run {run}: stopped", stopped.stdout + stopped.stderr
     record = RunStore(tfl_home).load(run)
     assert record.state.value == "stopped" and {t.state.value for t in record.tasks} == {"preempted"}, record.message

@@ -26,7 +26,18 @@ import numpy as np
 import pytest
 
 from launcher.contract import PREEMPTED_EXIT_CODE, PreemptedRecord
-from tests.jobkit_helpers import JobProcess, assert_none_alive, free_ports, kill_all, start_job, tf_config, wait_all
+from tests.jobkit_helpers import (
+    HELD_JOB,
+    MNIST_JOB,
+    Hold,
+    JobProcess,
+    assert_none_alive,
+    free_ports,
+    kill_all,
+    start_job,
+    tf_config,
+    wait_all,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -61,14 +72,17 @@ class Group:
         return "\n".join(f"--- {name}\n{job.output()[-2500:]}" for name, job in self.jobs.items())
 
 
-def start_group(base: Path, model_dir: Path, attempt: int, steps_per_call: int, *, evaluator: bool = False) -> Group:
+def start_group(base: Path, model_dir: Path, attempt: int, steps_per_call: int, *, evaluator: bool = False,
+                hold: Hold | None = None) -> Group:
+    """jobs/mnist.py as a chief, a worker (and an evaluator); with `hold`, through tests/jobs/held.py."""
     kinds = ["chief", "worker", *(["evaluator"] if evaluator else [])]
     ports = free_ports(len(kinds))
     cluster = {kind: [f"localhost:{port}"] for kind, port in zip(kinds, ports, strict=True)}
     workdir = base / f"attempt{attempt}"
-    jobs = {f"{kind}:0": start_job(f"{kind}:0", workdir, job_args(model_dir, steps_per_call),
-                                   tf_config_json=tf_config(cluster, kind, 0),
-                                   extra_env={"TFL_ATTEMPT": str(attempt)})
+    args = job_args(model_dir, steps_per_call)
+    job, args = (HELD_JOB, [str(MNIST_JOB), *args]) if hold else (MNIST_JOB, args)
+    jobs = {f"{kind}:0": start_job(f"{kind}:0", workdir, args, job=job, tf_config_json=tf_config(cluster, kind, 0),
+                                   extra_env={"TFL_ATTEMPT": str(attempt), **(hold.env if hold else {})})
             for kind in kinds}
     return Group(jobs, model_dir)
 
@@ -91,18 +105,12 @@ def final_weights(model_dir: Path) -> dict[str, np.ndarray]:
     return {n: v for n, v in values.items() if isinstance(v, np.ndarray) and v.dtype.kind == "f"}
 
 
-def wait_for_step(job: JobProcess, step: int, others: list[JobProcess]) -> int:
-    """Wait until `job` reports global step >= `step`; return the step it reported."""
-    deadline = time.monotonic() + TIMEOUT_S
-    while time.monotonic() < deadline:
-        records = job.step_records()
-        done = max((r["global_step"] for r in records if r["phase"] == "train"), default=0)
-        if done >= step:
-            return int(done)
-        if any(j.popen.poll() is not None for j in others):
-            break
-        time.sleep(0.02)
-    raise AssertionError(f"global step {step} never reported\n" + "\n".join(j.output()[-2000:] for j in others))
+def hold_training(group: Group, hold: Hold) -> int:
+    """Wait until the chief and the worker both hold (tests/jobs/held.py); the step they hold at."""
+    held = hold.wait(["chief:0", "worker:0"], alive=lambda: all(j.popen.poll() is None for j in group.jobs.values()),
+                     timeout_s=TIMEOUT_S)
+    assert held["chief:0"] == held["worker:0"] >= hold.step, held
+    return held["chief:0"]
 
 
 @dataclass
@@ -144,15 +152,21 @@ def assert_trains_like(control: Control, resumed: Group, after_epoch: int) -> No
 def preempt_and_resume(tmp_path: Path, control: Control, steps_per_call: int, victims: tuple[str, ...],
                        seed: int) -> None:
     rng = random.Random(seed)
-    # Early enough that an epoch after the save is left to compare (progress records come
-    # every half second, so the group is a few steps further on than the record says).
-    target = rng.randrange(2, STEPS + 1)
+    # The moment: the group holds at a step of epoch 1's first half (the end of the first call at
+    # or past it) and the notice comes while it holds; a victim goes on only once TensorFlow's
+    # handler has taken the notice in (tests/jobs/held.py), so the agreed step is at most two
+    # calls later: at most step 6 + 2 with one step per call, 4 + 8 with four. Epoch 2 (or 3) is
+    # left to compare however fast the machine trains: no progress record or timer decides it.
+    hold = Hold(tmp_path / "hold", rng.randrange(2, STEPS // 2 + 1) if steps_per_call == 1 else steps_per_call)
     model_dir = tmp_path / "model"
-    first = start_group(tmp_path, model_dir, 0, steps_per_call)
+    first = start_group(tmp_path, model_dir, 0, steps_per_call, hold=hold)
     try:
-        seen = wait_for_step(first.chief, target, list(first.jobs.values()))
+        seen = hold_training(first, hold)
         for name in victims:
             os.kill(first.jobs[name].popen.pid, signal.SIGTERM)
+        for name in victims:
+            wait_for_line(first.jobs[name], "jobkit: preemption notice (SIGTERM);", list(first.jobs.values()))
+        hold.release()
         codes = first.codes()
     finally:
         kill_all(first.jobs.values())
@@ -194,10 +208,13 @@ def test_sigterm_to_both_at_once_gives_one_checkpoint(tmp_path: Path, controls: 
 def test_kill_9_of_a_worker_then_a_restart_redoes_the_steps_since_the_backup_on_the_same_batches(
         tmp_path: Path, controls: Callable[[int], Control]) -> None:
     model_dir = tmp_path / "model"
-    first = start_group(tmp_path, model_dir, 0, 1)
+    hold = Hold(tmp_path / "hold", STEPS + 3)  # held in epoch 2, after the backup of step 12
+    first = start_group(tmp_path, model_dir, 0, 1, hold=hold)
     try:
-        seen = wait_for_step(first.chief, STEPS + 3, list(first.jobs.values()))
+        seen = hold_training(first, hold)
         os.kill(first.jobs["worker:0"].popen.pid, signal.SIGKILL)
+        first.jobs["worker:0"].popen.wait(timeout=30)
+        hold.release()
         # The launcher's teardown: the notice to the survivor. Its peer is gone, so no
         # step can be agreed: it stops without a checkpoint and claims no preemption.
         time.sleep(0.5)
@@ -216,15 +233,18 @@ def test_kill_9_of_a_worker_then_a_restart_redoes_the_steps_since_the_backup_on_
     resumed_at = int(chief.split("resuming at global step ")[1].split(":")[0])
     # The last backup (every 4 steps): the steps after it are trained again.
     assert resumed_at % BACKUP_EVERY == 0 and STEPS <= resumed_at < EPOCHS * STEPS, chief[-3000:]
-    assert seen >= STEPS + 3
+    assert seen == STEPS + 3
     assert_trains_like(controls(1), second, after_epoch=-(-resumed_at // STEPS))
 
 
 def test_sigterm_to_the_evaluator_leaves_training_alone(tmp_path: Path, controls: Callable[[int], Control]) -> None:
-    group = start_group(tmp_path, tmp_path / "model", 0, 1, evaluator=True)
+    hold = Hold(tmp_path / "hold", STEPS + 2)  # training holds in epoch 2: the evaluator is still following it
+    group = start_group(tmp_path, tmp_path / "model", 0, 1, evaluator=True, hold=hold)
     try:
-        wait_for_step(group.chief, STEPS + 2, list(group.jobs.values()))
+        hold_training(group, hold)
         os.kill(group.jobs["evaluator:0"].popen.pid, signal.SIGTERM)
+        group.jobs["evaluator:0"].popen.wait(timeout=60)
+        hold.release()
         codes = group.codes()
     finally:
         kill_all(group.jobs.values())

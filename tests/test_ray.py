@@ -25,6 +25,7 @@ from launcher.errors import ClusterFileError
 from launcher.spec import parse_cluster
 from launcher.tfconfig import tf_config
 from tests.conftest import ROOT
+from tests.jobkit_helpers import HELD_JOB, Hold
 from tests.ray_cluster import RayCluster, stop_ray_cluster, task_runners
 from tests.test_ssh import only_run, tfl, wait_for
 
@@ -77,12 +78,12 @@ while step < int(sys.argv[1]):
 """
 
 
-def description(tmp_path: Path, address: str, **ray: Any) -> Path:
+def description(tmp_path: Path, address: str, env: dict[str, str] | None = None, **ray: Any) -> Path:
     path = tmp_path / "ray.json"
     shared = tmp_path / "shared"
     shared.mkdir(exist_ok=True)
     path.write_text(json.dumps({"ray": {"address": address, "ready_timeout": 60, **ray}, "storage": {"path": str(shared)},
-                                "env": {"TF_CPP_MIN_LOG_LEVEL": "2"}}))
+                                "env": {"TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}}))
     return path
 
 
@@ -302,16 +303,18 @@ def test_mnist_with_an_evaluator_survives_the_loss_of_a_workers_node(cluster: Ra
     """Chief, worker and evaluator each on a node of its own, a fourth node free; the worker's node dies
     mid-training (its raylet and every process on it killed): Ray places the lost bundle on the free node,
     the group restarts, resumes from the backup, and the run ends 0 with the evaluator's checkpoints evaluated."""
-    path = description(tmp_path, cluster.address, workers=1, evaluator=True)
-    launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", MNIST, "--cluster", str(path), "--max-restarts", "1",
-                                 "--", "--epochs", "4", "--steps-per-epoch", "40", "--batch-size", "16"],
-                                env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    hold = Hold(tmp_path / "hold", 45)  # the moment: chief and worker hold in epoch 2 (tests/jobs/held.py)
+    path = description(tmp_path, cluster.address, env=hold.env, workers=1, evaluator=True)
+    launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", str(HELD_JOB), "--cluster", str(path),
+                                 "--max-restarts", "1", "--", MNIST, "--epochs", "4", "--steps-per-epoch", "40",
+                                 "--batch-size", "16"], env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: (tfl_home / "runs").exists() and _progress(tfl_home, "worker-0").get("epoch", 0) >= 2, timeout=500)
+        hold.wait(["chief:0", "worker:0"], alive=lambda: launcher.poll() is None, timeout_s=500)
         run = only_run(tfl_home)
         nodes = record(tfl_home, run)["plan"]["unit"]["nodes"]
         assert len(set(nodes.values())) == 3
         cluster.kill_node(nodes["worker:0"])
+        hold.release()
         out, err = launcher.communicate(timeout=600)
     finally:
         launcher.kill()
@@ -329,9 +332,3 @@ def test_mnist_with_an_evaluator_survives_the_loss_of_a_workers_node(cluster: Ra
     assert "eval checkpoint=ckpt-4" in (logs / "evaluator-0.log").read_text()
     assert list((tmp_path / "shared" / run / "model" / "checkpoints").glob("ckpt-4.index"))
 
-
-def _progress(home: Path, slug: str) -> dict[str, Any]:
-    try:
-        return dict(json.loads(next((home / "runs").glob(f"*/progress/{slug}.json")).read_text()))
-    except (StopIteration, OSError, ValueError):
-        return {}

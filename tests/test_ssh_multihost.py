@@ -23,10 +23,11 @@ import pytest
 from launcher.spec import free_port
 from tests.conftest import ROOT
 from tests.hostenv import host_python
+from tests.jobkit_helpers import HELD_JOB, Hold
 from tests.netbed import NetBed
 from tests.procs import pid_alive, tfl_processes
 from tests.sshd import cluster_file, start_sshd, stop_sshd
-from tests.test_ssh import only_run, tfl, wait_for, write_job
+from tests.test_ssh import only_run, tfl, write_job
 
 pytestmark = pytest.mark.ssh
 MNIST = str(ROOT / "jobs" / "mnist.py")
@@ -85,14 +86,17 @@ def test_a_remote_worker_killed_mid_training_and_restarted_resumes_with_the_chie
     CHIEF_HOST, WORKER_HOST = netbed.addresses[:2]
     shared = tmp_path / "shared"
     shared.mkdir()
-    path = cluster(tmp_path, netbed, hostenv, env=QUIET, storage={"path": str(shared)})
-    launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", MNIST, "--cluster", str(path),
-                                 "--max-restarts", "1", "--", "--epochs", "4", "--steps-per-epoch", "100",
+    hold = Hold(tmp_path / "hold", 105)  # the moment: both hold in epoch 2 (tests/jobs/held.py), whatever the speed
+    path = cluster(tmp_path, netbed, hostenv, env={**QUIET, **hold.env}, storage={"path": str(shared)})
+    launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", str(HELD_JOB), "--cluster", str(path),
+                                 "--max-restarts", "1", "--", MNIST, "--epochs", "4", "--steps-per-epoch", "100",
                                  "--batch-size", "16"], env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: (tfl_home / "runs").exists() and _progress(tfl_home, "worker-0").get("epoch", 0) >= 2, timeout=300)
+        hold.wait(["chief:0", "worker:0"], alive=lambda: launcher.poll() is None)
         (worker,) = [p for p in tfl_processes(run_id=only_run(tfl_home)) if p.environ().get("TFL_TASK") == "worker:0"]
         worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=30)
+        hold.release()
         out, err = launcher.communicate(timeout=400)
     finally:
         launcher.kill()
@@ -107,12 +111,6 @@ def test_a_remote_worker_killed_mid_training_and_restarted_resumes_with_the_chie
     assert epochs_after_restart(chief) == epochs_after_restart(worker) == list(range(resumed, 5)) and resumed >= 2
     assert list((shared / run / "model" / "checkpoints").glob("ckpt-4.index"))
 
-
-def _progress(home: Path, slug: str) -> dict[str, Any]:
-    try:
-        return dict(json.loads(next((home / "runs").glob(f"*/progress/{slug}.json")).read_text()))
-    except (StopIteration, OSError, ValueError):
-        return {}
 
 
 @pytest.mark.slow
