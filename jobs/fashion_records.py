@@ -15,6 +15,7 @@ before it but part of one window (docs/input.md). Every host must see the same s
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from launcher import jobkit
@@ -96,4 +97,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except jobkit.JobKitError as err:  # bad input: one line, no traceback
+        sys.exit(f"fashion_records: {err}")

@@ -194,4 +194,5 @@ def test_a_changed_shard_is_refused_in_one_line(shards: Path, tmp_path: Path) ->
     codes = finish({"chief:0": job})
     assert codes["chief:0"] != 0
     errors = [ln for ln in job.output().splitlines() if "TFRecord files changed since this run began" in ln]
-    assert errors and f"changed size: {victim.name}" in errors[0], job.output()[-3000:]
+    assert len(errors) == 1 and errors[0].startswith("fashion_records: "), job.output()[-3000:]
+    assert f"changed size: {victim.name}" in errors[0] and "Traceback" not in job.output(), job.output()[-3000:]
