@@ -118,14 +118,14 @@ def _notes(cfg: Config) -> list[str]:
             f"{cfg.store_runs_many:,} runs in the store it lists the active runs and the 20 latest, and reads only "
             "those records: it finds the active runs by their marker files (`<home>/active/<run id>`) and the latest by "
             "one `stat` per run dir (its mtime is when its record was last written), so its cost does not grow with "
-            "the store (`launcher/runindex.py`).",
+            "the store (`launcher/records/index.py`).",
             "`tfl` is the installed console script of the project's virtual environment.",
             "Shell completion is on (typer's `--install-completion` / `--show-completion`, run ids completed from the run "
             "dirs' names): those two options' unset values are made False too, so `tfl status` still builds no TypeAdapter.",
             "`import pydantic` alone is lazy: pydantic v2 loads its schema machinery on the first model or "
             "TypeAdapter built, which costs about a third of the baseline again (the reference row). `tfl status` "
             "builds none: run records are plain dataclasses read by a small strict loader "
-            "(`launcher/runstore.py`), RUN is read from the command's extra arguments, and `--help`'s unset value "
+            "(`launcher/records/store.py`), RUN is read from the command's extra arguments, and `--help`'s unset value "
             "is False rather than None, because typer 0.29 coerces every other value (None included) through a "
             "pydantic TypeAdapter (`typer/_coercion.py`). A test (`tests/test_cli.py`) checks that `tfl status` "
             "loads neither that machinery nor TensorFlow or fabric."]

@@ -38,8 +38,8 @@ HOSTS = tuple(f"127.0.0.{i}" for i in range(2, 10))
 
 def availability() -> str | None:
     """None when the SSH measurement can run, else why not."""
-    if importlib.util.find_spec("launcher.backends.ssh") is None:
-        return "not measured: SSH backend not available at the time (launcher/backends/ssh/ missing)"
+    if importlib.util.find_spec("launcher.engines.ssh") is None:
+        return "not measured: SSH backend not available at the time (launcher/engines/ssh/ missing)"
     if not os.path.exists(SSHD) or shutil.which("ssh-keygen") is None:
         return f"not measured: {SSHD} or ssh-keygen not installed (apt-get install openssh-server)"
     return None

@@ -45,7 +45,7 @@ GLOBAL_BATCH: Final = "TFL_GLOBAL_BATCH"
 HOME: Final = "TFL_HOME"  # the launcher's run store (not a task variable)
 RESERVED_PREFIX: Final = "TFL_"  # a cluster file's env may not set these, nor TF_CONFIG
 UNBUFFERED: Final = "PYTHONUNBUFFERED"  # "1": a task's output reaches its log line by line
-# Set by tfl's Slurm batch script for every step, read by its task driver (launcher.slurm.task).
+# Set by tfl's Slurm batch script for every step, read by its task driver (launcher.engines.slurm.node.task).
 SLURM_NODES: Final = "TFL_SLURM_NODES"  # the job's nodes in Slurm's order: "n1=10.0.0.1,n2=10.0.0.2"
 SLURM_LAYOUT: Final = "TFL_SLURM_TRAINING_LAYOUT"  # training tasks per node, in Slurm's form: "2(x3),1"
 

@@ -11,11 +11,11 @@ import itertools
 from collections.abc import Sequence
 from typing import Callable
 
-from launcher.backends.base import Cleanup, TaskLive, TaskProcess
-from launcher.checks import Check, HostTasks, host_tasks
-from launcher.plan import LaunchPlan, TaskLaunch
-from launcher.runstore import RunRecord
-from launcher.states import TaskState
+from launcher.engines.base import Cleanup, TaskLive, TaskProcess
+from launcher.engines.preflight import Check, HostTasks, host_tasks
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+from launcher.records.states import TaskState
+from launcher.records.store import RunRecord
 
 CALLS: list[str] = []
 EXIT_CODES: dict[str, int] = {}

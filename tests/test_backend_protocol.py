@@ -13,9 +13,9 @@ from typing import Iterator
 import pytest
 from typer.testing import CliRunner
 
-from launcher import backends
-from launcher.runstore import RunStore
-from launcher.states import RunState, TaskState
+from launcher.engines import registry
+from launcher.records.states import RunState, TaskState
+from launcher.records.store import RunStore
 from tests import fake_backend
 
 runner = CliRunner()
@@ -23,8 +23,8 @@ runner = CliRunner()
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch, tfl_home: Path, tmp_path: Path) -> Iterator[Path]:
-    monkeypatch.setitem(backends.BACKENDS, "fake", "tests.fake_backend:FakeBackend")
-    monkeypatch.setattr(backends, "name_for_plan", lambda plan: "fake")
+    monkeypatch.setitem(registry.BACKENDS, "fake", "tests.fake_backend:FakeBackend")
+    monkeypatch.setattr(registry, "name_for_plan", lambda plan: "fake")
     fake_backend.CALLS.clear()
     fake_backend.EXIT_CODES.clear()
     job = tmp_path / "job.py"
@@ -80,7 +80,7 @@ def test_a_failed_task_is_a_result_and_stops_the_rest(fake: Path, tfl_home: Path
 
 
 def test_doctor_asks_the_backend(fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(backends, "name_for", lambda hosts: "fake")
+    monkeypatch.setattr(registry, "name_for", lambda hosts: "fake")
     cluster = tmp_path / "c.json"
     cluster.write_text(json.dumps({"cluster": {"chief": ["localhost:1"], "worker": ["localhost:2"]}}))
     result = runner.invoke(app(), ["doctor", "--cluster", str(cluster)])

@@ -67,7 +67,7 @@ def test_common_commands_import_neither_tensorflow_nor_fabric(tmp_path: Path) ->
     """Nor pydantic's schema machinery, nor Ray (also for a Ray run in the list): `tfl status` must stay near
     the bare imports (docs/benchmarks.md §1)."""
     code = ("import sys; from typer.testing import CliRunner; from launcher.cli import app; "
-            "from launcher.runstore import RunRecord, RunStore, TaskRecord; "
+            "from launcher.records.store import RunRecord, RunStore, TaskRecord; "
             "store = RunStore(); run = store.run_dir('r1'); "
             "store.create(RunRecord(run_id='r1', job='j.py', job_args=[], run_dir=str(run), created=1.0, "
             "tasks=[TaskRecord(task='chief:0', host='localhost', backend='local', log_path='l', progress_path='p')])); "

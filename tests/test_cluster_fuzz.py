@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.plan import build_plan
-from launcher.spec import load_cluster
+from launcher.describe.spec import load_cluster
+from launcher.plan.build import build_plan
 from tests.conftest import ROOT
 
 JOB = str(ROOT / "jobs" / "mnist.py")

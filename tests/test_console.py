@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runstore import RunRecord, RunStore, TaskRecord
-from launcher.states import RunState, TaskState
+from launcher.records.states import RunState, TaskState
+from launcher.records.store import RunRecord, RunStore, TaskRecord
 from tests.conftest import ROOT
 
 ESC = b"\x1b"

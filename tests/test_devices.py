@@ -11,11 +11,12 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
+from launcher.describe.spec import ClusterSpec, parse_cluster
 from launcher.errors import ClusterFileError
 from launcher.jobkit.context import JobKitError, TaskContext, task_context
 from launcher.jobkit.devices import LocalDevices, choose_strategy, gpu_split
-from launcher.plan import LaunchPlan, build_plan, render_plan
-from launcher.spec import ClusterSpec, parse_cluster
+from launcher.plan.build import build_plan, render_plan
+from launcher.plan.launch_plan import LaunchPlan
 from tests.conftest import ROOT
 
 THREE = {"chief": ["g:1"], "worker": ["g:2"], "evaluator": ["g:3"]}

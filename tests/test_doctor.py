@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from launcher.checks import HostTasks, judge
 from launcher.cli import app
-from launcher.spec import free_port
+from launcher.describe.spec import free_port
+from launcher.engines.preflight import HostTasks, judge
 from tests.sshd import NOWHERE, Sshd, cluster_file
 
 runner = CliRunner()

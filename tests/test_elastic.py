@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from launcher.elastic import check_elastic, elastic_options, resize_plan, training_size
+from launcher.describe.spec import parse_cluster
 from launcher.errors import UsageError
-from launcher.plan import LaunchPlan, build_plan
-from launcher.spec import parse_cluster
+from launcher.plan.build import build_plan
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.plan.resize import check_elastic, elastic_options, resize_plan, training_size
 
 STORAGE = {"path": "/mnt/shared/tfl"}
 # Chief on h0, workers on h1 and h2 (two on h2 in the bigger one), evaluator on h3 or beside the chief.
@@ -180,7 +181,7 @@ def test_launch_refuses_in_one_line(tmp_path: Path, tfl_home: Path) -> None:
 
 
 def test_the_ssh_watch_lets_a_lost_host_take_tasks_again_once_it_answers() -> None:
-    from launcher.backends.ssh.watch import HostWatch
+    from launcher.engines.ssh.watch import HostWatch
 
     class Task:
         host, port, heard, heard_wall = "h2", 22, 0.0, 100.0

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from launcher.spec import free_port
+from launcher.describe.spec import free_port
 from tests.netbed import NetBed
 from tests.procs import tfl_processes
 from tests.test_ssh import only_run, wait_for, write_job

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from launcher.elastic import elastic_options, resize_plan
+from launcher.describe.spec import free_port, parse_cluster
 from launcher.errors import ClusterFileError
-from launcher.spec import free_port, parse_cluster
+from launcher.plan.resize import elastic_options, resize_plan
 from tests.netbed import NetBed
 from tests.procs import tfl_processes
 from tests.test_elastic import STORAGE, plan, tf_config

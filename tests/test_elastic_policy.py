@@ -11,18 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends import TaskProcess
-from launcher.checks import Check, HostTasks
 from launcher.contract import PREEMPTED_EXIT_CODE
-from launcher.elastic import resize_plan
-from launcher.plan import LaunchPlan, TaskLaunch, build_plan
-from launcher.policy import SupervisorConfig
-from launcher.report import run_detail, summary
-from launcher.runstore import RunStore
-from launcher.spec import parse_cluster
-from launcher.states import RunState
-from launcher.status import run_view
-from launcher.supervisor import Supervisor, initial_record
+from launcher.describe.spec import parse_cluster
+from launcher.engines.preflight import Check, HostTasks
+from launcher.engines.registry import TaskProcess
+from launcher.plan.build import build_plan
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+from launcher.plan.resize import resize_plan
+from launcher.plan.run_options import SupervisorConfig
+from launcher.records.states import RunState
+from launcher.records.store import RunStore
+from launcher.supervise.supervisor import Supervisor, initial_record
+from launcher.views.report import run_detail, summary
+from launcher.views.status import run_view
 from tests.test_supervisor import FakeClock
 
 THREE = {"chief": ["h0:1000"], "worker": ["h1:1001", "h2:1002"]}

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.spec import free_port
+from launcher.describe.spec import free_port
 from tests.conftest import ROOT
 from tests.jobkit_helpers import HELD_JOB, Hold
 from tests.netbed import NetBed

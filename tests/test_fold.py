@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from launcher.fold import IDLE, TracebackFold, lost_peers
-from launcher.logstream import LogFollower
+from launcher.views.fold import IDLE, TracebackFold, lost_peers
+from launcher.views.logs import LogFollower
 
 SURVIVOR = """Traceback (most recent call last):
   File "/x/mnist.py", line 99, in <module>

@@ -6,7 +6,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from launcher.backends.ssh.watch import SILENT_AFTER, HostWatch
+from launcher.engines.ssh.watch import SILENT_AFTER, HostWatch
 
 
 @dataclass

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.procs import ProcessIdentity, find_process, start_ticks
+from launcher.records.identity import ProcessIdentity, find_process, start_ticks
 from tests.procs import tfl_processes
 
 SLEEP = """
@@ -109,7 +109,7 @@ def test_identity_is_exact_in_ticks_and_never_matches_another_boot_or_host() -> 
 
 
 def test_the_ssh_agent_knows_its_tasks_by_ticks_across_a_clock_step() -> None:
-    from launcher.backends.ssh import agent
+    from launcher.engines.ssh.node import agent
 
     me = ProcessIdentity.of(os.getpid())
     stepped = {"name": "t", "pid": me.pid, "create_time": me.create_time + 5.0, "start_ticks": me.start_ticks}

@@ -24,9 +24,9 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.contract import PREEMPTED_EXIT_CODE
-from launcher.k8s import jobset
-from launcher.plan import build_plan
-from launcher.spec import parse_cluster
+from launcher.describe.spec import parse_cluster
+from launcher.engines.k8s import jobset
+from launcher.plan.build import build_plan
 from tests.conftest import ROOT
 from tests.jobkit_helpers import JobProcess, assert_none_alive, free_ports, job_env, kill_all, wait_all
 from tests.procs import assert_none_left
@@ -156,7 +156,7 @@ TABLE = {"chief": {"cluster": {"chief": ["a:1"], "worker": ["b:1", "c:1"]}, "tas
 
 @pytest.fixture
 def shim(tmp_path: Path) -> Path:
-    (tmp_path / "entry.py").write_text((ROOT / "launcher" / "k8s" / "entry.py").read_text())
+    (tmp_path / "entry.py").write_text((ROOT / "launcher" / "engines" / "k8s" / "node" / "entry.py").read_text())
     (tmp_path / "tf_config.json").write_text(json.dumps(TABLE))
     return tmp_path / "entry.py"
 
@@ -215,7 +215,7 @@ def test_the_shim_spells_the_contracts_names() -> None:
     """The shim ships alone in a ConfigMap (stdlib only, no import of the contract), so it
     spells TF_CONFIG and TFL_TASK itself; they must be the contract's."""
     from launcher import contract
-    from launcher.k8s import entry
+    from launcher.engines.k8s.node import entry
 
     source = Path(entry.__file__).read_text()
     assert f'"{contract.TF_CONFIG}"' in source and f'"{contract.TASK}"' in source

@@ -17,13 +17,14 @@ from typer.testing import CliRunner
 
 from launcher import contract
 from launcher.cli import app
+from launcher.describe.spec import parse_cluster
+from launcher.engines.k8s import jobset
+from launcher.engines.k8s.export import export_k8s
+from launcher.engines.k8s.node import entry
+from launcher.engines.k8s.pods import ExportOptions, Role, default_name
+from launcher.engines.k8s.tfjob import check_roles
 from launcher.errors import ClusterFileError, ExportError
-from launcher.k8s import entry, jobset
-from launcher.k8s.export import export_k8s
-from launcher.k8s.pods import ExportOptions, Role, default_name
-from launcher.k8s.tfjob import check_roles
-from launcher.spec import parse_cluster
-from launcher.tfconfig import tasks_of, tf_config_json
+from launcher.plan.tfconfig import tasks_of, tf_config_json
 from tests.conftest import ROOT
 from tests.k8s_checks import (
     core_objects,
@@ -159,7 +160,7 @@ def test_jobset_shim_table_gives_every_pod_tfls_own_tf_config(roles: tuple[int, 
     for task in tasks_of(topology):
         assert task.index < rjobs[task.type]
         assert entry.tf_config_for(table, task.type, task.index) == tf_config_json(topology, task)
-    assert docs["ConfigMap"]["data"]["entry.py"] == (ROOT / "launcher" / "k8s" / "entry.py").read_text()
+    assert docs["ConfigMap"]["data"]["entry.py"] == (ROOT / "launcher" / "engines" / "k8s" / "node" / "entry.py").read_text()
 
 
 def test_env_gpus_and_storage_reach_every_container() -> None:
@@ -362,7 +363,7 @@ def test_default_name_is_a_dns_label_from_the_job() -> None:
 def test_tfl_status_does_not_import_yaml(tmp_path: Path) -> None:
     code = ("import sys; from typer.testing import CliRunner; from launcher.cli import app; "
             "r = CliRunner().invoke(app, ['status']); assert r.exit_code == 0, r.output; "
-            "print('yaml' in sys.modules, 'launcher.k8s.pods' in sys.modules)")
+            "print('yaml' in sys.modules, 'launcher.engines.k8s.pods' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env={"PATH": "/usr/bin:/bin", "TFL_HOME": str(tmp_path)})
     assert out.returncode == 0, out.stderr

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.logstream import LogFollower
-from launcher.noise import NoiseFilter
+from launcher.views.logs import LogFollower
+from launcher.views.noise import NoiseFilter
 
 START_UP = """\
 WARNING: All log messages before absl::InitializeLog() is called are written to STDERR

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.noise import known
+from launcher.views.noise import known
 
 pytestmark = pytest.mark.slow  # two TensorFlow processes
 
@@ -82,7 +82,7 @@ def test_real_tensorflow_start_up_noise(tmp_path: Path, child_env: dict[str, str
                 continue  # an expected error only where the stub said there is no driver (noise.py's `after`)
             printed = [line for line in log if text in line and not line.startswith("E0000 00:00:1795345087")]
             assert all(line in hidden for line in printed), (kind, printed)
-            assert not printed or kind in kinds, f"TensorFlow printed its {kind} line, which launcher/noise.py no longer recognises: {printed[0]}"
+            assert not printed or kind in kinds, f"TensorFlow printed its {kind} line, which launcher/views/noise.py no longer recognises: {printed[0]}"
         # Nothing loud is hidden but the known loud lines; nothing of the job's own is hidden.
         assert [line for line in hidden if LOUD.match(line) and (known(line) is None or known(line).kind not in LOUD_KINDS)] == []  # type: ignore[union-attr]
         assert "job: replicas 2" in shown and "ValueError: the job's own error" in shown and "Traceback (most recent call last):" in shown
@@ -96,7 +96,7 @@ def test_real_tensorflow_start_up_noise(tmp_path: Path, child_env: dict[str, str
         again = tfl(["logs", run.name, "--task", task], env)
         assert console_lines(again.stdout, task, len(task)) == [*shown, note]  # tfl logs hides the same lines
     missing = ALWAYS - seen
-    assert not missing, f"TensorFlow no longer prints these known lines as launcher/noise.py expects: {missing}"
+    assert not missing, f"TensorFlow no longer prints these known lines as launcher/views/noise.py expects: {missing}"
 
 
 def _hidden(log: list[str], shown: list[str]) -> list[str]:

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from launcher.plan import LaunchPlan, build_plan, render_plan
-from launcher.spec import parse_cluster
-from launcher.tfconfig import TaskId, tasks_of, tf_config
+from launcher.describe.spec import parse_cluster
+from launcher.plan.build import build_plan, render_plan
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.plan.tfconfig import TaskId, tasks_of, tf_config
 
 SPEC = parse_cluster({
     "cluster": {"chief": ["h1:1000"], "worker": ["h2:1001", "h3:1002"], "evaluator": ["h4:1003"]},

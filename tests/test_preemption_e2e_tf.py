@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runstore import RunStore
+from launcher.records.store import RunStore
 from tests.conftest import ROOT
 from tests.jobkit_helpers import HELD_JOB, Hold
 from tests.procs import assert_none_left, tfl_processes

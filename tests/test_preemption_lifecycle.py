@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from launcher.contract import PREEMPTED_EXIT_CODE
-from launcher.runstore import RunStore
+from launcher.records.store import RunStore
 from tests.procs import tfl_processes
 from tests.test_lifecycle import wait_for
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher import launch as core
-from launcher.policy import SupervisorConfig
-from launcher.runstore import RunStore
-from launcher.spec import free_port, load_cluster
-from launcher.states import RunState
+from launcher.describe.spec import free_port, load_cluster
+from launcher.plan.run_options import SupervisorConfig
+from launcher.records.states import RunState
+from launcher.records.store import RunStore
+from launcher.runs import launch as core
 from tests.procs import tfl_processes
 from tests.sshd import Sshd, cluster_file
 from tests.test_preemption_lifecycle import SAVER

@@ -20,10 +20,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.backends.local import LocalBackend
-from launcher.plan import TaskLaunch, build_plan
-from launcher.procs import signal_group
-from launcher.spec import local_cluster
+from launcher.describe.spec import local_cluster
+from launcher.engines.local import LocalBackend
+from launcher.plan.build import build_plan
+from launcher.plan.launch_plan import TaskLaunch
+from launcher.records.identity import signal_group
 
 NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
 BYSTANDER = [sys.executable, "-c", "import time; time.sleep(60)"]

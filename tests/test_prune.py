@@ -12,13 +12,13 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from launcher.backends.ssh import agent_files as agent
-from launcher.backends.ssh.recorded import run_dirs_there
 from launcher.cli import app
-from launcher.prune import parse_age, to_prune
-from launcher.runindex import active_ids
-from launcher.runstore import RunRecord, RunStore, TaskRecord
-from launcher.states import RunState, TaskState
+from launcher.engines.ssh.node import agent_files as agent
+from launcher.engines.ssh.recorded import run_dirs_there
+from launcher.records.index import active_ids
+from launcher.records.states import RunState, TaskState
+from launcher.records.store import RunRecord, RunStore, TaskRecord
+from launcher.runs.prune import parse_age, to_prune
 
 runner = CliRunner()
 NOW = time.time()

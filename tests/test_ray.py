@@ -20,10 +20,10 @@ from typing import Any, Iterator
 
 import pytest
 
-from launcher.descriptions import parse_description
+from launcher.describe.kinds import parse_description
+from launcher.describe.spec import parse_cluster
 from launcher.errors import ClusterFileError
-from launcher.spec import parse_cluster
-from launcher.tfconfig import tf_config
+from launcher.plan.tfconfig import tf_config
 from tests.conftest import ROOT
 from tests.jobkit_helpers import HELD_JOB, Hold
 from tests.ray_cluster import RayCluster, stop_ray_cluster, task_runners

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from launcher.report import progress_text, run_detail, runs_table, watch_run
-from launcher.status import RunView, TaskView
+from launcher.views.report import progress_text, run_detail, runs_table, watch_run
+from launcher.views.status import RunView, TaskView
 
 
 def view(state: str, step: int) -> RunView:

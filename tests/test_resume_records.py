@@ -6,10 +6,10 @@ import dataclasses
 import json
 from pathlib import Path
 
-from launcher.policy import SupervisorConfig
-from launcher.resume import refusal, resume_config
-from launcher.runstore import RECORD_VERSION, RestartRecord, RunRecord, RunStore
-from launcher.states import RunState
+from launcher.plan.run_options import SupervisorConfig
+from launcher.records.states import RunState
+from launcher.records.store import RECORD_VERSION, RestartRecord, RunRecord, RunStore
+from launcher.runs.resume import refusal, resume_config
 
 
 def record(tmp_path: Path, **fields: object) -> RunRecord:

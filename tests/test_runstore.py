@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import UnreadableRunError
-from launcher.runstore import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
-from launcher.states import RunState, TaskState
+from launcher.records.states import RunState, TaskState
+from launcher.records.store import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
 
 
 def record(run_dir: Path) -> RunRecord:

@@ -17,15 +17,15 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher import files
-from launcher.backends.local import LocalBackend
 from launcher.cli import app
+from launcher.describe.spec import free_port, parse_cluster
+from launcher.engines.local import LocalBackend
 from launcher.errors import RunExistsError, StateWriteError, UnreadableRunError
-from launcher.plan import build_plan
-from launcher.policy import SupervisorConfig
-from launcher.runstore import RECORD_VERSION, RunRecord, RunStore, TaskRecord
-from launcher.spec import free_port, parse_cluster
-from launcher.states import RunState
-from launcher.supervisor import Supervisor, initial_record
+from launcher.plan.build import build_plan
+from launcher.plan.run_options import SupervisorConfig
+from launcher.records.states import RunState
+from launcher.records.store import RECORD_VERSION, RunRecord, RunStore, TaskRecord
+from launcher.supervise.supervisor import Supervisor, initial_record
 from tests.procs import assert_none_left
 from tests.test_supervisor import FakeBackend, FakeClock
 
@@ -185,7 +185,7 @@ def test_run_ids_are_unique_and_a_run_dir_is_never_shared(tmp_path: Path, monkey
         store.create(a_record(store, "job-taken"))
     tokens = iter(["taken0", "fresh0"])
     monkeypatch.setattr("secrets.token_hex", lambda n: next(tokens))
-    monkeypatch.setattr("launcher.runstore.time.strftime", lambda fmt: "T")
+    monkeypatch.setattr("launcher.records.store.time.strftime", lambda fmt: "T")
     store.create(a_record(store, "job-T-taken0"))
     assert store.new_run_id("job") == "job-T-fresh0"  # the id of an existing dir is never handed out
 

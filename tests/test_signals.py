@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher import control
 from launcher.contract import PREEMPTED_EXIT_CODE
-from launcher.runstore import RunStore
-from launcher.waker import Waker
+from launcher.records.store import RunStore
+from launcher.runs import stop as control
+from launcher.supervise.waker import Waker
 from tests.procs import tfl_processes
 
 SLEEP_IGNORING_TERM = """

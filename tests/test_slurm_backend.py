@@ -13,11 +13,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from launcher import launch
-from launcher.backends import get, name_for_plan
-from launcher.backends.slurm.backend import SlurmBackend
-from launcher.backends.slurm.job import JobRef, SlurmJob, sbatch_message
-from launcher.backends.slurm.outcome import (
+from launcher.cli import app
+from launcher.describe.kinds import load_description
+from launcher.describe.spec import load_cluster
+from launcher.engines.registry import get, name_for_plan
+from launcher.engines.slurm.backend import SlurmBackend
+from launcher.engines.slurm.job import JobRef, SlurmJob, sbatch_message
+from launcher.engines.slurm.jobstate import CommandResult
+from launcher.engines.slurm.node.batch import RunFiles, SlurmJobPlan, StepEvents
+from launcher.engines.slurm.node.errors import SlurmError
+from launcher.engines.slurm.outcome import (
     JobEnd,
     Outcome,
     describe_end,
@@ -26,16 +31,12 @@ from launcher.backends.slurm.outcome import (
     training_alive,
     training_outcome,
 )
-from launcher.cli import app
-from launcher.descriptions import load_description
+from launcher.engines.slurm.settings import allocation_cluster, parse_slurm_cluster
 from launcher.errors import ClusterFileError, LaunchError, UsageError
-from launcher.plan import LaunchPlan, build_plan
-from launcher.policy import SupervisorConfig
-from launcher.slurm.batch import RunFiles, SlurmJobPlan, StepEvents
-from launcher.slurm.errors import SlurmError
-from launcher.slurm.jobstate import CommandResult
-from launcher.slurm.settings import allocation_cluster, parse_slurm_cluster
-from launcher.spec import load_cluster
+from launcher.plan.build import build_plan
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.plan.run_options import SupervisorConfig
+from launcher.runs import launch
 
 runner = CliRunner()
 KILL_ON_BAD_EXIT = ("srun: error: n2: task 1: Exited with exit code 3\n"
@@ -161,7 +162,7 @@ def fake_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *names: str) -> N
 def test_prepare_without_slurm_commands_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_path(tmp_path, monkeypatch, "squeue")
     plan = slurm_plan(tmp_path)
-    monkeypatch.setattr("launcher.backends.get", lambda name, notify=None: SlurmBackend(run=FakeSlurm()))
+    monkeypatch.setattr("launcher.engines.registry.get", lambda name, notify=None: SlurmBackend(run=FakeSlurm()))
     with pytest.raises(LaunchError) as err:
         launch.prepare(plan)
     assert str(err.value) == ("slurm: sbatch, scontrol, scancel not on PATH; install Slurm's client commands "
@@ -173,7 +174,7 @@ def test_prepare_tries_the_script_with_sbatch_test_only(tmp_path: Path, monkeypa
     refused = FakeSlurm(sbatch=CommandResult(1, "", "sbatch: error: invalid partition specified: nosuch\n"
                                                     "allocation failure: Invalid partition name specified\n"))
     plan = slurm_plan(tmp_path, partition="nosuch")
-    monkeypatch.setattr("launcher.backends.get", lambda name, notify=None: SlurmBackend(run=refused))
+    monkeypatch.setattr("launcher.engines.registry.get", lambda name, notify=None: SlurmBackend(run=refused))
     with pytest.raises(LaunchError, match=r"^slurm: sbatch refused the job: Invalid partition name specified; the slurm block "
                                           r"names a partition this cluster does not have \(`sinfo -s` lists them\)$"):
         launch.prepare(plan)
@@ -236,7 +237,7 @@ def test_plan_tasks_and_environment(tmp_path: Path) -> None:
     plan = slurm_plan(tmp_path, tasks_per_node=2)
     assert [t.name for t in plan.tasks] == ["chief:0", "worker:0", "worker:1", "worker:2", "evaluator:0"]
     worker = plan.tasks[2]
-    assert worker.argv == ("/venv/bin/python", "-u", "-m", "launcher.slurm.task", "training", "/jobs/mnist.py", "--epochs", "2")
+    assert worker.argv == ("/venv/bin/python", "-u", "-m", "launcher.engines.slurm.node.task", "training", "/jobs/mnist.py", "--epochs", "2")
     assert worker.env["TFL_TASK"] == "worker:1" and worker.env["TFL_RUN_ID"] == "mnist-1" and "TF_CONFIG" not in worker.env
     assert worker.log_path == f"{plan.run_dir}/logs/worker-1.log" and worker.host == "slurm"
     assert plan.tasks[-1].argv[4] == "evaluator"

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.slurm.jobstate import (
+from launcher.engines.slurm.jobstate import (
     CommandResult,
     SrunTaskFailure,
     parse_scontrol_job,
@@ -24,9 +24,9 @@ from launcher.slurm.jobstate import (
     root_cause,
     scontrol_command,
 )
-from launcher.slurm.nodes import port_block
-from launcher.slurm.script import BatchJob, render_batch_script, sbatch_command
-from launcher.slurm.settings import SlurmSettings
+from launcher.engines.slurm.node.nodes import port_block
+from launcher.engines.slurm.script import BatchJob, render_batch_script, sbatch_command
+from launcher.engines.slurm.settings import SlurmSettings
 from tests.slurm_cluster import SlurmCluster, cluster_processes, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.slurm

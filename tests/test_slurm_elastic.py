@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends.base import GroupResize
-from launcher.backends.slurm.outcome import below_minimum, preemption_counts, renamed_notes, training_outcome
 from launcher.contract import SLURM_LAYOUT, SLURM_NODES
+from launcher.engines.base import GroupResize
+from launcher.engines.slurm.node import task as driver
+from launcher.engines.slurm.node.batch import LostNodes, StepEvents, parse_events
+from launcher.engines.slurm.outcome import below_minimum, preemption_counts, renamed_notes, training_outcome
+from launcher.engines.slurm.script import BatchJob, render_batch_script, sbatch_header
+from launcher.engines.slurm.settings import parse_slurm_cluster
 from launcher.errors import UsageError
-from launcher.plan import LaunchPlan
-from launcher.runstore import RunRecord
-from launcher.slurm import task as driver
-from launcher.slurm.batch import LostNodes, StepEvents, parse_events
-from launcher.slurm.script import BatchJob, render_batch_script, sbatch_header
-from launcher.slurm.settings import parse_slurm_cluster
-from launcher.supervision import group_went_on, initial_record
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.records.store import RunRecord
+from launcher.supervise.recording import group_went_on, initial_record
 from tests.conftest import ROOT
 from tests.test_slurm_script import batch, events, fake_slurm
 
@@ -87,10 +87,10 @@ def test_with_requeue_it_is_refused(tfl_home: Path, tmp_path: Path) -> None:
 
 
 def test_inside_an_allocation_it_is_refused(tmp_path: Path) -> None:
-    from launcher.hosts import RemoteOptions
-    from launcher.policy import SupervisorConfig
-    from launcher.slurm.plan import build_slurm_plan
-    from launcher.slurm.settings import AllocationSpec
+    from launcher.describe.hosts import RemoteOptions
+    from launcher.engines.slurm.plan import build_slurm_plan
+    from launcher.engines.slurm.settings import AllocationSpec
+    from launcher.plan.run_options import SupervisorConfig
 
     spec = AllocationSpec.model_validate({"slurm": {"nodes": 2}, "job_id": "42"})
     with pytest.raises(UsageError, match=r"^--min-tasks inside allocation 42: Slurm ends an allocation when one of its "
@@ -241,9 +241,9 @@ class Resizing:
 
 
 def slurm_plan(tmp_path: Path) -> LaunchPlan:
-    from launcher.hosts import RemoteOptions
-    from launcher.policy import SupervisorConfig
-    from launcher.slurm.plan import build_slurm_plan
+    from launcher.describe.hosts import RemoteOptions
+    from launcher.engines.slurm.plan import build_slurm_plan
+    from launcher.plan.run_options import SupervisorConfig
 
     spec = parse_slurm_cluster({"slurm": {"nodes": 2, "tasks_per_node": 2, "evaluator": True}})
     return build_slurm_plan(spec, "/j.py", (), run_id="r", run_dir=str(tmp_path), python="py", cwd="/",
@@ -272,10 +272,10 @@ def test_a_resize_is_recorded_as_the_ssh_ones_are(tmp_path: Path) -> None:
 
 
 def test_resuming_a_resized_run_starts_a_new_job_at_the_full_size(tmp_path: Path) -> None:
-    from launcher.policy import SupervisorConfig
-    from launcher.resume import claim
-    from launcher.runstore import RunStore
-    from launcher.states import RunState
+    from launcher.plan.run_options import SupervisorConfig
+    from launcher.records.states import RunState
+    from launcher.records.store import RunStore
+    from launcher.runs.resume import claim
 
     plan = slurm_plan(tmp_path / "runs" / "r")
     record = initial_record(plan, created=1.0, max_restarts=0, backend="slurm")

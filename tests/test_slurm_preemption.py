@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends.slurm.outcome import PREEMPTED, Outcome, preempted_step, preemption_counts, training_outcome
 from launcher.contract import PREEMPTED_EXIT_CODE
+from launcher.engines.slurm.node.batch import RunFiles, parse_events
+from launcher.engines.slurm.outcome import PREEMPTED, Outcome, preempted_step, preemption_counts, training_outcome
+from launcher.engines.slurm.script import BatchJob, render_batch_script, sbatch_header
+from launcher.engines.slurm.settings import parse_slurm_cluster
 from launcher.errors import ClusterFileError
-from launcher.slurm.batch import RunFiles, parse_events
-from launcher.slurm.script import BatchJob, render_batch_script, sbatch_header
-from launcher.slurm.settings import parse_slurm_cluster
 from tests.test_slurm_script import batch, events, fake_slurm
 
 PREEMPTED_LINES = ("srun: error: n1: task 0: Exited with exit code 170\n"

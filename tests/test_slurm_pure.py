@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 
-from launcher.descriptions import kind_of
-from launcher.errors import ClusterFileError
-from launcher.slurm.errors import SlurmError, SlurmLayoutError
-from launcher.slurm.jobstate import (
+from launcher.describe.kinds import kind_of
+from launcher.describe.spec import Topology
+from launcher.engines.slurm.jobstate import (
     CommandResult,
     SlurmStep,
     SrunTaskFailure,
@@ -28,7 +27,8 @@ from launcher.slurm.jobstate import (
     query_job,
     root_cause,
 )
-from launcher.slurm.nodes import (
+from launcher.engines.slurm.node.errors import SlurmError, SlurmLayoutError
+from launcher.engines.slurm.node.nodes import (
     EVALUATOR_SLOT,
     PORT_BLOCKS,
     PORT_END,
@@ -51,11 +51,11 @@ from launcher.slurm.nodes import (
     training_layout,
     training_slots,
 )
-from launcher.slurm.settings import parse_slurm_cluster
-from launcher.slurm.task import main as task_main
-from launcher.slurm.task import task_start
-from launcher.spec import Topology
-from launcher.tfconfig import TaskId, tf_config
+from launcher.engines.slurm.node.task import main as task_main
+from launcher.engines.slurm.node.task import task_start
+from launcher.engines.slurm.settings import parse_slurm_cluster
+from launcher.errors import ClusterFileError
+from launcher.plan.tfconfig import TaskId, tf_config
 
 ISSUE_EXAMPLE = {"slurm": {"nodes": 2, "tasks_per_node": 1, "evaluator": True, "partition": "debug",
                            "time": "01:00:00", "gpus_per_task": 1, "sbatch_args": ["--account=ml"]},
@@ -268,8 +268,8 @@ LAYOUTS = [  # (NodeAddrs in Slurm's order, tasks per node)
 
 @pytest.mark.parametrize(("addrs", "counts"), LAYOUTS)
 def test_tf_config_is_launcher_tfconfig_shape(addrs: tuple[str, ...], counts: tuple[int, ...]) -> None:
-    """Every task's TF_CONFIG equals what launcher.tfconfig.tf_config makes of the same cluster,
-    which launcher.spec.Topology accepts (one chief, no address twice)."""
+    """Every task's TF_CONFIG equals what launcher.plan.tfconfig.tf_config makes of the same cluster,
+    which launcher.describe.spec.Topology accepts (one chief, no address twice)."""
     nodes = tuple(SlurmNode(f"node{i}", a) for i, a in enumerate(addrs))
     evaluator_node = nodes[-1]
     topology = Topology.model_validate(job_cluster(1234, nodes, counts, evaluator_node))
@@ -341,7 +341,7 @@ def test_task_start_evaluator() -> None:
     ({"SLURMD_NODENAME": "n1"}, "training rank 1 runs on n1 but belongs on n2; start the training step with --distribution=block"),
     ({"SLURMD_NODENAME": "n7"}, "this task runs on n7, which is not among the job's nodes"),
     ({"SLURM_PROCID": "2"}, "training rank 2 runs on n2 but belongs on no node"),
-    ({"SLURM_JOB_ID": ""}, "SLURM_JOB_ID is not set; `python -m launcher.slurm.task` runs inside a step"),
+    ({"SLURM_JOB_ID": ""}, "SLURM_JOB_ID is not set; `python -m launcher.engines.slurm.node.task` runs inside a step"),
     ({"SLURM_JOB_ID": "12_3"}, "SLURM_JOB_ID='12_3' is not a number"),
     ({"TFL_SLURM_NODES": ""}, "TFL_SLURM_NODES is not set"),
 ])
@@ -359,12 +359,12 @@ def test_task_start_unknown_role() -> None:
 
 def test_driver_outside_a_step_says_so_in_one_line() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "TFL_"))}
-    done = subprocess.run([sys.executable, "-m", "launcher.slurm.task", "training", "/j.py"], env=env,
+    done = subprocess.run([sys.executable, "-m", "launcher.engines.slurm.node.task", "training", "/j.py"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr == "tfl: error: SLURM_JOB_ID is not set; `python -m launcher.slurm.task` runs inside a step of tfl's batch script\n"
-    done = subprocess.run([sys.executable, "-m", "launcher.slurm.task"], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and done.stderr.startswith("tfl: error: usage: python -m launcher.slurm.task {nodes |")
+    assert done.stderr == "tfl: error: SLURM_JOB_ID is not set; `python -m launcher.engines.slurm.node.task` runs inside a step of tfl's batch script\n"
+    done = subprocess.run([sys.executable, "-m", "launcher.engines.slurm.node.task"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.startswith("tfl: error: usage: python -m launcher.engines.slurm.node.task {nodes |")
 
 
 def _listen_on_a_chief_port() -> tuple[socket.socket, int]:
@@ -384,7 +384,7 @@ def _listen_on_a_chief_port() -> tuple[socket.socket, int]:
 def test_driver_refuses_a_taken_port(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     def no_exec(start: object) -> None:
         raise AssertionError(f"the driver went on to exec the job: {start}")
-    monkeypatch.setattr("launcher.slurm.task._exec", no_exec)
+    monkeypatch.setattr("launcher.engines.slurm.node.task._exec", no_exec)
     busy, job_id = _listen_on_a_chief_port()
     with busy:
         for key, value in {**STEP_ENV, "SLURM_JOB_ID": str(job_id), "SLURM_PROCID": "0", "SLURMD_NODENAME": "n1"}.items():
@@ -392,7 +392,7 @@ def test_driver_refuses_a_taken_port(monkeypatch: pytest.MonkeyPatch, capsys: py
         assert task_main(["training", "/j.py"]) == 2  # before any exec
     assert capsys.readouterr().err == (
         f"tfl: error: chief:0 on n1: port 127.0.0.1:{port_block(job_id)} is taken (Address already in use); "
-        "another job on this node may use it (ports follow the job id, see launcher/slurm/nodes.py)\n")
+        "another job on this node may use it (ports follow the job id, see launcher/engines/slurm/node/nodes.py)\n")
 
 
 # --- squeue, sacct, scontrol ------------------------------------------------------------
@@ -530,7 +530,7 @@ def test_query_job_failures_are_one_line(answers: dict[str, CommandResult], expe
 
 
 def test_a_node_slurm_took_down_says_when_and_why() -> None:
-    from launcher.slurm.jobstate import describe_node_down, parse_slurmd_timeout
+    from launcher.engines.slurm.jobstate import describe_node_down, parse_slurmd_timeout
 
     timeout = parse_slurmd_timeout("KillWait                = 5 sec\nSlurmdTimeout           = 20 sec\n")
     assert timeout == "20 sec"

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from launcher.slurm.batch import RunFiles, StepEvents, parse_events
-from launcher.slurm.errors import SlurmError
-from launcher.slurm.script import BatchJob, evaluator_srun, render_batch_script, sbatch_command, sbatch_header, training_srun
-from launcher.slurm.settings import SlurmSettings
+from launcher.engines.slurm.node.batch import RunFiles, StepEvents, parse_events
+from launcher.engines.slurm.node.errors import SlurmError
+from launcher.engines.slurm.script import BatchJob, evaluator_srun, render_batch_script, sbatch_command, sbatch_header, training_srun
+from launcher.engines.slurm.settings import SlurmSettings
 
 ISSUE_SLURM = {"nodes": 2, "tasks_per_node": 1, "evaluator": True, "partition": "debug", "time": "01:00:00",
                "gpus_per_task": 1, "sbatch_args": ["--account=ml"]}
-DRIVER = ["/opt/venv/bin/python", "-u", "-m", "launcher.slurm.task"]
+DRIVER = ["/opt/venv/bin/python", "-u", "-m", "launcher.engines.slurm.node.task"]
 
 
 def batch(run_dir: str = "/shared/tfl/runs/mnist-1", restarts: int = 0, **options: Any) -> BatchJob:
@@ -135,7 +135,7 @@ echo "$*" >> "$FAKE/scancel"
 sig=${1#--signal=}
 case "$2" in 7.0) kill -s "$sig" "$(cat "$FAKE/training.pid")" ;; 7.1) kill -s "$sig" "$(cat "$FAKE/evaluator.pid")" ;; esac
 """
-FAKE_PYTHON = '#!/bin/bash\n[ "$2" = launcher.slurm.task ] && [ "$3" = nodes ] && echo n1=127.0.0.1,n2=127.0.0.1\n'
+FAKE_PYTHON = '#!/bin/bash\n[ "$2" = launcher.engines.slurm.node.task ] && [ "$3" = nodes ] && echo n1=127.0.0.1,n2=127.0.0.1\n'
 
 
 def fake_slurm(tmp_path: Path, fails: int = 0, **env: str) -> dict[str, str]:

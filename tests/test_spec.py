@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.describe.spec import ClusterSpec, load_cluster, local_cluster, parse_address, parse_cluster
 from launcher.errors import ClusterFileError
-from launcher.spec import ClusterSpec, load_cluster, local_cluster, parse_address, parse_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from launcher.backends.ssh.recorded import remote_signal, remote_task_info
 from launcher.cli import app
-from launcher.runstore import RunStore
-from launcher.spec import free_port
+from launcher.describe.spec import free_port
+from launcher.engines.ssh.recorded import remote_signal, remote_task_info
+from launcher.records.store import RunStore
 from tests.procs import pid_alive, tfl_processes
 from tests.sshd import NOWHERE, Sshd, cluster_file
 
@@ -242,8 +242,8 @@ def test_start_failure_on_one_host_stops_tasks_already_started(sshd: Sshd, tmp_p
 
 
 def test_a_port_that_is_not_sshd_is_named_as_such(tmp_path: Path) -> None:
-    from launcher.backends.ssh.connect import SSHError, connect
-    from launcher.hosts import SSHTarget
+    from launcher.describe.hosts import SSHTarget
+    from launcher.engines.ssh.connect import SSHError, connect
 
     with socket.socket() as silent:  # accepts connections, never says a word
         silent.bind((NOWHERE, 0))

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import psutil
 import pytest
 
-from launcher.backends.ssh.wire import BOOTSTRAP, MARK, agent_input, reply
+from launcher.engines.ssh.wire import BOOTSTRAP, MARK, agent_input, reply
 from tests.procs import pid_alive
 
 CHILD_AND_SLEEP = """
@@ -186,7 +186,7 @@ def test_probe_reports_python_packages_ports_disk(tmp_path: Path) -> None:
 def test_create_time_without_psutil_matches_psutils(sleeper: subprocess.Popen[bytes]) -> None:
     # Agent and status query agree on a host without psutil: both use the /proc formula then.
     code = ("import sys; sys.modules['psutil'] = None; ns = {'__name__': 'agent'};"
-            f"exec(open({str(Path(__file__).parents[1] / 'launcher' / 'backends' / 'ssh' / 'agent.py')!r}).read(), ns);"
+            f"exec(open({str(Path(__file__).parents[1] / 'launcher' / 'engines' / 'ssh' / 'node' / 'agent.py')!r}).read(), ns);"
             f"print(ns['create_time']({sleeper.pid}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert abs(float(out.stdout) - psutil.Process(sleeper.pid).create_time()) < 0.01
@@ -196,7 +196,7 @@ def test_agent_source_parses_as_python_3_8() -> None:
     # It runs under whatever python the host has; annotations are strings (__future__).
     import ast
 
-    source = (Path(__file__).parents[1] / "launcher" / "backends" / "ssh" / "agent.py").read_text()
+    source = (Path(__file__).parents[1] / "launcher" / "engines" / "ssh" / "node" / "agent.py").read_text()
     ast.parse(source, feature_version=(3, 8))
     assert "from __future__ import annotations" in source
 
@@ -204,7 +204,7 @@ def test_agent_source_parses_as_python_3_8() -> None:
 def test_one_session_checks_unpacks_then_runs_with_the_shipped_kit_first(tmp_path: Path) -> None:
     """What `tfl launch` sends a pre-started agent: a quick probe, the code and kit, then the run.
     This python has tfl installed (editable): the task must still import the shipped kit."""
-    from launcher.backends.ssh.wire import archives, kit_archive
+    from launcher.engines.ssh.wire import archives, kit_archive
 
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)

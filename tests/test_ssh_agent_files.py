@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends.ssh import agent, agent_files
-from launcher.backends.ssh.wire import MARK, kit_data, reply
-from launcher.hosts import HOST_CACHE
+from launcher.describe.hosts import HOST_CACHE
+from launcher.engines.ssh.node import agent, agent_files
+from launcher.engines.ssh.wire import MARK, kit_data, reply
 from tests.procs import pid_alive
 from tests.test_ssh_agent import collect, gone, run_request, start_agent
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from launcher.spec import free_port
+from launcher.describe.spec import free_port
 from tests.conftest import ROOT
 from tests.hostenv import host_python
 from tests.jobkit_helpers import HELD_JOB, Hold

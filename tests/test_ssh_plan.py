@@ -6,10 +6,11 @@ import json
 import subprocess
 import sys
 
-from launcher.backends import name_for_plan
-from launcher.hosts import HOST_CACHE, RemoteDirs, RemoteOptions, SSHTarget, ssh_target
-from launcher.plan import LaunchPlan, build_plan, render_plan
-from launcher.spec import parse_cluster
+from launcher.describe.hosts import HOST_CACHE, RemoteDirs, RemoteOptions, SSHTarget, ssh_target
+from launcher.describe.spec import parse_cluster
+from launcher.engines.registry import name_for_plan
+from launcher.plan.build import build_plan, render_plan
+from launcher.plan.launch_plan import LaunchPlan
 from tests.conftest import ROOT
 
 SPEC = parse_cluster({

@@ -17,13 +17,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher import launch as core
-from launcher.backends.ssh import backend as ssh_backend
-from launcher.backends.ssh import pool as ssh_pool
-from launcher.policy import SupervisorConfig
-from launcher.runstore import RunStore
-from launcher.spec import free_port, load_cluster
-from launcher.states import RunState
+from launcher.describe.spec import free_port, load_cluster
+from launcher.engines.ssh import backend as ssh_backend
+from launcher.engines.ssh import pool as ssh_pool
+from launcher.plan.run_options import SupervisorConfig
+from launcher.records.states import RunState
+from launcher.records.store import RunStore
+from launcher.runs import launch as core
 from tests.procs import pid_alive, tfl_processes
 from tests.sshd import Sshd, cluster_file
 
@@ -97,13 +97,13 @@ def test_restart_after_a_silent_connection_waits_for_the_old_task(sshd: Sshd, tm
 
 
 def test_the_launcher_kills_a_lost_attempt_that_ignores_sigterm_and_leaves_an_unrelated_pid_alone() -> None:
-    """The restart wait runs in the launcher (launcher.backends.ssh.restart), through the agent's
+    """The restart wait runs in the launcher (launcher.engines.ssh.restart), through the agent's
     own signal and info requests: here answered by the agent's functions in this process."""
     import subprocess
     import sys
 
-    from launcher.backends.ssh import agent
-    from launcher.backends.ssh.restart import stop_lost_attempt
+    from launcher.engines.ssh.node import agent
+    from launcher.engines.ssh.restart import stop_lost_attempt
 
     def ask(request: dict[str, object]) -> object:
         return {"signal": agent.signal_tasks, "info": agent.info}[str(request["mode"])](request)

@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.runindex import active_ids
-from launcher.runstore import RunRecord, RunStore, TaskRecord
-from launcher.states import RunState
+from launcher.records.index import active_ids
+from launcher.records.states import RunState
+from launcher.records.store import RunRecord, RunStore, TaskRecord
 
 runner = CliRunner()
 
@@ -89,7 +89,7 @@ def test_watch_redraws_the_list(store: RunStore, monkeypatch: pytest.MonkeyPatch
         if len(frames) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr("launcher.report.time.sleep", sleep)
+    monkeypatch.setattr("launcher.views.report.time.sleep", sleep)
     result = runner.invoke(app, ["status", "--watch"])
     assert result.exit_code == 0, result.output
     assert result.stdout.count("RUN  ") == 2 and "\033[2J" not in result.stdout  # two frames; not a terminal: no clearing

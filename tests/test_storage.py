@@ -10,9 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.plan import LaunchPlan, build_plan
-from launcher.spec import parse_cluster
-from launcher.storage import sharing_need
+from launcher.describe.spec import parse_cluster
+from launcher.plan.build import build_plan
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.plan.storage import sharing_need
 
 TWO_HOSTS = {"chief": ["h1:1000"], "worker": ["h2:1001"]}
 

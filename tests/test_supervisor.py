@@ -9,15 +9,16 @@ from typing import Callable
 
 import pytest
 
-from launcher.backends import TaskProcess
+from launcher.describe.spec import parse_cluster
+from launcher.engines.registry import TaskProcess
 from launcher.errors import LaunchError
-from launcher.plan import LaunchPlan, TaskLaunch, build_plan
-from launcher.policy import SupervisorConfig
-from launcher.report import summary
-from launcher.runstore import RunStore
-from launcher.spec import parse_cluster
-from launcher.states import RunState, TaskState
-from launcher.supervisor import Supervisor, initial_record
+from launcher.plan.build import build_plan
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+from launcher.plan.run_options import SupervisorConfig
+from launcher.records.states import RunState, TaskState
+from launcher.records.store import RunStore
+from launcher.supervise.supervisor import Supervisor, initial_record
+from launcher.views.report import summary
 
 
 class FakeClock:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from launcher.backends import GroupBackend, TaskProcess
-from launcher.runstore import RunRecord
-from launcher.states import RunState, TaskState
+from launcher.engines.registry import GroupBackend, TaskProcess
+from launcher.records.states import RunState, TaskState
+from launcher.records.store import RunRecord
 from tests.test_supervisor import FakeBackend, FakeClock, make, states
 
 NODES = {"chief:0": "n1", "worker:0": "n2", "evaluator:0": "n1"}

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends import TaskProcess
 from launcher.contract import PREEMPTED_EXIT_CODE, PREEMPTED_PHASE
-from launcher.report import summary
-from launcher.states import RunState, TaskState
-from launcher.supervisor import Supervisor
+from launcher.engines.registry import TaskProcess
+from launcher.records.states import RunState, TaskState
+from launcher.supervise.supervisor import Supervisor
+from launcher.views.report import summary
 from tests.test_supervisor import FakeBackend, make, states
 
 P = PREEMPTED_EXIT_CODE

@@ -18,9 +18,9 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.runstore import RunRecord, RunStore, TaskRecord
-from launcher.states import RunState
-from launcher.tboard import NO_TF_MAIN, model_dir_of
+from launcher.records.states import RunState
+from launcher.records.store import RunRecord, RunStore, TaskRecord
+from launcher.views.tensorboard import NO_TF_MAIN, model_dir_of
 from tests.conftest import ROOT
 from tests.procs import pid_alive
 

@@ -42,8 +42,8 @@ class _Command(TyperCommand):
 
 def _run_ids(incomplete: str) -> list[str]:
     """Shell completion of RUN: the run dirs' names (a directory listing, no record read)."""
-    from launcher.runindex import run_ids
-    from launcher.runstore import default_home
+    from launcher.records.index import run_ids
+    from launcher.records.store import default_home
 
     return run_ids(default_home() / "runs", incomplete)
 
@@ -85,6 +85,6 @@ def _colour() -> bool:
 
 
 def _store() -> Any:
-    from launcher.runstore import RunStore
+    from launcher.records.store import RunStore
 
     return RunStore()

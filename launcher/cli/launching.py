@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from launcher.cli.app import _colour, _Command, _core, _fail, _Group, _store, app
-from launcher.policy import DEFAULT_GRACE_S
+from launcher.plan.run_options import DEFAULT_GRACE_S
 
 
 @app.command(cls=_Command, context_settings={"allow_extra_args": True})
@@ -58,12 +58,12 @@ def launch(
                                          "S seconds"),
 ) -> None:
     """Launch JOB on a cluster (--cluster FILE), on local processes (--local N), or inside a Slurm allocation (--slurm)."""
-    from launcher import launch as core
-    from launcher.elastic import elastic_options
-    from launcher.hosts import RemoteOptions
-    from launcher.plan import render_plan
-    from launcher.policy import SupervisorConfig
-    from launcher.report import summary
+    from launcher.describe.hosts import RemoteOptions
+    from launcher.plan.build import render_plan
+    from launcher.plan.resize import elastic_options
+    from launcher.plan.run_options import SupervisorConfig
+    from launcher.runs import launch as core
+    from launcher.views.report import summary
 
     if retry_on not in ("any", "preemption"):
         raise _fail(f"--retry-on {retry_on}: choose 'any' or 'preemption'")
@@ -96,8 +96,8 @@ def _description(cluster: Path | None, local: int | None, slurm: bool, evaluator
     """What a launch runs: a cluster file (hosts, or a `slurm` block), --local N, or the Slurm allocation it is in."""
     import os
 
-    from launcher.descriptions import load_description
-    from launcher.spec import local_cluster
+    from launcher.describe.kinds import load_description
+    from launcher.describe.spec import local_cluster
 
     if sum((cluster is not None, local is not None, slurm)) != 1:
         raise _fail("give exactly one of --cluster FILE, --local N (e.g. --local 2) or --slurm (inside a Slurm allocation)")
@@ -108,7 +108,7 @@ def _description(cluster: Path | None, local: int | None, slurm: bool, evaluator
         raise _fail("--detach with --slurm: the allocation ends when its command returns; run `tfl launch --slurm` in the "
                     "foreground inside it, or submit with --cluster FILE (a 'slurm' block) and --detach")
     if slurm:
-        from launcher.slurm.settings import allocation_cluster
+        from launcher.engines.slurm.settings import allocation_cluster
 
         return _core(lambda: allocation_cluster(os.environ, evaluator))
     return _core(lambda: load_description(cluster) if cluster is not None else local_cluster(local or 0, evaluator))
@@ -117,7 +117,7 @@ def _description(cluster: Path | None, local: int | None, slurm: bool, evaluator
 def _detach(plan: Any, store: Any, config: Any) -> None:
     """``--detach``: the quick checks here (their failures reach this terminal), then a
     background launcher; prints the run id."""
-    from launcher import launch as core
+    from launcher.runs import launch as core
 
     _core(lambda: core.preflight(plan))
     pid = _core(lambda: core.detach(plan, store, config))
@@ -134,9 +134,9 @@ def doctor(
 ) -> None:
     """Check every host of a cluster at once: ssh, python, the job kit, tensorflow/tf_keras, ports, disk, GPUs,
     and that the cluster's storage is shared."""
-    from launcher.checks import as_dicts, render
-    from launcher.doctor import doctor as diagnose
-    from launcher.spec import load_cluster
+    from launcher.describe.spec import load_cluster
+    from launcher.engines.doctor import doctor as diagnose
+    from launcher.engines.preflight import as_dicts, render
 
     spec = _core(lambda: load_cluster(cluster))
     checks = _core(lambda: diagnose(spec, accept_new_host_keys=accept_new_host_keys))
@@ -149,8 +149,8 @@ def validate(file: Path = typer.Argument(..., help="cluster description (JSON)")
     """Check a cluster description; print its tasks (a slurm block: also its batch script) or the first problem with its fix."""
     import os
 
-    from launcher.descriptions import load_description
-    from launcher.plan import describe
+    from launcher.describe.kinds import load_description
+    from launcher.plan.build import describe
 
     spec = _core(lambda: load_description(file))
     lines, count = _core(lambda: describe(spec, str(_store().runs_dir), sys.executable, os.getcwd()))
@@ -161,7 +161,7 @@ def validate(file: Path = typer.Argument(..., help="cluster description (JSON)")
 @app.command(cls=_Command)
 def schema() -> None:
     """Print the JSON Schema of the cluster description."""
-    from launcher.spec import ClusterSpec
+    from launcher.describe.spec import ClusterSpec
 
     typer.echo(json.dumps(ClusterSpec.model_json_schema(), indent=2))
 
@@ -169,7 +169,7 @@ def schema() -> None:
 @app.command("_supervise", cls=_Command, hidden=True)
 def supervise(plan_file: Path, config_json: str) -> None:
     """The detached launcher's body (started by `tfl launch --detach`)."""
-    from launcher.launch import supervise_detached
+    from launcher.runs.launch import supervise_detached
 
     record = _core(lambda: supervise_detached(plan_file, config_json, _store()))
     raise typer.Exit(record.exit_code or 0)
@@ -178,7 +178,7 @@ def supervise(plan_file: Path, config_json: str) -> None:
 @app.command("_resume", cls=_Command, hidden=True)
 def resume_body(run_id: str, config_json: str) -> None:
     """The detached launcher of `tfl resume --detach`."""
-    from launcher.launch import resume_detached
+    from launcher.runs.launch import resume_detached
 
     record = _core(lambda: resume_detached(run_id, config_json, _store()))
     raise typer.Exit(record.exit_code or 0)
@@ -210,10 +210,10 @@ def export_k8s(
     """Print JOB on a cluster's roles as Kubernetes manifests: a JobSet (default) or a Kubeflow TFJob."""
     import time
 
-    from launcher.k8s.export import export_k8s as export
-    from launcher.k8s.export import write_manifests
-    from launcher.k8s.pods import ExportOptions, default_name
-    from launcher.spec import load_cluster, local_cluster
+    from launcher.describe.spec import load_cluster, local_cluster
+    from launcher.engines.k8s.export import export_k8s as export
+    from launcher.engines.k8s.export import write_manifests
+    from launcher.engines.k8s.pods import ExportOptions, default_name
 
     if (cluster is None) == (local is None):
         raise _fail("give exactly one of --cluster FILE or --local N (e.g. --local 2)")

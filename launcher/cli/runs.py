@@ -28,8 +28,8 @@ def status(
     RUN is a run id or a unique prefix of one. Without it: the active runs and the 20
     latest (whose record changed last), oldest first; --all lists every run.
     """
-    from launcher.report import run_detail, runs_table
-    from launcher.status import run_list, run_view
+    from launcher.views.report import run_detail, runs_table
+    from launcher.views.status import run_list, run_view
 
     if len(ctx.args) > 1:
         raise _fail(f"status takes one RUN, got {len(ctx.args)}: {' '.join(ctx.args)} (see `tfl status --help`)")
@@ -49,8 +49,8 @@ def status(
 
 def _watch_status(store: Any, run: str | None, every: bool) -> None:
     """``tfl status --watch``: one run until it ends, or the list until Ctrl-C."""
-    from launcher.report import runs_table, watch, watch_run
-    from launcher.status import run_list, run_view
+    from launcher.views.report import runs_table, watch, watch_run
+    from launcher.views.status import run_list, run_view
 
     clear = sys.stdout.isatty()
     try:
@@ -73,7 +73,7 @@ def stop(
 ) -> None:
     """Stop a run: every task gets the notice (SIGTERM) and the grace to save the agreed checkpoint,
     then SIGKILL; also when its launcher was killed. Stopping twice is fine. `tfl resume` continues it."""
-    from launcher.control import stop_run
+    from launcher.runs.stop import stop_run
 
     store = _store()
     record = _core(lambda: store.resolve(run))
@@ -91,9 +91,9 @@ def resume(
 ) -> None:
     """Continue a stopped, preempted or failed run from its last checkpoint: the same plan, hosts and
     model dir, the next attempt. Refused for a run that succeeded or still runs."""
-    from launcher import launch as core
-    from launcher.report import summary
-    from launcher.resume import resume_config
+    from launcher.runs import launch as core
+    from launcher.runs.resume import resume_config
+    from launcher.views.report import summary
 
     store = _store()
     record = _core(lambda: store.resolve(run))
@@ -125,7 +125,7 @@ def logs(
     TensorFlow's known start-up noise (oneDNN, CUDA stubs, cuInit without a driver, gRPC and
     coordination-service lines) is hidden and counted per task; --verbose shows every line.
     """
-    from launcher.control import show_logs
+    from launcher.runs.stop import show_logs
 
     store = _store()
     record = _core(lambda: store.resolve(run))
@@ -139,7 +139,7 @@ def logs(
 def rm(runs: list[str] = typer.Argument(..., help="run ids or unique prefixes", autocompletion=_run_ids)) -> None:
     """Remove finished runs: their record, logs and default model dir here, and what they left
     on SSH hosts (an unreachable host is reported). A running run is kept (exit 1)."""
-    from launcher.prune import rm_runs
+    from launcher.runs.prune import rm_runs
 
     outcome = _core(lambda: rm_runs(_store(), runs))
     typer.echo(outcome.render())
@@ -155,7 +155,7 @@ def prune(
 ) -> None:
     """Remove finished runs older than --older-than and beyond the --keep latest (as `tfl rm`).
     Running runs are never touched."""
-    from launcher.prune import prune_runs
+    from launcher.runs.prune import prune_runs
 
     typer.echo(_core(lambda: prune_runs(_store(), older_than=older_than, keep=keep, dry_run=dry_run)).render())
 
@@ -167,7 +167,7 @@ def tensorboard(
 ) -> None:
     """TensorBoard on a run's model dir (also while it runs); prints the URL, Ctrl-C stops it.
     A model dir on another host: prints how to reach it through SSH instead."""
-    from launcher.tboard import serve
+    from launcher.views.tensorboard import serve
 
     store = _store()
     record = _core(lambda: store.resolve(run))

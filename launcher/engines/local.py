@@ -1,0 +1,197 @@
+"""Tasks as local processes, each the leader of its own session and process group."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Callable
+
+import psutil
+
+from launcher.engines.base import Cleanup, TaskLive, TaskProcess
+from launcher.engines.preflight import Check, HostTasks, diagnose, host_tasks, probe_request
+from launcher.engines.teardown import teardown
+from launcher.errors import LaunchError
+from launcher.files import open_private
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+from launcher.records import identity
+from launcher.records.states import TaskState
+from launcher.records.store import RunRecord
+from launcher.tasklog import attempt_banner
+
+
+class Leader:
+    """A task's process, which leads its process group, kept *unreaped* after it exits until
+    its group is empty: a pid is not reused while its zombie exists, so neither is the
+    group's number, and ``killpg`` can never reach an unrelated group that took it over
+    (pids wrap around at pid_max, 32768 by default). Exit codes are read with ``WNOWAIT``."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+
+    @property
+    def reaped(self) -> bool:
+        return self.popen.returncode is not None
+
+    def exit_code(self) -> int | None:
+        """Its exit code (negative: killed by that signal) once it has exited, else None."""
+        if self.popen.returncode is not None:
+            return self.popen.returncode
+        try:
+            info = os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped behind our back (never by tfl): Popen knows the code
+            return self.popen.wait()
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+    def reap(self) -> None:
+        self.popen.wait()
+
+
+class LocalBackend:
+    name = "local"
+    concurrent_start = False
+
+    def __init__(self, notify: Callable[[], None] = lambda: None) -> None:
+        self._notify = notify
+
+    # --- before a run -------------------------------------------------------------------
+    def probe(self, hosts: Sequence[HostTasks], *, quick: bool) -> list[Check]:
+        return diagnose(hosts, lambda h: ([], self._facts(h, quick)), quick=quick)
+
+    def prepare(self, plan: LaunchPlan) -> list[Check]:
+        return self.probe(host_tasks(plan), quick=True)
+
+    def resolve(self, plan: LaunchPlan) -> LaunchPlan:
+        return plan  # every path is this machine's already
+
+    @staticmethod
+    def _facts(h: HostTasks, quick: bool) -> dict[str, Any] | None:
+        """The agent's own probe: in this process for the quick checks (no python to start),
+        under the host's python for the full ones (its packages are what counts). The agent is
+        the one place host facts are gathered, whatever the backend."""
+        from launcher.engines.ssh.node import agent
+        from launcher.engines.ssh.wire import BOOTSTRAP, agent_input, python_failure, reply
+
+        if quick:
+            facts = agent.probe(probe_request(h, quick=True))
+            facts["executable"] = shutil.which(h.python) or h.python
+            for port, held in facts["ports"].items():
+                if held is not None:
+                    facts["ports"][port] = held + _port_owner(int(port))
+            return facts
+        try:
+            out = subprocess.run([h.python, "-u", "-c", BOOTSTRAP], input=agent_input(probe_request(h)),
+                                 capture_output=True, timeout=60)
+        except (FileNotFoundError, PermissionError):
+            raise LaunchError(f"{h.host}: {python_failure(h.python, 127, b'no such file', h.host)}") from None
+        if out.returncode != 0:
+            raise LaunchError(f"{h.host}: {python_failure(h.python, out.returncode, out.stderr, h.host)}")
+        result: dict[str, Any] = reply(out.stdout)
+        return result
+
+    # --- a live run ---------------------------------------------------------------------
+    def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
+        env = {**os.environ, **launch.env, "TFL_ATTEMPT": str(attempt)}
+        if launch.cwd and not os.path.isdir(launch.cwd):
+            raise LaunchError(f"{launch.name}: working directory {launch.cwd} does not exist (fix hosts.{launch.host}.workdir)")
+        with open_private(launch.log_path) as log:
+            if attempt:
+                log.write(attempt_banner(launch.name, attempt).encode())
+                log.flush()
+            try:
+                popen = subprocess.Popen(
+                    launch.argv, env=env, cwd=launch.cwd, stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                )
+            except OSError as exc:
+                raise LaunchError(f"{launch.name}: cannot run {launch.argv[0]}: {exc.strerror} "
+                                  f"(fix hosts.{launch.host}.python or install it)") from None
+        try:
+            create_time: float | None = psutil.Process(popen.pid).create_time()
+        except psutil.Error:
+            create_time = None  # already gone; poll() will report its exit code
+        proc = TaskProcess(launch=launch, attempt=attempt, pid=popen.pid, create_time=create_time, pgid=popen.pid,
+                           handle=Leader(popen), start_ticks=identity.start_ticks(popen.pid))
+        threading.Thread(target=self._wait, args=(popen.pid,), name=f"wait-{launch.name}", daemon=True).start()
+        return proc
+
+    def _wait(self, pid: int) -> None:
+        # Exit is an event: the supervisor wakes at once instead of waiting for its next poll.
+        try:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # WNOWAIT: see Leader
+        except ChildProcessError:
+            pass
+        self._notify()
+
+    def poll(self, proc: TaskProcess) -> int | None:
+        leader: Leader = proc.handle
+        return leader.exit_code()
+
+    def signal(self, proc: TaskProcess, signum: int) -> None:
+        leader: Leader = proc.handle
+        if leader.reaped or proc.pid is None:
+            return  # its group was empty when it was reaped, and the number may be another's by now
+        try:
+            os.killpg(proc.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass  # the whole group is gone already
+
+    def alive(self, proc: TaskProcess) -> bool:
+        leader: Leader = proc.handle
+        if leader.exit_code() is None:
+            return True
+        if leader.reaped or proc.pid is None:
+            return False
+        if identity.group_members(proc.pid, leader=proc.pid):
+            return True  # the leader exited, a child it started lives on in the group
+        leader.reap()  # the group is empty: only now may its number go
+        return False
+
+    def close(self) -> None:
+        pass
+
+    # --- a recorded run -----------------------------------------------------------------
+    def inspect(self, record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
+        if identity.launcher_identity(record).elsewhere:
+            return {}  # its tasks ran on the launcher's machine: only there can they be seen
+        found = {t.task: identity.task_identity(record, t).find() for t in record.tasks}
+        if ask:  # cpu % is measured over an interval: prime every process, then read
+            for proc in found.values():
+                identity.cpu_percent(proc)
+            time.sleep(0.1)
+        live = {}
+        for task in record.tasks:
+            proc = found[task.task]
+            gone = task.state == TaskState.RUNNING and proc is None  # recorded as running, vanished
+            live[task.task] = TaskLive(
+                alive=proc is not None, state="gone" if gone else None,
+                cpu_percent=identity.cpu_percent(proc) if ask and proc else None, rss_mb=identity.rss_mb(proc),
+                uptime_s=round(time.time() - task.create_time, 1) if proc and task.create_time else None)
+        return live
+
+    def stop_recorded(self, record: RunRecord, grace: float) -> int:
+        """Every process of the run: the recorded tasks (pid and create time) and anything
+        carrying its ``TFL_RUN_ID`` marker, by process group."""
+        known = {p.pid: p for t in record.tasks if (p := identity.task_identity(record, t).find())}
+        found = identity.marked_processes(record.run_id, known)
+        teardown(found, signal=identity.signal_group, alive=identity.is_running, grace=grace, kill_wait=5.0)
+        return len(found)
+
+    def clean_recorded(self, record: RunRecord) -> Cleanup:
+        return Cleanup()  # a local run's files all lie in its run dir, which the run store removes
+
+
+def _port_owner(port: int) -> str:
+    try:
+        for conn in psutil.net_connections("tcp"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                return f", by pid {conn.pid} ({psutil.Process(conn.pid).name()})"
+    except (psutil.Error, OSError):
+        pass
+    return ""

@@ -1,0 +1,76 @@
+"""Ray, imported only when a ``ray`` description is used; one connection per process."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from launcher.engines.ray.node import INSTALL_HINT
+from launcher.engines.ray.plan import NAMESPACE
+from launcher.errors import LaunchError
+
+LAUNCHER_DIR = Path(__file__).resolve().parents[2]
+# The job kit, and the task runner the actors are: all a node needs of tfl.
+KIT_FILES = ("__init__.py", "contract.py", "jobkit", "engines/__init__.py", "engines/ray/__init__.py", "engines/ray/node/__init__.py",
+             "engines/ray/node/runner.py")
+
+
+def import_ray() -> ModuleType:
+    try:
+        import ray
+    except ImportError:
+        raise LaunchError(f"a 'ray' description needs Ray, which is not installed here; {INSTALL_HINT}") from None
+    return ray
+
+
+def connect(address: str, env: dict[str, Any] | None = None) -> ModuleType:
+    """Ray, connected to ``address`` in tfl's namespace (once per process). ``env``: the job's
+    runtime_env (local dirs can be uploaded only at this level, not per actor)."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray
+    from ray._private import ray_constants
+
+    # Under `uv run`, Ray would make every worker `uv run` this project's environment: the nodes
+    # run the shipped job with their own Python instead (the runtime_env tfl gives each actor).
+    ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
+    try:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING,
+                 configure_logging=False, runtime_env=env)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LaunchError(f"ray.address {address}: cannot connect to the Ray cluster ({said}); start it (`ray start --head`) "
+                          "or fix ray.address in the description") from None
+    return ray
+
+
+def disconnect() -> None:
+    try:
+        import ray
+    except ImportError:
+        return
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def kit_dir() -> str:
+    """A private temp copy of the job kit and the task runner, as ``<dir>/launcher``: the
+    actors' ``py_modules``. The caller removes ``<dir>``."""
+    root = tempfile.mkdtemp(prefix="tfl-ray-kit-")
+    for name in KIT_FILES:
+        src, dest = LAUNCHER_DIR / name, Path(root) / "launcher" / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dest)
+    return root
+
+
+def runtime_env(working_dir: str, kit: str) -> dict[str, Any]:
+    return {"working_dir": working_dir, "py_modules": [os.path.join(kit, "launcher")]}

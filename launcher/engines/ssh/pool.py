@@ -1,0 +1,92 @@
+"""Open SSH connections per host, shared by the host's tasks, and the agents started ahead
+of their tasks (used by the backend, ``prepare`` and the restart of a lost attempt)."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from launcher.describe.hosts import SSHTarget
+from launcher.engines.ssh.connect import SSHError, connect, open_channel
+from launcher.engines.ssh.wire import agent_command, agent_input
+from launcher.plan.launch_plan import TaskLaunch
+
+if TYPE_CHECKING:
+    from fabric import Connection
+    from paramiko import Channel
+
+# Silence after which we take a task's agent for lost even though its host answers (``watch``
+# knows a host that does not answer as lost within seconds). The agent's own dead-man timer,
+# after which it stops its task, is the cluster file's ``ssh.fence_after`` (30 s by default).
+HEARTBEAT_TIMEOUT = 30.0
+
+
+class HostPool:
+    """Open SSH connections per host, shared by its tasks; a dropped one is replaced on demand."""
+
+    def __init__(self) -> None:
+        self._conns: dict[str, list[Connection]] = {}
+        self._locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._ready: dict[str, Channel] = {}  # task -> its agent, started ahead and waiting for its request
+
+    def get(self, target: SSHTarget) -> Connection:
+        with self._locks[target.host]:
+            live = self._live(target.host)
+            if not live:
+                live.append(connect(target))
+            return live[0]
+
+    def channel(self, target: SSHTarget, command: str, timeout: float) -> Channel:
+        """A session running ``command``. sshd allows 10 sessions per connection by default
+        (MaxSessions), so a host with more tasks than that gets another connection."""
+        import paramiko
+
+        for conn in [self.get(target), *self._live(target.host)[1:]]:
+            try:
+                return open_channel(conn, command, timeout)
+            except paramiko.ChannelException:
+                continue
+        conn = connect(target)
+        with self._locks[target.host]:
+            self._live(target.host).append(conn)
+        return open_channel(conn, command, timeout)
+
+    def agent(self, launch: TaskLaunch) -> Channel:
+        """The task's agent: one started ahead by ``start_agent_ahead``, else a new one."""
+        chan = self._ready.pop(launch.name, None)
+        if chan is None or chan.closed or chan.exit_status_ready():
+            if launch.ssh is None:
+                raise SSHError(launch.host, "the plan has no ssh settings for this task (a plan from another tfl?)", launch.name)
+            chan = self.channel(launch.ssh, agent_command(launch.python), HEARTBEAT_TIMEOUT)
+            try:
+                chan.sendall(agent_input(None))
+            except (OSError, EOFError) as exc:
+                raise SSHError(launch.host, f"the SSH session closed at once ({exc})", launch.name) from None
+        return chan
+
+    def start_agent_ahead(self, launch: TaskLaunch) -> Channel:
+        # The agent's python starts while other hosts are still being reached, so that
+        # starting the tasks one after another later costs a round trip each, not a python startup.
+        chan = self._ready[launch.name] = self.agent(launch)
+        return chan
+
+    def drop(self, host: str) -> None:
+        """Close the host's connections: after it was lost, a transport may look active and be dead."""
+        with self._locks[host]:
+            for conn in self._conns.pop(host, []):
+                conn.close()
+
+    def _live(self, host: str) -> list[Connection]:
+        conns = self._conns.setdefault(host, [])
+        conns[:] = [c for c in conns if (t := c.client.get_transport()) is not None and t.is_active()]
+        return conns
+
+    def close(self) -> None:
+        for chan in self._ready.values():
+            chan.close()  # its agent reads EOF before any request and exits
+        self._ready.clear()
+        for conns in list(self._conns.values()):
+            for conn in conns:
+                conn.close()
+        self._conns.clear()

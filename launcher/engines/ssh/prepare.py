@@ -1,0 +1,82 @@
+"""Getting SSH hosts ready for a run, and tidy after it.
+
+``prepare_hosts``: per host one connection, and per task one agent started ahead; the
+host's first agent also makes the quick checks, says where the host's per-user tfl dir is
+(``hosts.HOST_CACHE``), makes the run's private dirs, unpacks the shipped code and the job
+kit, and imports the kit the way a task will. So a host costs one SSH session per task and
+nothing more (each session is a login shell and a python start there), and nothing is
+shipped to a host whose quick checks failed.
+
+``cleanup_hosts``: when the run has ended, one agent request per host removes what the run
+shipped there (``RemoteDirs.remove``), unless ``--keep-remote`` kept it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from launcher.engines.parallel import first_error, parallel
+from launcher.engines.preflight import Check, HostTasks, host_tasks, judge, judge_setup, probe_request
+from launcher.engines.ssh.connect import SSHError
+from launcher.engines.ssh.wire import agent_request, archives, cleanup_request, converse, kit_archive
+from launcher.plan.launch_plan import LaunchPlan
+
+if TYPE_CHECKING:
+    from launcher.engines.ssh.pool import HostPool
+
+
+def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str]) -> list[Check]:
+    """Reach every SSH host of the plan at once and get it ready: its checks, or the first
+    failure to reach one raises. ``caches`` gets each ready host's per-user tfl dir."""
+    def reach(host: HostTasks) -> list[Check]:
+        first, *rest = [t for t in plan.tasks if t.host == host.host]
+        chan = pool.start_agent_ahead(first)
+        facts = converse(chan, probe_request(host, quick=True), host.host, host.python)
+        checks = judge(host, facts, quick=True)
+        if _failed(checks):
+            return checks
+        cache = facts["tfl_cache"]
+        done = converse(chan, unpack_request(plan, host.host, cache), host.host, host.python)
+        if "error" in done:
+            raise SSHError(host.host, f"could not unpack the code there ({done['error']}); check hosts.{host.host}.workdir "
+                                      "and free disk there, or use --no-sync if the code is already on the host")
+        checks += judge_setup(host, done)
+        if _failed(checks):
+            return checks
+        caches[host.host] = cache
+        for task in rest:
+            pool.start_agent_ahead(task)
+        return checks
+
+    results = parallel(reach, host_tasks(plan))
+    first_error(results)
+    return [c for r in results if isinstance(r, list) for c in r]
+
+
+def unpack_request(plan: LaunchPlan, host: str, cache: str) -> dict[str, Any]:
+    """The run's dirs on ``host`` (a configured workdir first, then the run dir, parents first),
+    the code shipped there and the job kit."""
+    tasks = [t.on_host(cache) for t in plan.tasks if t.host == host]
+    copies = sorted({copy for task in tasks for copy in task.sync})
+    dirs = tasks[0].dirs
+    if dirs is None:  # a plan recorded by a tfl that shipped no kit
+        return {"mode": "unpack", "archives": archives(copies)}
+    return {"mode": "unpack", "kit": dirs.kit, "archives": [*archives(copies), kit_archive(dirs.kit)],
+            "dirs": [*({"path": p, "private": False, "role": "workdir"} for p in dirs.checked),
+                     *({"path": p, "private": True, "role": "run dir"} for p in dirs.private)]}
+
+
+def cleanup_hosts(plan: LaunchPlan, pool: HostPool, hosts: list[str]) -> None:
+    """Remove what the run shipped to ``hosts`` (``plan`` on their real paths), all at once.
+    Best effort: a host that cannot be reached now keeps its copy."""
+    def tidy(host: str) -> None:
+        tasks = [t for t in plan.tasks if t.host == host]
+        request = cleanup_request(tasks)
+        if request is not None and tasks[0].ssh is not None:
+            agent_request(pool.get(tasks[0].ssh), tasks[0].python, request, timeout=30.0)
+
+    parallel(tidy, hosts)
+
+
+def _failed(checks: list[Check]) -> bool:
+    return any(c.status == "fail" for c in checks)

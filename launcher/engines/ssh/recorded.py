@@ -1,0 +1,204 @@
+"""``tfl status``, ``tfl stop`` and ``tfl rm`` for a recorded SSH run: ask its hosts, all at once.
+
+The launcher watches its remote tasks through their agents; these functions are for
+other processes (``tfl status RUN``, ``tfl stop`` when the launcher is gone). Each host
+runs one agent request (``info`` or ``signal``) for all its recorded tasks. A pid counts
+as the task only if its create time matches the recorded one, since pids get reused.
+fabric is imported only when a host is actually asked.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import PurePosixPath
+from typing import Any
+
+from launcher.contract import PROGRESS_FILE, RUN_DIR
+from launcher.describe.hosts import HOST_CACHE, SSHTarget
+from launcher.engines.base import Cleanup, TaskLive
+from launcher.engines.parallel import parallel
+from launcher.engines.ssh.connect import connect
+from launcher.engines.ssh.wire import agent_request, cleanup_request
+from launcher.engines.teardown import teardown
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+from launcher.records.identity import launcher_identity
+from launcher.records.states import TaskState
+from launcher.records.store import RunRecord
+
+HostTasks = dict[str, tuple[SSHTarget, str, list[dict[str, Any]]]]
+
+
+def _recorded(record: RunRecord) -> HostTasks:
+    """host -> (how to reach it, its python, the recorded tasks there with a pid)."""
+    launches = {t.name: t for t in LaunchPlan.from_dict(record.plan).tasks if t.ssh}
+    hosts: HostTasks = {}
+    for task in record.tasks:
+        launch = launches.get(task.task)
+        if launch is None or task.pid is None or launch.ssh is None:
+            continue
+        # Never accept a new host key here: the launch already recorded the host's key.
+        target = replace(launch.ssh, accept_new_host_keys=False)
+        entry = hosts.setdefault(launch.host, (target, launch.python, []))
+        entry[2].append({"name": task.task, "pid": task.pid, "create_time": task.create_time, "start_ticks": task.start_ticks,
+                         "progress_path": launch.env.get(PROGRESS_FILE, "")})
+    return hosts
+
+
+def _ask_hosts(record: RunRecord, request: dict[str, Any]) -> dict[str, Any]:
+    hosts = _recorded(record)
+
+    def ask(host: str) -> dict[str, Any]:
+        target, python, tasks = hosts[host]
+        conn = connect(target)
+        try:
+            answer: dict[str, Any] = agent_request(conn, python, {**request, "tasks": tasks})
+            return answer
+        finally:
+            conn.close()
+
+    answers: dict[str, Any] = {}
+    for host, result in zip(hosts, parallel(ask, list(hosts)), strict=True):
+        for task in hosts[host][2]:
+            answers[task["name"]] = {"error": str(result)} if isinstance(result, Exception) else result[task["name"]]
+    return answers
+
+
+def remote_task_info(record: RunRecord) -> dict[str, dict[str, Any]]:
+    """Each SSH task of the run with a pid: ``{"alive", "cpu_percent", "rss_mb", "progress"}``,
+    asked on its host (all hosts at once), or ``{"error": "..."}`` when the host cannot be asked."""
+    return _ask_hosts(record, {"mode": "info"})
+
+
+def remote_signal(record: RunRecord, signum: int) -> dict[str, str]:
+    """Signal the process group of each SSH task of the run that is still alive on its host:
+    task -> "signalled" | "gone" | "error: ..."."""
+    answers = _ask_hosts(record, {"mode": "signal", "signal": int(signum)})
+    return {name: a if isinstance(a, str) else f"error: {a['error']}" for name, a in answers.items()}
+
+
+def inspect(record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
+    running = {t.task: t for t in record.tasks if t.state == TaskState.RUNNING}
+    if not running:
+        return {}
+    if not ask:  # its agent kills a task whose launcher is gone
+        alive = launcher_identity(record).find() is not None
+        return {name: TaskLive(alive=alive) for name in running}
+    live = {}
+    for name, info in remote_task_info(record).items():
+        if name not in running:
+            continue
+        if "error" in info:
+            live[name] = TaskLive(alive=False, state="unreachable")
+            continue
+        created = running[name].create_time
+        alive = bool(info["alive"])
+        live[name] = TaskLive(alive=alive, state=None if alive else "gone", cpu_percent=info.get("cpu_percent"),
+                              rss_mb=info.get("rss_mb"),
+                              uptime_s=round(time.time() - created, 1) if alive and created else None)
+    return live
+
+
+def _signal_hosts(record: RunRecord, signum: int) -> None:
+    remote_signal(record, signum)
+
+
+def stop(record: RunRecord, grace: float) -> int:
+    """SIGTERM, grace, SIGKILL (``launcher.engines.teardown``) to the run's SSH tasks still alive on
+    their hosts, every host at once per step. Their agents also kill them on their own once
+    the launcher's connection is gone; this makes it immediate. Returns how many were alive.
+    A run whose launcher is gone had no one to remove the code it shipped: that is done here.
+    """
+    if not any(t.pid for t in record.tasks):
+        return 0
+    alive = [name for name, info in remote_task_info(record).items() if info.get("alive")]
+    if alive:
+        teardown([record], signal=_signal_hosts, grace=grace, kill_wait=5.0,
+                 alive=lambda r: any(info.get("alive") for info in remote_task_info(r).values()),
+                 wait=lambda s: time.sleep(max(s, 0.2)))
+    if not record.state.is_terminal:
+        cleanup(record)
+    return len(alive)
+
+
+def run_dirs_there(record: RunRecord) -> dict[str, tuple[SSHTarget, str, list[str]]]:
+    """host -> (how to reach it, its python, the directories tfl made there for this run).
+
+    Those are the tasks' working dir and run dir (``TFL_RUN_DIR``) as the plan recorded them,
+    each cut to its closest part named after the run: a working dir the cluster file gave
+    (``hosts.<h>.workdir``) is not the run's, but the run dir inside it is.
+    """
+    hosts: dict[str, tuple[SSHTarget, str, list[str]]] = {}
+    for launch in LaunchPlan.from_dict(record.plan).tasks:
+        if launch.ssh is None:
+            continue
+        entry = hosts.setdefault(launch.host, (replace(launch.ssh, accept_new_host_keys=False), launch.python, []))
+        for path in (launch.cwd, launch.env.get(RUN_DIR)):
+            own = _own_dir(path, record.run_id)
+            if own and own not in entry[2]:
+                entry[2].append(own)
+    for _, _, paths in hosts.values():  # a dir inside another one goes with it
+        paths[:] = [p for p in paths if not any(p.startswith(q + "/") for q in paths)]
+    return {host: entry for host, entry in hosts.items() if entry[2]}
+
+
+def _own_dir(path: str | None, run_id: str) -> str | None:
+    """The closest part of ``path`` named after the run: absolute, or in the host's private
+    tfl dir (``{tfl-cache}``, resolved by the agent)."""
+    if not path or not path.startswith(("/", HOST_CACHE + "/")) or ".." in PurePosixPath(path).parts:
+        return None
+    chain = [PurePosixPath(path), *PurePosixPath(path).parents]
+    own = next((i for i, p in enumerate(chain) if p.name == run_id), None)
+    if own is None:
+        return None
+    # In the per-user dir, runs/<run>/<host>: on a home shared by several hosts, only this host's part.
+    return str(chain[own - 1] if path.startswith(HOST_CACHE) and own > 0 else chain[own])
+
+
+def clean(record: RunRecord) -> Cleanup:
+    """Remove the run's directories on every SSH host at once (the agent's ``remove``, which
+    refuses anything not named after the run). An unreachable host is reported, not raised."""
+    hosts = run_dirs_there(record)
+
+    def remove(host: str) -> dict[str, Any]:
+        target, python, paths = hosts[host]
+        conn = connect(target)
+        try:
+            answer: dict[str, Any] = agent_request(conn, python, {"mode": "remove", "run_id": record.run_id,
+                                                                  "paths": paths})
+            return answer
+        finally:
+            conn.close()
+
+    done = Cleanup()
+    for host, result in zip(hosts, parallel(remove, list(hosts)), strict=True):
+        if isinstance(result, Exception):
+            done.left.append(f"{host}: {result}; left {', '.join(hosts[host][2])} there")
+            continue
+        for path, outcome in result.items():
+            if "error" in outcome:
+                done.left.append(f"{host}:{path}: {outcome['error']}")
+            elif "removed" in outcome:
+                done.removed.append(f"{host}:{path}")
+                done.bytes_freed += int(outcome["removed"])
+    return done
+def cleanup(record: RunRecord) -> None:
+    """Remove what the run shipped to its hosts (best effort, every host at once)."""
+
+    plan = LaunchPlan.from_dict(record.plan)
+    hosts: dict[str, list[TaskLaunch]] = {}
+    for task in plan.tasks:
+        if task.ssh is not None:
+            hosts.setdefault(task.host, []).append(task)
+
+    def tidy(tasks: list[TaskLaunch]) -> None:
+        request, target = cleanup_request(tasks), tasks[0].ssh
+        if request is None or target is None:
+            return
+        conn = connect(replace(target, accept_new_host_keys=False))
+        try:
+            agent_request(conn, tasks[0].python, request, timeout=30.0)
+        finally:
+            conn.close()
+
+    parallel(tidy, list(hosts.values()))

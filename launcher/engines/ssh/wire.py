@@ -1,0 +1,144 @@
+"""The wire protocol between the launcher and the tfl agent on a host.
+
+The remote command line is only ``python -u -c BOOTSTRAP``: the agent's source and its
+request (JSON lines) follow on stdin, so neither TF_CONFIG nor any job argument passes
+through a remote shell or shows in ``ps``. A one-shot request (probe, info, signal)
+answers one JSON line; a ``run`` request streams frames (see ``agent.Frames``). Every
+answer starts with ``MARK``; what the login shell printed before it is skipped.
+
+The job kit (``launcher/__init__.py``, ``launcher/contract.py``, ``launcher/jobkit/``)
+travels as one more tarball (``kit_archive``): tasks on a host need nothing of tfl.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import io
+import json
+import os
+import shlex
+import tarfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher.engines.ssh.connect import SSHError, exec_command
+
+if TYPE_CHECKING:
+    from fabric import Connection
+    from paramiko import Channel
+
+    from launcher.plan.launch_plan import TaskLaunch
+
+HERE = Path(__file__).parent
+AGENT_SOURCES = [(HERE / "node" / "agent_files.py").read_text(), (HERE / "node" / "agent.py").read_text()]
+# The whole remote command line: the agent's sources and its request follow on stdin.
+BOOTSTRAP = ("import sys,json,types;s=json.loads(sys.stdin.readline());m=types.ModuleType('tfl_agent_files');"
+             "exec(s[0],m.__dict__);sys.modules[m.__name__]=m;exec(s[1])  # tfl-agent")
+MARK = b"\x1etfl\x1e"  # starts each of the agent's answers (agent.MARK)
+LAUNCHER_DIR = HERE.parents[1]
+KIT_FILES = (("__init__.py", "launcher/__init__.py"), ("contract.py", "launcher/contract.py"), ("jobkit", "launcher/jobkit"))
+# Directories never worth shipping with --sync (virtualenvs, VCS data, caches).
+SKIP_DIRS = frozenset({".git", ".hg", ".venv", "venv", "__pycache__", ".mypy_cache", ".pytest_cache",
+                       ".ruff_cache", "node_modules", ".ipynb_checkpoints"})
+
+
+def agent_command(python: str) -> str:
+    """The remote shell command that starts the agent under the host's python."""
+    return f"exec {shlex.join([python, '-u', '-c', BOOTSTRAP])}"
+
+
+def agent_input(request: dict[str, Any] | None) -> bytes:
+    """The agent's stdin: its source, then the request (None: the request follows later)."""
+    return (json.dumps(AGENT_SOURCES) + "\n" + (json.dumps(request) + "\n" if request else "")).encode()
+
+
+def agent_request(conn: Connection, python: str, request: dict[str, Any], timeout: float = 60.0) -> Any:
+    """Run one non-``run`` agent request (probe, info, signal) and return its JSON answer."""
+    code, out, err = exec_command(conn, agent_command(python), agent_input(request), timeout)
+    if code != 0 or MARK not in out:
+        raise SSHError(conn.host, python_failure(python, code, err, conn.host))
+    return reply(out)
+
+
+def reply(out: bytes) -> Any:
+    """The agent's one-line answer in ``out``, after anything a login shell printed first."""
+    return json.loads(out.rpartition(MARK)[2])
+
+
+@functools.lru_cache(maxsize=1)
+def _kit_tarball() -> str:
+    items = [(str(LAUNCHER_DIR / local), name) for local, name in KIT_FILES]
+    return base64.b64encode(_tarball(items)).decode()
+
+
+def kit_archive(dest: str) -> dict[str, str]:
+    """The job kit as an ``unpack`` archive: ``dest/launcher/...``, at this launcher's version."""
+    return {"dest": dest, "data": _kit_tarball()}
+
+
+def kit_data() -> str:
+    """The job kit for a ``probe`` request: the agent imports it from a private temp dir."""
+    return _kit_tarball()
+
+
+def python_failure(python: str, code: int | None, stderr: bytes, host: str) -> str:
+    said = " | ".join(stderr.decode(errors="replace").strip().splitlines()[-2:]) or f"exit status {code}"
+    if code == 127:
+        return f"python '{python}' not found ({said}); set hosts.{host}.python to a python that has tensorflow"
+    return f"the tfl agent failed under '{python}' ({said}); it needs Python >= 3.8"
+
+
+def archives(copies: Iterable[tuple[str, str]]) -> list[dict[str, str]]:
+    """Files and directory contents to copy, as the agent's ``unpack`` request takes them:
+    one gzipped tarball (base64) per destination directory."""
+    by_dest: dict[str, list[tuple[str, str]]] = {}
+    for local, remote in copies:
+        dest = os.path.dirname(remote) if os.path.isfile(local) else remote
+        by_dest.setdefault(dest, []).append((local, os.path.basename(remote) if os.path.isfile(local) else "."))
+    return [{"dest": dest, "data": base64.b64encode(_tarball(items)).decode()} for dest, items in by_dest.items()]
+
+
+def converse(chan: Channel, request: dict[str, Any], host: str, python: str) -> dict[str, Any]:
+    """One request to an agent waiting for more (a pre-started one) and its one-line answer."""
+    answer = b""
+    try:
+        chan.sendall((json.dumps(request) + "\n").encode())
+        while not (MARK in answer and answer.endswith(b"\n")):
+            data = chan.recv(65536)
+            if not data:
+                break
+            answer += data
+    except OSError as exc:  # socket.timeout included; or the agent is gone already (see below)
+        if not chan.status_event.wait(1.0):
+            raise SSHError(host, f"the tfl agent did not answer its {request['mode']} request ({type(exc).__name__} {exc})") from None
+    if not (MARK in answer and answer.endswith(b"\n")):  # the agent is gone: its python is missing, too old, or crashed
+        chan.status_event.wait(5.0)
+        code = chan.exit_status if chan.exit_status_ready() else None
+        stderr = chan.recv_stderr(65536) if chan.recv_stderr_ready() else b""
+        raise SSHError(host, python_failure(python, code, stderr, host))
+    result: dict[str, Any] = reply(answer)
+    return result
+
+
+def _tarball(items: list[tuple[str, str]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for local, name in items:
+            tar.add(local, arcname=name, filter=_skip_caches)
+    return buffer.getvalue()
+
+
+def _skip_caches(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    if any(p in SKIP_DIRS for p in info.name.split("/")) or info.name.endswith(".pyc"):
+        return None
+    return info
+
+
+def cleanup_request(tasks: list[TaskLaunch]) -> dict[str, Any] | None:
+    """What to remove on the host of ``tasks`` (already on that host's paths), or None."""
+    dirs = tasks[0].dirs
+    if dirs is None or not (dirs.remove or dirs.rmdir):
+        return None
+    return {"mode": "cleanup", "remove": list(dirs.remove), "rmdir": list(dirs.rmdir)}

@@ -1,0 +1,384 @@
+"""The run store: one directory per run holding ``state.json``, logs and progress.
+
+Only the run's supervisor writes its record, always atomically (temp file + ``os.replace``)
+and durably (fsync of the file and of the run dir), so ``tfl status`` in another terminal
+never reads half a file, and a crash leaves the last record whole. Run dirs are 0700 and
+their files 0600 (``launcher.files``); a run dir is made once, never reused.
+
+Records carry a ``version``. One from a newer tfl is never taken for absent: ``tfl status``
+lists it as unreadable with the reason, and ``tfl stop``/``tfl logs`` without RUN refuse to
+fall back on an older run when the latest one cannot be read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+import types
+import typing
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Iterable, TypeVar
+
+from launcher.errors import RunExistsError, RunNotFoundError, StateWriteError, UnreadableRunError
+from launcher.files import private_dir, write_atomic
+from launcher.records.index import active_ids, mark_active, mark_ended, recent_ids
+from launcher.records.states import RunState, TaskState
+
+STATE_FILE = "state.json"
+STOP_REQUEST = "stop_requested"  # written by `tfl stop` before its SIGTERM: the launcher's SIGTERM is then no preemption
+# Bump when a record changes so that an older tfl cannot read it right (2: backend_data; 3: the
+# preempted states, RestartRecord.kind, RunRecord.config; 4: an elastic run's min_tasks,
+# lost_hosts and resizes). This tfl reads every older version (each new field has a default)
+# and saves what it read in its own.
+RECORD_VERSION = 4
+# The latest run is the newest created among the active runs and this many whose record changed last.
+LATEST_AMONG = 20
+
+# Records are plain dataclasses read by a small strict loader, not pydantic models: `tfl status`
+# reads every run's record, and building pydantic's validators costs more than the command's
+# whole import budget (docs/benchmarks.md §1). The cluster file, which users write, stays pydantic.
+
+
+@dataclass
+class TaskRecord:
+    task: str
+    host: str
+    backend: str
+    log_path: str
+    progress_path: str
+    state: TaskState = TaskState.PENDING
+    attempt: int = 0
+    pid: int | None = None
+    create_time: float | None = None  # psutil's, so a reused pid is never taken for ours
+    start_ticks: int | None = None  # clock ticks since boot at its start (procs.start_ticks): immune to clock steps
+    started: float | None = None
+    ended: float | None = None
+    exit_code: int | None = None
+
+
+@dataclass
+class FailureRecord:
+    """A task that failed: data for the summary, never an exception."""
+
+    task: str
+    host: str
+    pid: int | None
+    exit_code: int | None
+    reason: str  # "exit code 3", "killed by SIGKILL", "stalled for 60 s"
+    log_tail: list[str]
+    time: float
+    attempt: int
+
+
+RESTART_KINDS = ("failure", "preemption", "resume")
+
+
+@dataclass
+class RestartRecord:
+    """One more attempt of the group: after a failure (counted against --max-restarts), after a
+    preemption (counted against --max-preemptions), or by ``tfl resume`` (counted by neither)."""
+
+    attempt: int
+    time: float
+    reason: str
+    kind: str = "failure"  # one of RESTART_KINDS
+
+
+@dataclass
+class ResizeRecord:
+    """An elastic run changed size between two attempts (``launcher.supervise.elastic``)."""
+
+    attempt: int  # the attempt that runs at the new size
+    time: float
+    from_tasks: int  # training tasks, the chief included
+    to_tasks: int
+    reason: str  # "lost: host2 (unreachable: …)", "back: host2 answers again"
+    hosts: list[str]  # the hosts lost, or taken back
+    notes: list[str] = field(default_factory=list)  # renamed tasks, the evaluator left out
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    job: str
+    job_args: list[str]
+    run_dir: str
+    created: float
+    state: RunState = RunState.STARTING
+    launcher_pid: int | None = None
+    launcher_create_time: float | None = None
+    attempt: int = 0
+    max_restarts: int = 0
+    tasks: list[TaskRecord] = field(default_factory=list)
+    failures: list[FailureRecord] = field(default_factory=list)
+    restarts: list[RestartRecord] = field(default_factory=list)
+    stopped_because_of_failure: list[str] = field(default_factory=list)
+    ended: float | None = None
+    exit_code: int | None = None
+    message: str | None = None
+    plan: dict[str, Any] = field(default_factory=dict)
+    backend: str = "local"  # what ran the tasks: `tfl status`/`stop` ask the same backend
+    backend_data: dict[str, str] = field(default_factory=dict)  # the backend's own handle on the run (Slurm: the job id)
+    version: int = RECORD_VERSION
+    grace_period: float = 5.0  # the launcher's SIGTERM -> SIGKILL delay: `tfl stop` waits that long for it
+    launcher_start_ticks: int | None = None  # with launcher_pid: see launcher.records.identity.ProcessIdentity
+    launcher_boot_id: str | None = None
+    launcher_host: str | None = None  # `tfl status`/`stop` elsewhere (a shared TFL_HOME) can tell it is not theirs
+    config: dict[str, Any] = field(default_factory=dict)  # the supervisor's options (SupervisorConfig): `tfl resume` reuses them
+    min_tasks: int | None = None  # an elastic run's --min-tasks
+    lost_hosts: dict[str, str] = field(default_factory=dict)  # an elastic run's hosts left out now, each with why
+    resizes: list[ResizeRecord] = field(default_factory=list)
+
+    def task(self, name: str) -> TaskRecord:
+        return next(t for t in self.tasks if t.task == name)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunRecord:
+        """Raises ValueError for anything that is not a record of this version
+        (NewerRecordError for a newer tfl's)."""
+        data = json.loads(text)
+        version = data.get("version") if isinstance(data, dict) else None
+        if isinstance(version, int) and not isinstance(version, bool) and version > RECORD_VERSION:
+            raise NewerRecordError(f"written by a newer tfl (record version {version}; this tfl reads up to "
+                                   f"{RECORD_VERSION}): upgrade tfl to use it")
+        return _load(cls, data, "record")
+
+
+class NewerRecordError(ValueError):
+    """A record from a newer tfl: not damaged, just not ours to interpret."""
+
+
+@dataclass(frozen=True)
+class UnreadableRun:
+    """A run whose record cannot be read: listed, never silently skipped."""
+
+    run_id: str
+    path: str
+    reason: str
+    created: float  # the record's own, when that much can be read; else the file's mtime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "state": "unreadable", "reason": self.reason, "path": self.path, "started": self.created}
+
+
+_T = TypeVar("_T")
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(kind: type) -> dict[str, Any]:
+    if kind not in _HINTS:
+        _HINTS[kind] = typing.get_type_hints(kind)
+    return _HINTS[kind]
+
+
+def _load(kind: type[_T], data: object, where: str) -> _T:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected an object")
+    hints = _hints(kind)
+    if unknown := set(data) - set(hints):
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+    values = {key: _value(hints[key], value, f"{where}.{key}") for key, value in data.items()}
+    try:
+        return kind(**values)
+    except TypeError as err:  # a required key is missing
+        raise ValueError(f"{where}: {err}") from None
+
+
+def _value(hint: Any, value: object, where: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is types.UnionType:  # X | None
+        if value is None and type(None) in args:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+        return _value(hint, value, where)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ValueError(f"{where}: expected a list")
+        return [_value(args[0], item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected an object")
+        return value
+    if dataclasses.is_dataclass(hint):
+        return _load(hint, value, where)  # type: ignore[arg-type]
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        return hint(value)  # ValueError for an unknown state
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (str, int, float) and type(value) is hint:
+        return value
+    raise ValueError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {type(value).__name__}")
+
+
+def default_home() -> Path:
+    if os.environ.get("TFL_HOME"):
+        return Path(os.environ["TFL_HOME"])
+    state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(state) / "tfl"
+
+
+_Scan = tuple[list[RunRecord], list[UnreadableRun]]  # here: `list` in RunStore is its method
+_Recent = tuple[list[RunRecord], list[UnreadableRun], int]
+
+
+class RunStore:
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = home or default_home()
+        self.runs_dir = self.home / "runs"
+
+    def new_run_id(self, job: str) -> str:
+        """48 random bits per second, and never the id of a run dir that exists (``create``
+        refuses the one that might appear in between: it never shares a dir)."""
+        import secrets  # here: its OpenSSL import is a tenth of `tfl status`, which never makes an id
+
+        while True:
+            run_id = f"{job}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(6)}"
+            if not os.path.lexists(self.run_dir(run_id)):
+                return run_id
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.runs_dir / run_id
+
+    def reserve(self, run_dir: str | os.PathLike[str]) -> None:
+        """Make a new run's dir, 0700; refuse one that exists (another run's)."""
+        try:
+            private_dir(run_dir)
+        except FileExistsError:
+            raise RunExistsError(f"run dir {run_dir} exists already (another launch took the same run id); "
+                                 "launch again for a new id") from None
+        except OSError as exc:
+            raise StateWriteError(f"cannot create the run dir {run_dir}: {exc.strerror} "
+                                  f"(check that {self.home} is writable, or set TFL_HOME)") from None
+
+    def create(self, record: RunRecord, *, reserved: bool = False) -> None:
+        """Record a new run: its dir (unless ``reserve`` made it), logs/, progress/, state.json,
+        and its marker among the active runs (``records.index``)."""
+        if not reserved:
+            self.reserve(record.run_dir)
+        try:
+            for sub in ("logs", "progress"):
+                private_dir(Path(record.run_dir) / sub, exist_ok=True)
+            mark_active(self.home, record.run_id)
+        except OSError as exc:
+            raise StateWriteError(f"cannot create the run {record.run_id} in {self.home}: {exc.strerror}") from None
+        self.save(record)
+
+    def save(self, record: RunRecord) -> None:
+        """Write the record durably; StateWriteError (one line) when the disk refuses."""
+        path = Path(record.run_dir) / STATE_FILE
+        record.version = RECORD_VERSION  # a record read from an older tfl is saved in this one's format
+        try:
+            write_atomic(path, record.to_json(), durable=True)
+        except OSError as exc:
+            raise StateWriteError(f"cannot save the state of run {record.run_id} to {path}: {exc.strerror or exc}; "
+                                  "its last saved record stays (free space on that disk or fix its permissions)") from None
+        if record.state.is_terminal:  # the marker `tfl status` finds active runs by (runindex)
+            mark_ended(self.home, record.run_id)
+
+    def request_stop(self, record: RunRecord) -> None:
+        """Say that the SIGTERM about to reach the run's launcher is `tfl stop`'s (the user's).
+        A run dir that refuses the note still gets stopped: its run then reads as preempted."""
+        try:
+            write_atomic(Path(record.run_dir) / STOP_REQUEST, "")
+        except OSError:
+            pass
+
+    def stop_requested(self, record: RunRecord) -> bool:
+        return (Path(record.run_dir) / STOP_REQUEST).exists()
+
+    def clear_stop_request(self, record: RunRecord) -> None:
+        try:
+            os.unlink(Path(record.run_dir) / STOP_REQUEST)
+        except FileNotFoundError:
+            pass
+
+    def reopen(self, record: RunRecord) -> None:
+        """A finished run continues (``tfl resume``): it is active again, then saved."""
+        try:
+            mark_active(self.home, record.run_id)
+        except OSError as exc:
+            raise StateWriteError(f"cannot mark the run {record.run_id} active in {self.home}: {exc.strerror}") from None
+        self.save(record)
+
+    def load(self, run_id: str) -> RunRecord:
+        path = self.run_dir(run_id) / STATE_FILE
+        try:
+            return RunRecord.from_json(path.read_text())
+        except FileNotFoundError:
+            raise RunNotFoundError(f"run '{run_id}' not found in {self.runs_dir} (see `tfl status` for the runs)") from None
+        except NewerRecordError as exc:
+            raise UnreadableRunError(f"run '{run_id}': {path} was {exc}") from None
+        except (OSError, ValueError):
+            raise UnreadableRunError(f"run '{run_id}': {path} is not a tfl run record this tfl can read "
+                                     "(damaged, or written by another version)") from None
+
+    def list(self) -> list[RunRecord]:
+        """Every readable run, oldest first."""
+        return self.scan()[0]
+
+    def scan(self, names: Iterable[str] | None = None) -> _Scan:
+        """The runs named (default: every run): the readable records and the unreadable ones,
+        each oldest first."""
+        paths = self.runs_dir.glob(f"*/{STATE_FILE}") if names is None else (self.run_dir(n) / STATE_FILE for n in names)
+        records, unreadable = [], []
+        for path in paths:
+            try:
+                text = path.read_text()
+                records.append(RunRecord.from_json(text))
+            except FileNotFoundError:
+                continue  # a run being created or deleted right now
+            except (OSError, ValueError) as exc:
+                reason = f"{path.name} was {exc}" if isinstance(exc, NewerRecordError) else f"{path.name} cannot be read: {exc}"
+                unreadable.append(UnreadableRun(path.parent.name, str(path), reason, _created_of(path)))
+        return sorted(records, key=lambda r: r.created), sorted(unreadable, key=lambda u: u.created)
+
+    def recent(self, count: int) -> _Recent:
+        """The active runs and the ``count`` runs whose record changed last (readable or not),
+        oldest first, and how many other run dirs there are. Reads only those records (``records.index``)."""
+        names, total = recent_ids(self.runs_dir, count)
+        wanted = list(dict.fromkeys([*active_ids(self.home), *names]))
+        records, unreadable = self.scan(wanted)
+        return records, unreadable, max(0, total - len(records) - len(unreadable))
+
+    def resolve(self, ref: str | None) -> RunRecord:
+        """A run by id, unique id prefix, or the latest run when ``ref`` is None."""
+        if ref is None:
+            runs, unreadable, _ = self.recent(LATEST_AMONG)
+            if unreadable and (not runs or unreadable[-1].created >= runs[-1].created):
+                latest = unreadable[-1]
+                raise UnreadableRunError(f"the latest run, {latest.run_id}, is unreadable: {latest.reason}; "
+                                         "name a RUN to act on another one (see `tfl status`)")
+            if not runs:
+                raise RunNotFoundError(f"no runs yet in {self.runs_dir} (start one with `tfl launch`)")
+            return runs[-1]
+        if (self.run_dir(ref) / STATE_FILE).exists():
+            return self.load(ref)
+        matches = sorted(p.parent.name for p in self.runs_dir.glob(f"{ref}*/{STATE_FILE}"))
+        if len(matches) == 1:
+            return self.load(matches[0])
+        if matches:
+            raise RunNotFoundError(f"'{ref}' matches {len(matches)} runs ({', '.join(matches[:3])}, …); give more of the id")
+        raise RunNotFoundError(f"run '{ref}' not found in {self.runs_dir} (see `tfl status` for the runs)")
+
+
+def _created_of(path: Path) -> float:
+    """When an unreadable run began: its record's ``created`` if that much parses, else the mtime."""
+    try:
+        created = json.loads(path.read_text()).get("created")
+        if isinstance(created, (int, float)) and not isinstance(created, bool):
+            return float(created)
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0

@@ -1,0 +1,236 @@
+"""``tfl launch``: cluster spec -> plan -> preflight -> supervised run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator, TextIO
+
+from launcher.contract import HOME
+from launcher.describe.hosts import RemoteOptions
+from launcher.engines import registry
+from launcher.engines.base import Backend
+from launcher.engines.preflight import host_tasks, raise_failures
+from launcher.errors import LaunchError, UsageError
+from launcher.files import open_private, write_atomic
+from launcher.plan.build import build_plan, job_name
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.plan.resize import check_elastic
+from launcher.plan.run_options import SupervisorConfig
+from launcher.plan.storage import check_sharing
+from launcher.records.identity import ProcessIdentity
+from launcher.records.store import RunRecord, RunStore
+from launcher.runs.resume import check_resumable, claim, recorded_plan
+from launcher.supervise.supervisor import Supervisor, initial_record
+from launcher.supervise.waker import Waker
+from launcher.tasklog import tail_lines
+from launcher.views.logs import LogFollower
+
+# SIGINT (Ctrl-C) and SIGHUP (the terminal closed) come from a terminal: an inherited SIG_IGN
+# (`nohup tfl launch`, `tfl launch … &` in a script) is kept. SIGTERM is how `tfl stop` asks,
+# and how a machine going away says so (a preemption): always handled.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+KEEP_IGNORED = frozenset({signal.SIGINT, signal.SIGHUP})
+# The least a detached launch waits for its background launcher to record the run (``record_wait``).
+RECORD_WAIT = 300.0
+
+
+def make_plan(job: str, job_args: tuple[str, ...], spec: Any, store: RunStore,
+              remote: RemoteOptions = RemoteOptions(), virtual_devices: int | None = None,
+              config: SupervisorConfig | None = None) -> LaunchPlan:
+    path = Path(job)
+    if not path.is_file():
+        raise UsageError(f"{job}: no such job script (give the path of a Python file, e.g. jobs/mnist.py)")
+    run_id = store.new_run_id(job_name(job))
+    for folder in remote.sync_dirs:
+        if not os.path.isdir(folder):
+            raise UsageError(f"--sync {folder}: no such directory (give a directory to copy to every SSH host)")
+    plan = build_plan(spec, str(path.resolve()), job_args, run_id=run_id, run_dir=str(store.run_dir(run_id)),
+                      python=sys.executable, cwd=os.getcwd(), remote=remote, virtual_devices=virtual_devices,
+                      config=config)
+    registry.name_for_plan(plan)  # one backend per run: refused here, before anything is written
+    if config is not None:
+        plan = check_elastic(plan, min_tasks=config.min_tasks, batch=config.elastic_batch,
+                             global_batch=config.global_batch, virtual_devices=virtual_devices)
+    check_sharing(plan, config.max_restarts if config else 0)
+    return plan
+
+
+@dataclass
+class Prepared:
+    """A plan whose hosts passed their checks, with the backend that got them ready."""
+
+    plan: LaunchPlan
+    backend: Backend
+    wake: Waker  # woken by the backend when a task may have exited
+
+
+def prepare(plan: LaunchPlan) -> Prepared:
+    """Get the plan's hosts ready (``Backend.prepare``: quick checks, code shipped); the first
+    failed check raises, before the run exists, and nothing is left open."""
+    wake = Waker()
+    backend = registry.get(registry.name_for_plan(plan), notify=wake.wake)
+    try:
+        raise_failures(backend.prepare(plan))
+    except BaseException:
+        backend.close()
+        raise
+    return Prepared(backend.resolve(plan), backend, wake)
+
+
+def preflight(plan: LaunchPlan) -> None:
+    """The same quick checks as ``prepare``, on connections of their own, for ``--detach``:
+    its failures reach the terminal before the command returns."""
+    backend = registry.get(registry.name_for_plan(plan))
+    try:
+        raise_failures(backend.probe(host_tasks(plan), quick=True))
+    finally:
+        backend.close()
+
+
+def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: TextIO | None, *,
+            colour: bool = False, reserved: bool = False, verbose: bool = False) -> RunRecord:
+    """Start the plan and supervise it to the end, streaming every task's output to ``out``
+    (without TensorFlow's known start-up noise unless ``verbose``)."""
+    plan = prepared.plan
+    record = initial_record(plan, created=time.time(), max_restarts=config.max_restarts, backend=prepared.backend.name)
+    me = ProcessIdentity.of(os.getpid())
+    record.launcher_pid, record.launcher_create_time, record.launcher_start_ticks = me.pid, me.create_time, me.start_ticks
+    record.launcher_boot_id, record.launcher_host, record.grace_period = me.boot_id, me.host, config.grace_period
+    record.config, record.min_tasks = asdict(config), config.min_tasks
+    try:
+        store.create(record, reserved=reserved)
+    except BaseException:
+        prepared.backend.close()
+        raise
+    return supervise(prepared, store, record, config, out, colour=colour, verbose=verbose)
+
+
+def resume(run_id: str, store: RunStore, config: SupervisorConfig) -> tuple[Prepared, RunRecord]:
+    """``tfl resume``: the recorded run's plan, prepared on its backend again, and its record
+    claimed for the next attempt (``launcher.runs.resume``); ``supervise`` runs it."""
+    record = store.load(run_id)
+    check_resumable(record)  # before the hosts are reached: a live run's ports would only confuse
+    prepared = prepare(recorded_plan(record))
+    try:
+        return prepared, claim(store, run_id, config)
+    except BaseException:
+        prepared.backend.close()
+        raise
+
+
+def supervise(prepared: Prepared, store: RunStore, record: RunRecord, config: SupervisorConfig, out: TextIO | None, *,
+              colour: bool = False, verbose: bool = False) -> RunRecord:
+    """Supervise a recorded run to its end, following its logs to ``out``."""
+    plan = prepared.plan
+    supervisor = Supervisor(plan, record, store, config, backend=prepared.backend, wake=prepared.wake, say=_say)
+    follower = (LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour, hide_noise=not verbose,
+                            from_end=bool(record.attempt)).start()  # a resumed run's earlier attempts are printed already
+                if out else None)
+    try:
+        with _stop_on_signals(supervisor):
+            return supervisor.run()
+    finally:
+        if follower:
+            follower.stop()
+        prepared.backend.close()
+
+
+def detach(plan: LaunchPlan, store: RunStore, config: SupervisorConfig) -> int:
+    """Run the supervisor as a background process in its own session; returns its pid.
+
+    Returns once the run is recorded, so ``tfl status`` sees it at once.
+    """
+    run_dir = Path(plan.run_dir)
+    store.reserve(run_dir)  # 0700, never an existing dir; the launcher's store.create(reserved=True) fills it
+    plan_file = run_dir / "plan.json"
+    write_atomic(plan_file, json.dumps(plan.to_dict()))  # 0600: it holds every task's env
+    return _spawn(["_supervise", str(plan_file), json.dumps(asdict(config))], store, plan.run_id, record_wait(plan))
+
+
+def detach_resume(run_id: str, store: RunStore, config: SupervisorConfig) -> int:
+    """``tfl resume --detach``: the refusals here, then ``resume`` in a background launcher."""
+    record = store.load(run_id)
+    check_resumable(record)
+    return _spawn(["_resume", run_id, json.dumps(asdict(config))], store, run_id, record_wait(recorded_plan(record)))
+
+
+def record_wait(plan: LaunchPlan) -> float:
+    """How long ``--detach`` waits at most for its background launcher to record the run (a hang guard:
+    it returns as soon as the record names the launcher, or says why the launcher exited). The launcher
+    records the run once its backend has prepared it: SSH hosts reached and the code shipped, or a Ray
+    placement group ready (up to its ``ready_timeout``) and its actors started on their nodes."""
+    return RECORD_WAIT + 2 * float(getattr(plan.unit, "ready_timeout", 0.0))
+
+
+def _spawn(args: list[str], store: RunStore, run_id: str, timeout: float) -> int:
+    """A background launcher (``tfl ARGS``) in its own session; returns its pid once the run's
+    record names it as its launcher (so ``tfl status`` sees it at once), or raises with the
+    launcher's last lines once it has exited without that."""
+    run_dir = store.run_dir(run_id)
+    with open_private(run_dir / "launcher.log") as log:
+        child = subprocess.Popen([sys.executable, "-m", "launcher", *args],
+                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                 env={**os.environ, HOME: str(store.home)})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "state.json").exists() and store.load(run_id).launcher_pid == child.pid:
+            return child.pid
+        if child.poll() is not None:
+            tail = " | ".join(tail_lines(run_dir / "launcher.log", 3))
+            raise LaunchError(f"the detached launcher exited with code {child.returncode}: {tail}")
+        time.sleep(0.05)
+    return child.pid  # still preparing after the guard: it records the run when it can (`tfl status` shows it then)
+
+
+def supervise_detached(plan_file: Path, config_json: str, store: RunStore) -> RunRecord:
+    """The body of a detached launcher (``tfl _supervise``)."""
+    plan = LaunchPlan.from_dict(json.loads(plan_file.read_text()))
+    return execute(prepare(plan), store, SupervisorConfig(**json.loads(config_json)), None, reserved=True)
+
+
+def resume_detached(run_id: str, config_json: str, store: RunStore) -> RunRecord:
+    """The body of a detached resume (``tfl _resume``)."""
+    config = SupervisorConfig(**json.loads(config_json))
+    prepared, record = resume(run_id, store, config)
+    return supervise(prepared, store, record, config, None)
+
+
+def _say(line: str) -> None:
+    """The supervisor's own lines (an elastic run's resizes): on stderr, beside the summary."""
+    print(line, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _stop_on_signals(supervisor: Supervisor) -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP stop the run gracefully: the tasks get the notice and the
+    grace to save the agreed checkpoint. A second SIGINT (Ctrl-C twice) forces SIGKILL.
+    SIGTERM and SIGHUP never force: `tfl stop` sends SIGTERM, and running it twice must not
+    cut the tasks' grace short. A SIGTERM that `tfl stop` did not send ends the run PREEMPTED
+    (``Supervisor.request_stop(notice=True)``). The handler takes no lock (``Waker``)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    interrupts = 0
+
+    def handler(signum: int, frame: object) -> None:
+        nonlocal interrupts
+        interrupts += signum == signal.SIGINT
+        # SIGTERM: this machine is going away (a preemption), unless `tfl stop` sent it (the supervisor tells).
+        supervisor.request_stop(force=interrupts > 1, notice=signum == signal.SIGTERM)
+
+    handled = [s for s in STOP_SIGNALS if not (s in KEEP_IGNORED and signal.getsignal(s) == signal.SIG_IGN)]
+    previous = {s: signal.signal(s, handler) for s in handled}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

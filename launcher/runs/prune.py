@@ -1,0 +1,175 @@
+"""``tfl rm`` and ``tfl prune``: remove finished runs, here and on their hosts.
+
+A run goes with everything tfl made for it: its directory in the run store (record, logs,
+progress, the default model dir) and, through its backend's ``clean_recorded``, what it
+left on SSH hosts (shipped code, their run dirs). A model dir on shared storage
+(``TFL_MODEL_DIR``) is the user's and stays. A run still running is never touched: its
+launcher is alive, or (launcher gone) a task of it still is; ``tfl stop`` it first.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.contract import MODEL_DIR
+from launcher.engines import registry
+from launcher.errors import UsageError
+from launcher.records.identity import launcher_identity
+from launcher.records.index import mark_ended
+from launcher.records.store import RunRecord, RunStore
+
+DEFAULT_AGE = "7d"
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+@dataclass
+class Removed:
+    run_id: str
+    bytes_freed: int  # on this machine
+    elsewhere: list[str] = field(default_factory=list)  # "host:/path" removed on the run's hosts
+    bytes_elsewhere: int = 0
+    left: list[str] = field(default_factory=list)  # what could not be removed, with why
+    kept: list[str] = field(default_factory=list)  # what is deliberately not removed (shared storage)
+
+
+def parse_age(text: str) -> float:
+    """``7d`` -> seconds (s, m, h, d, w)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
+    if not match:
+        raise UsageError(f"--older-than {text}: give a number and a unit, s, m, h, d or w (e.g. 7d or 12h)")
+    return float(match[1]) * _UNITS[match[2]]
+
+
+def still_running(record: RunRecord) -> str | None:
+    """Why the run must not be removed, or None when nothing of it runs any more."""
+    if launcher_identity(record).find() is not None:
+        return f"still running (its launcher, pid {record.launcher_pid}, is alive); `tfl stop {record.run_id}` first"
+    if record.state.is_terminal:
+        return None
+    live = registry.get(record.backend).inspect(record, ask=False)
+    if any(t.alive for t in live.values()):
+        return f"its launcher is gone but tasks of it still run; `tfl stop {record.run_id}` first"
+    return None
+
+
+def to_prune(records: Sequence[RunRecord], *, older_than: float | None, keep: int | None,
+             now: float | None = None) -> list[RunRecord]:
+    """The runs ``tfl prune`` removes: of those not running, every one but the ``keep`` newest
+    (by creation), and of those only the ones that ended more than ``older_than`` s ago."""
+    now = time.time() if now is None else now
+    done = sorted((r for r in records if still_running(r) is None), key=lambda r: r.created, reverse=True)
+    candidates = done[keep:] if keep is not None else done
+    if older_than is not None:
+        candidates = [r for r in candidates if now - (r.ended or r.created) > older_than]
+    return sorted(candidates, key=lambda r: r.created)
+
+
+def remove(store: RunStore, record: RunRecord) -> Removed:
+    """Remove one run that is not running (see ``still_running``), on its hosts then here."""
+    run_dir = store.run_dir(record.run_id)  # this store's, whatever path the record names (a moved store)
+    cleanup = registry.get(record.backend).clean_recorded(record)
+    freed = disk_usage(run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    mark_ended(store.home, record.run_id)  # the marker a lost run still had
+    left = list(cleanup.left) + ([f"{run_dir}: could not be removed entirely"] if run_dir.exists() else [])
+    return Removed(record.run_id, freed, cleanup.removed, cleanup.bytes_freed, left, shared_model_dirs(record))
+
+
+def shared_model_dirs(record: RunRecord) -> list[str]:
+    dirs = {t.get("env", {}).get(MODEL_DIR) for t in record.plan.get("tasks", [])}
+    return [f"model dir {d} (shared storage)" for d in sorted(d for d in dirs if d)]
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes the files under ``path`` take on disk (what removing them gives back)."""
+    total = 0
+    for top, dirs, files in os.walk(path):
+        for name in dirs + files:
+            try:
+                total += os.lstat(os.path.join(top, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
+
+
+def size_text(n: int) -> str:
+    value, unit = float(n), "B"
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            break
+        value /= 1000
+    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+@dataclass
+class Outcome:
+    """What ``tfl rm`` / ``tfl prune`` did (or, on a dry run, would do)."""
+
+    removed: list[Removed] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)  # run id, why it stays
+    would: list[tuple[str, int]] = field(default_factory=list)  # dry run: run id, bytes here
+    kept: int = 0  # runs prune left alone
+
+    def render(self) -> str:
+        lines = [line for done in self.removed for line in _removed_lines(done)]
+        lines += [f"would remove {run_id} ({size_text(size)})" for run_id, size in self.would]
+        lines += [f"kept {run_id}: {why}" for run_id, why in self.refused]
+        here = sum(d.bytes_freed for d in self.removed)
+        there = sum(d.bytes_elsewhere for d in self.removed)
+        if self.would:
+            lines.append(f"tfl: would remove {len(self.would)} run(s), {size_text(sum(s for _, s in self.would))} here "
+                         "(dry run: nothing removed)")
+        elif self.removed:
+            lines.append(f"tfl: removed {len(self.removed)} run(s), {size_text(here)} freed here"
+                         + (f" and {size_text(there)} on SSH hosts" if there else ""))
+        else:
+            lines.append("tfl: nothing to remove")
+        if self.kept:
+            lines[-1] += f"; {self.kept} run(s) kept"
+        return "\n".join(lines)
+
+
+def _removed_lines(done: Removed) -> list[str]:
+    head = f"removed {done.run_id} ({size_text(done.bytes_freed)})"
+    if done.elsewhere:
+        head += f" and {', '.join(done.elsewhere)} ({size_text(done.bytes_elsewhere)})"
+    return [head, *(f"  left: {why}" for why in done.left), *(f"  kept: {what}" for what in done.kept)]
+
+
+def rm_runs(store: RunStore, refs: Sequence[str]) -> Outcome:
+    """``tfl rm RUN…``: every run named (id or unique prefix) that is not running. An unknown
+    name raises before anything is removed."""
+    records = list({r.run_id: r for r in (store.resolve(ref) for ref in refs)}.values())
+    outcome = Outcome()
+    for record in records:
+        why = still_running(record)
+        if why is not None:
+            outcome.refused.append((record.run_id, why))
+        else:
+            outcome.removed.append(remove(store, record))
+    return outcome
+
+
+def prune_runs(store: RunStore, *, older_than: str | None, keep: int | None, dry_run: bool) -> Outcome:
+    """``tfl prune``: finished runs older than ``older_than`` (default 7d when no ``keep``),
+    beyond the ``keep`` newest."""
+    if keep is not None and keep < 0:
+        raise UsageError(f"--keep {keep}: give how many of the latest runs to keep, 0 or more")
+    if older_than is None and keep is None:
+        older_than = DEFAULT_AGE
+    age = parse_age(older_than) if older_than is not None else None
+    records = store.list()
+    chosen = to_prune(records, older_than=age, keep=keep)
+    outcome = Outcome(kept=len(records) - len(chosen))
+    for record in chosen:
+        if dry_run:
+            outcome.would.append((record.run_id, disk_usage(store.run_dir(record.run_id))))
+        else:
+            outcome.removed.append(remove(store, record))
+    return outcome

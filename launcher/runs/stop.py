@@ -1,0 +1,97 @@
+"""``tfl stop`` and ``tfl logs``: control a run from any terminal.
+
+Stop asks the run's launcher to stop (SIGTERM, after a note in the run dir that says it is
+the user's and not a preemption): it gives every task the notice (SIGTERM), the grace to
+save the agreed checkpoint, then SIGKILL, and records STOPPED. Then the run's backend stops
+whatever is left (``Backend.stop_recorded``, the same notice and grace): all of it when the
+launcher is gone (killed with -9, machine rebooted…). Idempotent.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, TextIO
+
+import psutil
+
+from launcher.engines import registry
+from launcher.engines.teardown import teardown
+from launcher.errors import UsageError
+from launcher.records.identity import is_running, launcher_identity
+from launcher.records.states import RunState, TaskState
+from launcher.records.store import RunRecord, RunStore
+from launcher.tasks import TaskId
+from launcher.views.logs import LogFollower
+from launcher.views.status import effective_state
+
+LAUNCHER_EXTRA_GRACE = 15.0  # beyond its grace: the launcher's SIGKILL of its tasks (teardown.KILL_WAIT) and last save
+
+
+def stop_run(store: RunStore, record: RunRecord, grace: float | None = None) -> str:
+    """Stop a run; returns what was done, in one line. ``grace``: for what the launcher left
+    (default: the run's own, as its launcher would give)."""
+    grace = record.grace_period if grace is None else grace
+    identity = launcher_identity(record)
+    if identity.elsewhere and not record.state.is_terminal:
+        raise UsageError(f"run {record.run_id}: its launcher runs on host {identity.elsewhere}, not on this one; "
+                         f"run `tfl stop {record.run_id}` there")
+    launcher = identity.find()
+    if launcher is not None:
+        # SIGTERM, never repeated (the launcher's handler takes only a second SIGINT for "kill
+        # now"). It tears its tasks down with the run's own grace, however long; only a launcher
+        # still there after that is taken for wedged and killed, and the backend's stop below
+        # then does its work.
+        wait = max(grace, record.grace_period) + LAUNCHER_EXTRA_GRACE
+        if not record.state.is_terminal:
+            store.request_stop(record)  # this SIGTERM is the user's: the run ends STOPPED, not PREEMPTED
+        teardown([launcher], signal=_send, alive=is_running, grace=wait, kill_wait=5.0)
+    left = registry.get(record.backend).stop_recorded(store.load(record.run_id), grace)
+    record = store.load(record.run_id)
+    if record.state.is_terminal:
+        did = "stopped" if launcher or left else f"already {record.state.value}; nothing to stop"
+        return f"run {record.run_id}: {did}"
+    _mark_stopped(store, record, "stopped by `tfl stop` (the launcher was gone)")
+    return f"run {record.run_id}: stopped {left} process(es) left by a launcher that was gone"
+
+
+def _send(proc: psutil.Process, signum: int) -> None:
+    try:
+        proc.send_signal(signum)
+    except psutil.Error:
+        pass
+
+
+def _mark_stopped(store: RunStore, record: RunRecord, message: str) -> None:
+    now = time.time()
+    for task in record.tasks:
+        if not task.state.is_terminal:
+            task.state, task.ended = TaskState.STOPPED, now
+    record.state, record.message, record.ended, record.exit_code = RunState.STOPPED, message, now, 130
+    store.save(record)
+
+
+def _ended(store: RunStore, run_id: str) -> bool:
+    state = effective_state(store.load(run_id))
+    return state.is_terminal or state == RunState.LOST
+
+
+def show_logs(store: RunStore, record: RunRecord, out: TextIO, *, task: str | None = None, follow: bool = False,
+              colour: bool = False, verbose: bool = False, interval: float = 0.2,
+              sleep: Callable[[float], None] = time.sleep) -> None:
+    """Print the run's logs with task prefixes; ``follow`` keeps going until the run ends.
+    TensorFlow's known start-up noise is hidden (and counted) unless ``verbose``."""
+    tasks = record.tasks
+    if task is not None:
+        try:
+            wanted = str(TaskId.parse(task))
+        except ValueError as exc:
+            raise UsageError(f"--task {exc}") from None
+        tasks = [t for t in tasks if t.task == wanted]
+        if not tasks:
+            raise UsageError(f"--task {task}: run {record.run_id} has no such task ({', '.join(t.task for t in record.tasks)})")
+    follower = LogFollower([(t.task, t.log_path) for t in tasks], out, colour=colour, hide_noise=not verbose)
+    follower.poll_once()
+    while follow and not _ended(store, record.run_id):
+        sleep(interval)
+        follower.poll_once()
+    follower.stop()

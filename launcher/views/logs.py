@@ -1,0 +1,107 @@
+"""Follow the tasks' log files and print their lines with a ``[chief:0]`` prefix.
+
+Tasks write straight to their log files (nothing lost if the launcher dies, no SIGPIPE
+for the tasks); the live console view of ``tfl launch`` and ``tfl logs --follow`` both
+tail those files with this one follower. By default it hides TensorFlow's known start-up
+noise (``launcher.views.noise``) and says, once per task at the end, how many lines it hid; and
+it folds into one line each traceback a lost peer caused (``launcher.views.fold``).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import TextIO
+
+from launcher.views.fold import TracebackFold
+from launcher.views.noise import NoiseFilter
+
+_COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
+
+
+class _Source:
+    def __init__(self, name: str, path: Path, prefix: str, from_end: bool, hide_noise: bool,
+                 peer_lost: list[str]) -> None:
+        self.name, self.path, self.prefix = name, path, prefix
+        self.offset = path.stat().st_size if from_end and path.exists() else 0
+        self.partial = b""
+        self.noise = NoiseFilter() if hide_noise else None
+        self.fold = TracebackFold(peer_lost) if hide_noise else None
+
+    def shown(self, lines: list[str], idle: float) -> list[str]:
+        """What of ``lines`` the console shows: no start-up noise, no traceback a lost peer caused."""
+        if self.fold is None:
+            return lines
+        if not lines:
+            return self.fold.tick(idle)
+        kept = [line for line in lines if self.noise is None or not self.noise.is_noise(line)]
+        return [out for line in kept for out in self.fold.feed(line)]
+
+    def read_lines(self, final: bool) -> list[str]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return []
+        self.offset += len(chunk)
+        data = self.partial + chunk
+        lines = data.split(b"\n")
+        self.partial = b"" if final else lines.pop()
+        if final and lines and lines[-1] == b"":
+            lines.pop()
+        return [line.decode(errors="replace") for line in lines]
+
+
+class LogFollower:
+    """Prints new lines of several log files, each line prefixed with its task name."""
+
+    def __init__(self, sources: list[tuple[str, str]], out: TextIO, *, colour: bool = False,
+                 interval: float = 0.1, from_end: bool = False, hide_noise: bool = False) -> None:
+        width = max((len(name) for name, _ in sources), default=0)
+        self._sources = []
+        peer_lost: list[str] = []  # shared: a host lost is known to every task's fold
+        for i, (name, path) in enumerate(sources):
+            tag = f"[{name}]".ljust(width + 2)
+            prefix = f"\033[{_COLOURS[i % len(_COLOURS)]}m{tag}\033[0m " if colour else f"{tag} "
+            self._sources.append(_Source(name, Path(path), prefix, from_end, hide_noise, peer_lost))
+        self._out, self._interval = out, interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll_once(self, final: bool = False) -> int:
+        printed = 0
+        for src in self._sources:
+            lines = src.shown(src.read_lines(final), self._interval)
+            if final and src.fold is not None:
+                lines += src.fold.flush()
+            for line in lines:
+                self._out.write(f"{src.prefix}{line}\n")
+                printed += 1
+        if printed:
+            self._out.flush()
+        return printed
+
+    def start(self) -> LogFollower:
+        self._thread = threading.Thread(target=self._loop, name="log-follower", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.poll_once()
+
+    def stop(self) -> None:
+        """Stop following and print what is left, partial last lines included, then how many
+        noise lines each task had. Idempotent."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+            self._thread = None
+        self.poll_once(final=True)
+        for src in self._sources:
+            if src.noise is not None and src.noise.count:
+                self._out.write(f"{src.prefix}tfl: {src.noise.count} line(s) of TensorFlow start-up noise hidden "
+                                "(the task's log keeps them; --verbose shows them)\n")
+                src.noise.hidden.clear()
+        self._out.flush()

@@ -1,0 +1,166 @@
+"""Plain-text rendering of runs, tasks and the end-of-run summary."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence, TextIO
+
+from launcher.contract import PREEMPTED_EXIT_CODE, PREEMPTED_PHASE, ProgressRecord
+from launcher.records.states import RunState
+from launcher.records.store import FailureRecord, RunRecord, UnreadableRun
+from launcher.views.status import RunView, TaskView
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h).upper() for h in headers]] + [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
+
+
+def duration(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def runs_table(views: Sequence[RunView], unreadable: Sequence[UnreadableRun] = (), hidden: int = 0) -> str:
+    """The runs, oldest first; an unreadable record is a row too, its reason below the table;
+    ``hidden`` older runs left out are counted on a last line."""
+    if not views and not unreadable:
+        return "no runs yet (start one with `tfl launch JOB --local 2`)"
+    rows: list[tuple[float, tuple[str | None, ...]]] = [
+        (v.started, (v.run_id, v.job.rsplit("/", 1)[-1], f"{v.state} on {v.elsewhere}" if v.elsewhere else v.state,
+                     f"{v.alive}/{v.total}", _when(v.started), duration(v.duration_s)))
+        for v in views]
+    rows += [(u.created, (u.run_id, None, "unreadable", None, _when(u.created), None)) for u in unreadable]
+    text = table(("run", "job", "state", "alive", "started", "duration"), [r for _, r in sorted(rows, key=lambda r: r[0])])
+    more = [f"… and {hidden} older run(s): `tfl status --all` lists every run"] if hidden else []
+    return "\n".join([text, *(f"{u.run_id}: unreadable: {u.reason}" for u in unreadable), *more])
+
+
+def _when(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+def progress_text(data: dict[str, Any] | None, bar_width: int = 0) -> str | None:
+    progress = ProgressRecord.from_dict(data)
+    if progress is None:
+        return None
+    parts = []
+    fraction = progress.fraction
+    if bar_width and fraction is not None:
+        filled = int(round(fraction * bar_width))
+        parts.append(f"[{'#' * filled}{'.' * (bar_width - filled)}] {fraction * 100:3.0f}%")
+    if progress.phase in ("done", PREEMPTED_PHASE):
+        parts.append(progress.phase if progress.phase == "done" else f"preempted at step {progress.global_step}")
+    parts.append(f"epoch {progress.epoch}/{progress.epochs}")
+    if progress.steps_per_epoch:
+        parts.append(f"step {progress.step}/{progress.steps_per_epoch}")
+    if progress.loss is not None:
+        parts.append(f"loss {progress.loss:.4f}")
+    if progress.examples_per_sec:
+        parts.append(f"{progress.examples_per_sec:.0f} ex/s")
+    return " ".join(parts)
+
+
+def run_detail(view: RunView, bar_width: int = 0) -> str:
+    head = [f"run {view.run_id}  {view.state}  ({view.alive}/{view.total} tasks alive, "
+            f"{duration(view.duration_s)}, {view.restarts} restart(s)"
+            f"{f', {view.preemptions} after a preemption' if view.preemptions else ''})"]
+    if view.elsewhere:
+        head.append(f"  its launcher runs on host {view.elsewhere}: this machine cannot see its processes "
+                    f"(run `tfl status {view.run_id}` there)")
+    if view.message:
+        head.append(f"  {view.message}")
+    if view.backend_state:
+        head.append(f"  {view.backend}: " + ", ".join(f"{key} {value}" for key, value in view.backend_state.items()))
+    head += [f"  restart {i}: {reason}" for i, reason in enumerate(view.restart_reasons, 1)]
+    head += _elastic_lines(view)
+    rows = [_task_row(t, bar_width) for t in view.tasks]
+    return "\n".join(head) + "\n" + table(
+        ("task", "host", "state", "pid", "cpu%", "rss_mb", "uptime", "exit", "progress"), rows)
+
+
+def _elastic_lines(view: RunView) -> list[str]:
+    """An elastic run's size, lost hosts and resizes (``tfl status RUN``)."""
+    if view.min_tasks is None:
+        return []
+    lines = [f"  elastic: {view.training_tasks} of {view.full_training_tasks} training tasks (--min-tasks {view.min_tasks})"
+             + (f"; lost: {', '.join(f'{h} ({why})' for h, why in sorted(view.lost_hosts.items()))}"
+                if view.lost_hosts else "")]
+    return lines + [f"  resize at attempt {r['attempt']}: {r['from_tasks']} -> {r['to_tasks']} tasks; {r['reason']}"
+                    for r in view.resizes]
+
+
+def _task_row(t: TaskView, bar_width: int = 0) -> tuple[Any, ...]:
+    return (t.task, t.host, t.state, t.pid, t.cpu_percent, t.rss_mb, duration(t.uptime_s), t.exit_code,
+            progress_text(t.progress, bar_width))
+
+
+def watch(draw: Callable[[], tuple[str, bool]], out: TextIO, interval: float = 1.0, *, clear: bool = True) -> None:
+    """Redraw ``draw()``'s text every ``interval`` s until it says it is done (or Ctrl-C).
+    ``clear``: wipe the screen first (a terminal); else each frame follows the last."""
+    while True:
+        text, done = draw()
+        out.write(("\033[H\033[2J" if clear else "") + text + "\n" + ("" if clear else "\n"))
+        out.flush()
+        if done:
+            return
+        time.sleep(interval)
+
+
+def watch_run(view_of: Callable[[], RunView], out: TextIO, interval: float = 1.0, *, clear: bool = True) -> None:
+    """Redraw the run's table with a progress bar per task until the run has ended."""
+    def draw() -> tuple[str, bool]:
+        view = view_of()
+        return run_detail(view, bar_width=20), view.state not in ("starting", "running", "restarting", "stopping")
+
+    watch(draw, out, interval, clear=clear)
+
+
+def summary(record: RunRecord) -> str:
+    """The end-of-run summary: outcome, and for a failure its root cause."""
+    took = duration((record.ended or time.time()) - record.created)
+    if record.state == RunState.SUCCEEDED:
+        lines = [f"tfl: run {record.run_id} succeeded in {took} ({restart_counts(record)})"]
+    elif record.state == RunState.STOPPED:
+        message = record.message or "stopped by the user"
+        by_user = message.startswith("stopped by the user")
+        lines = [f"tfl: run {record.run_id} stopped by the user after {took}{message.removeprefix('stopped by the user')}"
+                 if by_user else f"tfl: run {record.run_id} stopped after {took}: {message}"]
+    else:
+        said = (record.message or "").removeprefix(f"{record.state.value}: ")
+        lines = [f"tfl: run {record.run_id} {record.state.value} after {took}: {said}"]
+    for restart in record.restarts:
+        lines.append(f"  restart {restart.attempt}: {restart.reason}")
+    for resize in record.resizes:
+        lines.append(f"  resize at attempt {resize.attempt}: {resize.from_tasks} -> {resize.to_tasks} training tasks; "
+                     f"{resize.reason}")
+    if record.state == RunState.FAILED and record.failures:
+        last = [f for f in record.failures if f.attempt == record.attempt and not f.task.startswith("evaluator")]
+        failed = [f for f in last if f.exit_code != PREEMPTED_EXIT_CODE] or last  # a preemption before it is not the cause
+        lines += _failure_lines("root cause", min(failed or record.failures, key=lambda f: f.time))
+    lines += [line for f in record.failures if f.task.startswith("evaluator") for line in _failure_lines("evaluator", f)]
+    if record.state == RunState.FAILED and record.stopped_because_of_failure:
+        lines.append(f"  stopped because of it: {', '.join(record.stopped_because_of_failure)}")
+    lines.append(f"  logs: {record.run_dir}/logs   status: tfl status {record.run_id}")
+    if record.state in (RunState.STOPPED, RunState.PREEMPTED, RunState.FAILED):
+        fix = " (once its cause is fixed)" if record.state == RunState.FAILED else ""
+        lines.append(f"  resume it{fix} from its last checkpoint: tfl resume {record.run_id}")
+    return "\n".join(lines)
+
+
+def restart_counts(record: RunRecord) -> str:
+    """``2 restart(s)``, with the preemptions and resumes among them named."""
+    kinds = [r.kind for r in record.restarts]
+    apart = [f"{kinds.count(k)} after a {k}" for k in ("preemption",) if kinds.count(k)]
+    apart += [f"{kinds.count('resume')} by tfl resume"] if "resume" in kinds else []
+    return f"{len(kinds)} restart(s)" + (f": {', '.join(apart)}" if apart else "")
+
+
+def _failure_lines(label: str, failure: FailureRecord) -> list[str]:
+    lines = [f"  {label}: {failure.task} on {failure.host} (pid {failure.pid}) {failure.reason}; last lines of its log:"]
+    return lines + [f"    | {line}" for line in failure.log_tail]

@@ -1,0 +1,127 @@
+"""What ``tfl status`` shows: run records joined with the live process table (psutil).
+
+A pid is ours only if its create time matches the recorded one, so a reused pid is never
+taken for a task. A run whose record says it is running but whose launcher is gone is LOST.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from launcher.engines import registry
+from launcher.engines.base import GroupBackend, TaskLive
+from launcher.records.identity import launcher_identity
+from launcher.records.states import RunState
+from launcher.records.store import RunRecord, RunStore, TaskRecord, UnreadableRun
+from launcher.tasks import TaskId
+
+
+@dataclass
+class TaskView:
+    task: str
+    host: str
+    state: str
+    attempt: int
+    pid: int | None
+    alive: bool
+    cpu_percent: float | None
+    rss_mb: float | None
+    uptime_s: float | None
+    exit_code: int | None
+    progress: dict[str, Any] | None
+
+
+@dataclass
+class RunView:
+    run_id: str
+    job: str
+    state: str
+    alive: int
+    total: int
+    started: float
+    duration_s: float
+    restarts: int
+    restart_reasons: list[str]
+    message: str | None
+    tasks: list[TaskView]
+    elsewhere: str | None = None  # the launcher's host, when not this machine: live facts only there
+    backend: str = "local"
+    backend_state: dict[str, str] = field(default_factory=dict)  # a group backend's own view (Slurm: job, state, reason)
+    preemptions: int = 0  # among the restarts: those after a preemption (not counted against --max-restarts)
+    # An elastic run (--min-tasks): its training tasks now, its minimum and full size, the hosts
+    # left out now (each with why) and every resize (from, to, why, hosts).
+    min_tasks: int | None = None
+    training_tasks: int = 0
+    full_training_tasks: int = 0
+    lost_hosts: dict[str, str] = field(default_factory=dict)
+    resizes: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+RECENT = 20  # `tfl status` lists the active runs and this many of the latest
+
+
+def run_list(store: RunStore, *, every: bool = False) -> tuple[list[RunView], list[UnreadableRun], int]:
+    """The runs ``tfl status`` lists, oldest first, the unreadable ones among them, and how
+    many it left out: the active runs and the ``RECENT`` latest (reading only their records),
+    or ``every`` run."""
+    records, unreadable, hidden = (*store.scan(), 0) if every else store.recent(RECENT)
+    return [run_view(r) for r in records], unreadable, hidden
+
+
+def effective_state(record: RunRecord) -> RunState:
+    """The recorded state, or LOST when the record says running but its launcher is gone.
+    A launcher on another machine (a shared TFL_HOME) cannot be looked for from here: its
+    run keeps the recorded state, and ``RunView.elsewhere`` names the host."""
+    if record.state.is_terminal:
+        return record.state
+    launcher = launcher_identity(record)
+    if record.launcher_pid and not launcher.elsewhere and launcher.find() is None:
+        return RunState.LOST
+    return record.state
+
+
+def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
+    """The run as its backend sees it now. ``measure``: one run's view, which asks every host
+    and samples cpu % (costly); the list of runs answers from what is at hand, and for a
+    finished run that is its record (no backend to import: `tfl status` stays quick)."""
+    wanted = measure or not record.state.is_terminal
+    backend = registry.get(record.backend) if wanted else None
+    live = backend.inspect(record, ask=measure) if backend is not None else {}
+    tasks = [_task_view(t, live.get(t.task, TaskLive(alive=False))) for t in record.tasks]
+    backend_state: dict[str, str] = backend.describe(record) if measure and isinstance(backend, GroupBackend) else {}
+    now = time.time()
+    return RunView(
+        run_id=record.run_id, job=record.job, state=effective_state(record).value,
+        alive=sum(t.alive for t in tasks), total=len(tasks), started=record.created,
+        duration_s=round((record.ended or now) - record.created, 1), restarts=len(record.restarts),
+        restart_reasons=[r.reason for r in record.restarts], message=record.message, tasks=tasks,
+        elsewhere=None if record.state.is_terminal else launcher_identity(record).elsewhere,
+        backend=record.backend, backend_state=backend_state,
+        preemptions=sum(r.kind == "preemption" for r in record.restarts), min_tasks=record.min_tasks,
+        training_tasks=sum(TaskId.parse(t.task).is_training for t in record.tasks),
+        full_training_tasks=sum(TaskId.parse(t["task"]).is_training for t in record.plan.get("tasks", [])),
+        lost_hosts=dict(record.lost_hosts), resizes=[asdict(r) for r in record.resizes],
+    )
+
+
+def _task_view(task: TaskRecord, live: TaskLive) -> TaskView:
+    return TaskView(
+        task=task.task, host=live.host or task.host, state=live.state or task.state.value, attempt=task.attempt, pid=task.pid,
+        alive=live.alive, cpu_percent=live.cpu_percent, rss_mb=live.rss_mb, uptime_s=live.uptime_s,
+        exit_code=task.exit_code, progress=read_progress(task.progress_path),
+    )
+
+
+def read_progress(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path) as f:
+            data: dict[str, Any] = json.load(f)
+            return data
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,166 @@
+"""``tfl tensorboard``: TensorBoard on a run's model dir, for as long as the command runs.
+
+The model dir is where the job kit writes: the chief's ``TFL_MODEL_DIR`` (shared storage,
+when the cluster file names one), else ``<TFL_RUN_DIR>/model``, unless the job was given
+``--model-dir``. When this machine cannot read it (the chief ran on another host, no shared
+storage here), the command says how to reach it through SSH instead of starting anything.
+
+TensorBoard runs with its own stand-in for TensorFlow (its ``notf`` switch): reading local
+event files needs nothing more, and it starts in seconds instead of importing TensorFlow.
+It listens on the loopback address only, and stops with the command (Ctrl-C, SIGTERM, or
+the command dying: it gets SIGTERM then).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from launcher.contract import CHIEF, MODEL_DIR, MODEL_SUBDIR, RUN_DIR
+from launcher.describe.hosts import SSHTarget
+from launcher.engines.teardown import teardown
+from launcher.errors import LaunchError, UsageError
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.records.store import RunRecord
+from launcher.tasklog import tail_lines
+
+HOST = "127.0.0.1"
+DEFAULT_PORT = 6006
+# TensorBoard without TensorFlow: its `tensorboard.compat.notf` switch, then its own main.
+NO_TF_MAIN = ("import sys, types; sys.modules['tensorboard.compat.notf'] = types.ModuleType('tensorboard.compat.notf'); "
+              "from tensorboard.main import run_main; run_main()")
+
+
+@dataclass(frozen=True)
+class ModelDir:
+    path: str
+    host: str | None = None  # the host it is on, when this machine cannot read it
+    ssh: SSHTarget | None = None
+    python: str = sys.executable  # the python there
+
+
+def model_dir_of(record: RunRecord) -> ModelDir:
+    """Where the run's chief writes its model dir, and whether it is readable here."""
+    given = _model_dir_arg(record.job_args)
+    if not record.plan:
+        return ModelDir(given or f"{record.run_dir}/{MODEL_SUBDIR}")
+    tasks = LaunchPlan.from_dict(record.plan).tasks
+    chief = next((t for t in tasks if t.task.type == CHIEF), None) or next(t for t in tasks if t.task.is_training)
+    path = given or chief.env.get(MODEL_DIR) or f"{chief.env.get(RUN_DIR, record.run_dir)}/{MODEL_SUBDIR}"
+    if given and not os.path.isabs(given) and chief.cwd:
+        path = os.path.join(chief.cwd, given)
+    if chief.ssh is None or "://" in path or os.path.isdir(path):
+        return ModelDir(path)
+    return ModelDir(path, chief.host, chief.ssh, chief.python)
+
+
+def _model_dir_arg(args: list[str]) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == "--model-dir" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--model-dir="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def reach_hint(run_id: str, where: ModelDir, port: int) -> str:
+    """How to see a model dir that lies on another host: TensorBoard there, a tunnel here."""
+    assert where.ssh is not None and where.host is not None
+    ssh = ["ssh", "-p", str(where.ssh.port), *(["-i", where.ssh.identity_file] if where.ssh.identity_file else []),
+           "-L", f"{port}:{HOST}:{port}", f"{where.ssh.user + '@' if where.ssh.user else ''}{where.host}"]
+    remote = shlex.join([where.python, "-m", "tensorboard.main", "--logdir", where.path, "--port", str(port), "--host", HOST])
+    return "\n".join([f"run {run_id}: its model dir {where.path} is on {where.host}, not readable here; start TensorBoard "
+                      "there through an SSH tunnel:",
+                      f"  {shlex.join(ssh)} {shlex.quote(remote)}",
+                      f"then open http://{HOST}:{port}/"])
+
+
+def free_port(wanted: int | None) -> int:
+    """``wanted`` if it is free on the loopback address, else a one-line error; without it,
+    the first free port from 6006."""
+    for port in [wanted] if wanted is not None else range(DEFAULT_PORT, DEFAULT_PORT + 100):
+        with socket.socket() as sock:
+            try:
+                sock.bind((HOST, port))
+                return port
+            except OSError:
+                continue
+    if wanted is not None:
+        raise UsageError(f"--port {wanted}: {HOST}:{wanted} is in use; give another port or leave --port out")
+    raise UsageError(f"no free port on {HOST} from {DEFAULT_PORT} to {DEFAULT_PORT + 99}; give one with --port")
+
+
+def serve(record: RunRecord, port: int | None, out: TextIO, *, ready_timeout: float = 120.0) -> int:
+    """TensorBoard on the run's model dir until Ctrl-C or SIGTERM (exit code 0), or until it
+    fails (its exit code); or, for a model dir on another host, how to reach it (0)."""
+    where = model_dir_of(record)
+    if where.host is not None:
+        out.write(reach_hint(record.run_id, where, port or DEFAULT_PORT) + "\n")
+        return 0
+    port = free_port(port)
+    log_path = Path(record.run_dir) / "tensorboard.log"
+    main = ["-m", "tensorboard.main"] if "://" in where.path else ["-c", NO_TF_MAIN]  # a URL needs TensorFlow's file systems
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, *main, "--logdir", where.path, "--port", str(port), "--host", HOST],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_die_with_parent)
+    try:
+        with _interrupt_on_sigterm():
+            _wait_ready(proc, port, log_path, ready_timeout)
+            out.write(f"TensorBoard for run {record.run_id}: http://{HOST}:{port}/\n"
+                      f"  logdir {where.path}; its log {log_path}; Ctrl-C stops it\n")
+            out.flush()
+            code = proc.wait()  # it ends on its own only when it fails
+        raise LaunchError(f"TensorBoard exited with code {code}: {' | '.join(tail_lines(log_path, 3))}")
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        teardown([proc], signal=lambda p, n: p.send_signal(n) if p.poll() is None else None,
+                 alive=lambda p: p.poll() is None, grace=5.0)
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], port: int, log_path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise LaunchError(f"TensorBoard exited with code {proc.returncode} before it served: "
+                              f"{' | '.join(tail_lines(log_path, 3))}")
+        with socket.socket() as sock:
+            if sock.connect_ex((HOST, port)) == 0:
+                return
+        time.sleep(0.1)
+    raise LaunchError(f"TensorBoard did not listen on {HOST}:{port} within {timeout:g} s (see {log_path})")
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when tfl itself dies (Linux), so TensorBoard never outlives it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+@contextmanager
+def _interrupt_on_sigterm() -> Iterator[None]:
+    """SIGTERM and SIGHUP end the command like Ctrl-C does (TensorBoard is stopped first)."""
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
