@@ -118,3 +118,6 @@ def test_bad_arrays_are_refused_in_one_line(tf: Any) -> None:
         ArrayInput((images, labels), global_batch=51, seed=1)
     with tf.distribute.OneDeviceStrategy("/cpu:0").scope(), pytest.raises(JobKitError, match="inside strategy.scope"):
         ArrayInput((images, labels), global_batch=B, seed=1)
+    halves = ArrayInput((images, labels), global_batch=B, seed=1, batch_fn=lambda x, y: (x[: B // 4], y))
+    with pytest.raises(JobKitError, match=r"batches have shapes \(3, 3\); every part of a batch needs 6 examples"):
+        halves.replica_batches(0, 0, 2, 1)

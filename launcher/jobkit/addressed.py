@@ -70,7 +70,7 @@ class AddressedInput(abc.ABC):
         stream = stream.map(lambda raw, pos: (tf.nest.map_structure(lambda t: t[first:first + mine], raw),
                                               pos[first:first + mine]))
         examples = stream.unbatch().map(self._example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        return self._finish(examples.batch(share, drop_remainder=True))
+        return self._finish(examples.batch(share, drop_remainder=True), share)
 
     @abc.abstractmethod
     def examples_from(self, position: int) -> tf.data.Dataset:
@@ -87,9 +87,14 @@ class AddressedInput(abc.ABC):
         seed = tf.random.experimental.stateless_fold_in(tf.constant([self.seed, AUGMENT_STREAM], tf.int64), position)
         return self.augment(example, seed)
 
-    def _finish(self, batches: tf.data.Dataset) -> tf.data.Dataset:
+    def _finish(self, batches: tf.data.Dataset, share: int) -> tf.data.Dataset:
         if self.batch_fn is not None:
             batches = batches.map(self.batch_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        wrong = [str(spec.shape) for spec in tf.nest.flatten(batches.element_spec)
+                 if spec.shape.rank is not None and (spec.shape.rank == 0 or spec.shape[0] not in (None, share))]
+        if wrong:
+            raise JobKitError(f"the input's batches have shapes {', '.join(wrong)}; every part of a batch needs "
+                              f"{share} examples first (one replica's share): check batch_fn and the fetch")
         return batches.prefetch(tf.data.AUTOTUNE)
 
     def permute(self, offsets: tf.Tensor, epochs: tf.Tensor, size: int | tf.Tensor, stream: int = PASS_STREAM) -> tf.Tensor:
@@ -149,4 +154,4 @@ class ArrayInput(AddressedInput):
 
         shares = tf.data.Dataset.range(tf.int64.max).map(one_share, num_parallel_calls=tf.data.AUTOTUNE,
                                                          deterministic=True)
-        return self._finish(shares)
+        return self._finish(shares, share)
