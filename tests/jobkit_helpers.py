@@ -185,7 +185,7 @@ class Hold:
 
     @property
     def env(self) -> dict[str, str]:
-        return {"TFL_TEST_HOLD": f"{self.step}:{self.directory}"}
+        return {"HELD_JOB_HOLD": f"{self.step}:{self.directory}"}
 
     def held_at(self, task: str) -> int | None:
         marker = self.directory / f"held-{task.replace(':', '-')}"
@@ -194,14 +194,15 @@ class Hold:
         except (OSError, ValueError):
             return None
 
-    def wait(self, tasks: Sequence[str], alive: Any, timeout_s: float = 300) -> dict[str, int]:
-        """The step each of `tasks` holds at, once all hold; `alive()` False fails at once (a hang guard)."""
+    def wait(self, tasks: Sequence[str], alive: Any, timeout_s: float = 300, why: Any = None) -> dict[str, int]:
+        """The step each of `tasks` holds at, once all hold; `alive()` False fails at once (a hang guard),
+        with `why()` (e.g. the launcher's output) in the message."""
         deadline = time.monotonic() + timeout_s
         while True:
             steps = {task: self.held_at(task) for task in tasks}
             if all(step is not None for step in steps.values()):
                 return {task: int(step) for task, step in steps.items() if step is not None}
-            assert alive(), f"a task ended before holding at step {self.step}: {steps}"
+            assert alive(), f"a task ended before holding at step {self.step}: {steps}\n{why() if why else ''}"
             assert time.monotonic() < deadline, f"not held at step {self.step} in {timeout_s} s: {steps}"
             time.sleep(0.02)
 

@@ -78,7 +78,8 @@ def test_a_cut_host_the_run_goes_on_with_two_and_trains_like_an_uninterrupted_ru
                                  "--grace-period", "10", "--", str(JOB), *job_args(data)],
                                 env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        held = hold.wait(["chief:0", "worker:0", "worker:1"], alive=lambda: launcher.poll() is None)
+        held = hold.wait(["chief:0", "worker:0", "worker:1"], alive=lambda: launcher.poll() is None,
+                     why=lambda: launcher.communicate()[1][-4000:])
         # The end of the first call at or past step 6: the kit's calls take 1, 2 or 4 steps (they divide the backups').
         (held_at,) = set(held.values())
         assert 6 <= held_at <= 8, held

@@ -115,7 +115,8 @@ def test_sigterm_to_the_evaluator_then_the_worker_ends_0_like_the_control(contro
     hold = Hold(tfl_home.parent / "hold", 10)
     launcher = launch(tfl_home, hold, "--evaluator", "--max-restarts", "0", "--evaluator-timeout", "60")
     try:
-        target = hold.wait(["chief:0", "worker:0"], alive=lambda: launcher.poll() is None, timeout_s=TIMEOUT)["chief:0"]
+        target = hold.wait(["chief:0", "worker:0"], alive=lambda: launcher.poll() is None,
+                     why=lambda: launcher.communicate()[1][-4000:], timeout_s=TIMEOUT)["chief:0"]
         os.kill(pid_of(tfl_home, "evaluator:0"), signal.SIGTERM)
         wait_until(lambda: RunStore(tfl_home).load(only_run(tfl_home)).task("evaluator:0").state.is_terminal,
                    "the evaluator leaves")

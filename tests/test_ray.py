@@ -309,7 +309,8 @@ def test_mnist_with_an_evaluator_survives_the_loss_of_a_workers_node(cluster: Ra
                                  "--max-restarts", "1", "--", MNIST, "--epochs", "4", "--steps-per-epoch", "40",
                                  "--batch-size", "16"], env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        hold.wait(["chief:0", "worker:0"], alive=lambda: launcher.poll() is None, timeout_s=500)
+        hold.wait(["chief:0", "worker:0"], alive=lambda: launcher.poll() is None,
+                     why=lambda: launcher.communicate()[1][-4000:], timeout_s=500)
         run = only_run(tfl_home)
         nodes = record(tfl_home, run)["plan"]["unit"]["nodes"]
         assert len(set(nodes.values())) == 3

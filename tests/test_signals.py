@@ -132,7 +132,7 @@ def test_sighup_without_nohup_still_stops_the_run(sleeper: str, child_env: dict[
 
 
 def test_tfl_stop_twice_keeps_the_grace(sleeper: str, child_env: dict[str, str], tfl_home: Path) -> None:
-    """The README says stopping twice is fine: the second `tfl stop` must not be taken for a
+    """docs/commands.md says stopping twice is fine: the second `tfl stop` must not be taken for a
     second Ctrl-C (which kills at once)."""
     grace = 4.0
     launcher = start_launcher(sleeper, child_env, tfl_home, "--grace-period", str(grace))

@@ -92,7 +92,8 @@ def test_a_remote_worker_killed_mid_training_and_restarted_resumes_with_the_chie
                                  "--max-restarts", "1", "--", MNIST, "--epochs", "4", "--steps-per-epoch", "100",
                                  "--batch-size", "16"], env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        hold.wait(["chief:0", "worker:0"], alive=lambda: launcher.poll() is None)
+        hold.wait(["chief:0", "worker:0"], alive=lambda: launcher.poll() is None,
+                     why=lambda: launcher.communicate()[1][-4000:])
         (worker,) = [p for p in tfl_processes(run_id=only_run(tfl_home)) if p.environ().get("TFL_TASK") == "worker:0"]
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=30)

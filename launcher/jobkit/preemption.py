@@ -21,7 +21,7 @@ Outside training, a notice has nothing to agree on: before `fit` (start-up) and 
 attempt resumes from the last backup, or finds the done marker and does not train.
 The evaluator is not a training task: the kit leaves its SIGTERM alone.
 
-`preemption_handler` is the one call a custom training loop needs (see the README).
+`preemption_handler` is the one call a custom training loop needs (see docs/preemption.md).
 """
 
 from __future__ import annotations

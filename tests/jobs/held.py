@@ -1,6 +1,6 @@
 """Run a job script with every training task held at a chosen global step until the test says go.
 
-    python tests/jobs/held.py JOB [JOB'S ARGUMENTS...]      # TFL_TEST_HOLD="STEP:DIR"
+    python tests/jobs/held.py JOB [JOB'S ARGUMENTS...]      # HELD_JOB_HOLD="STEP:DIR"
 
 In attempt 0 (``TFL_ATTEMPT``), at the end of the first call of the train function whose
 global step is STEP or more, each training task writes ``DIR/held-<task>`` (the step it holds
@@ -22,7 +22,7 @@ from typing import Any
 
 from launcher import jobkit
 
-HOLD_VARIABLE = "TFL_TEST_HOLD"
+HOLD_VARIABLE = "HELD_JOB_HOLD"
 
 
 def hold_callback(step: int, directory: Path, task: str) -> Any:
