@@ -70,3 +70,26 @@ def test_a_resume_at_step_ten_million_starts_as_quickly_as_one_at_step_0(tmp_pat
     trained = [r for r in far.step_records() if r["phase"] == "train"]
     assert trained[-1]["epoch"] == FAR_EPOCH + 1 and trained[-1]["step"] == STEPS, trained[-1]
     print(f"first step: {at_zero:.1f} s at step 0, {far_s:.1f} s at step 10,000,000 (bound {limit:.0f} s)")
+
+
+@pytest.mark.parametrize("replay", [True, False])
+def test_a_plain_pipeline_says_what_it_replays_or_what_skipping_it_gives_up(tmp_path: Path, replay: bool) -> None:
+    model_dir = tmp_path / "model"
+    write_backup_at(model_dir, 150, STEPS)  # epoch 2, step 57
+    args = [*job_args(model_dir, 2), "--input", "pipeline", *([] if replay else ["--no-replay"])]
+    job = start_job("chief:0", tmp_path / "run", args)
+    try:
+        codes = wait_all([job], 600)
+    finally:
+        kill_all([job])
+    assert_none_alive([job])
+    assert codes == {"chief:0": 0}, job.output()[-3000:]
+    lines = [ln for ln in job.output().splitlines() if ln.startswith("jobkit: re")]
+    if replay:
+        assert any(ln.startswith("jobkit: resuming at global step 150: the input replays the 150 batches") for ln in lines)
+        took = [ln for ln in lines if ln.startswith("jobkit: replayed 150 batches to reach the resume step; the first step came ")]
+        assert len(took) == 1 and "replay=False" in took[0], lines
+    else:
+        assert any(ln.startswith("jobkit: resuming at global step 150 without a replay (replay=False)") and "not exact" in ln
+                   for ln in lines), lines
+        assert not any("replayed" in ln for ln in lines)
