@@ -6,8 +6,9 @@ Without keras' fit, one call does what `jobkit.fit` does for free:
 `jobkit.preemption_handler(strategy, checkpoint, directory)` restores the latest
 checkpoint there and, on a notice (SIGTERM) to any training task, makes every task save
 at one agreed step and exit 170 (tfl restarts the group). The loop runs each step through
-`handler.run` and starts the input where the checkpoint left it (`dataset.skip(step)`),
-so a resumed run trains on exactly the batches an uninterrupted one would.
+`handler.run` and starts the input where the checkpoint left it (`jobkit.ArrayInput`'s
+`distribute(strategy, step)`: nothing before it is read), so a resumed run trains on exactly
+the batches an uninterrupted one would.
 The data: a seeded synthetic regression (y = x·w + noise), so the job needs no download.
 """
 
@@ -37,11 +38,11 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def synthetic_data(seed: int, dtype: str) -> tf.data.Dataset:
+def synthetic_data(seed: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(EXAMPLES, FEATURES))
     y = x @ rng.normal(size=(FEATURES, 1)) + 0.1 * rng.normal(size=(EXAMPLES, 1))
-    return tf.data.Dataset.from_tensor_slices((x.astype(dtype), y.astype(dtype)))
+    return x.astype(dtype), y.astype(dtype)
 
 
 def main() -> None:
@@ -52,6 +53,8 @@ def main() -> None:
     strategy = jobkit.make_strategy(context)
     model_dir = args.model_dir or jobkit.default_model_dir(context, "custom_loop")
     global_batch = jobkit.global_batch_size(args.batch_size, strategy)
+    # Addressed by position (before the strategy's scope): a resume starts the input at its step.
+    data = jobkit.ArrayInput(synthetic_data(args.seed, args.dtype), global_batch=global_batch, seed=args.seed)
 
     with strategy.scope():
         model = keras.Sequential([keras.Input(shape=(FEATURES,)), keras.layers.Dense(16, activation="relu"),
@@ -62,10 +65,8 @@ def main() -> None:
     # Restores the latest checkpoint in the directory (the step with it) and arms the notice.
     handler = jobkit.preemption_handler(strategy, checkpoint, str(model_dir / "preemption"))
 
-    # Same seed on every worker; the stream goes on where the checkpoint left it.
-    dataset = (synthetic_data(args.seed, args.dtype).shuffle(EXAMPLES, seed=args.seed).repeat()
-               .batch(global_batch, drop_remainder=True))
-    iterator = iter(strategy.experimental_distribute_dataset(jobkit.shard_by_data(dataset).skip(int(step.numpy()))))
+    # The stream goes on at the step the checkpoint left it: the kit splits each global batch over the replicas.
+    iterator = iter(data.distribute(strategy, int(step.numpy())))
 
     @tf.function
     def train_step(iterator: tf.distribute.DistributedIterator) -> tf.Tensor:

@@ -29,6 +29,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                         help="float64: for comparing runs whose sums run in another order (N workers against 1 "
                              "process); in float32 those round differently, and training magnifies it")
+    parser.add_argument("--input", choices=("addressed", "pipeline"), default="addressed",
+                        help="pipeline: a plain tf.data pipeline with a shuffle buffer, which a resume reaches by "
+                             "replaying every batch before it (the reference for docs/input.md)")
+    parser.add_argument("--no-replay", action="store_true",
+                        help="with --input pipeline: resume without the replay (not exact)")
     return parser.parse_args()
 
 
@@ -48,9 +53,14 @@ def build_model(learning_rate: float | keras.optimizers.schedules.LearningRateSc
 
 
 def to_dataset(images: np.ndarray, labels: np.ndarray) -> tf.data.Dataset:
-    # Kept as uint8: the dataset holds the arrays as constants, and the shuffle buffer a
-    # copy; float32 would be four times the memory. `scale` casts each batch instead.
     return tf.data.Dataset.from_tensor_slices((images.reshape(len(images), 784), labels))
+
+
+def shuffled_pipeline(images: np.ndarray, labels: np.ndarray, global_batch: int, seed: int) -> tf.data.Dataset:
+    # Same seed on every worker: DATA sharding needs identical shuffles everywhere.
+    return (to_dataset(images, labels).shuffle(len(images), seed=seed).repeat()
+            .batch(global_batch, drop_remainder=True)
+            .map(scale, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
 
 
 def scale(images: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -76,21 +86,20 @@ def main() -> None:
 
     global_batch = jobkit.global_batch_size(args.batch_size, strategy)
     steps_per_epoch = args.steps_per_epoch or max(1, len(x_train) // global_batch)
-    # Same seed on every worker: DATA sharding needs identical shuffles everywhere.
-    train = (to_dataset(x_train, y_train)
-             .shuffle(len(x_train), seed=args.seed)
-             .repeat()
-             .batch(global_batch, drop_remainder=True)
-             .map(scale, num_parallel_calls=tf.data.AUTOTUNE)
-             .prefetch(tf.data.AUTOTUNE))
+    # Each pass a fresh permutation from (seed, pass), addressed by position: a resume starts
+    # at its step and reads nothing before it. Kept as uint8; `scale` casts each batch.
+    train = jobkit.ArrayInput((x_train.reshape(len(x_train), 784), y_train), global_batch=global_batch,
+                              seed=args.seed, batch_fn=scale) if args.input == "addressed" \
+        else jobkit.shard_by_data(shuffled_pipeline(x_train, y_train, global_batch, args.seed))
     learning_rate = jobkit.learning_rate(args.learning_rate, strategy, scaling=args.lr_scaling,
                                          warmup_epochs=args.warmup_epochs, steps_per_epoch=steps_per_epoch)
     with strategy.scope():
         model = build_model(learning_rate)
     jobkit.fit(
-        model, jobkit.shard_by_data(train), context=context, model_dir=model_dir,
+        model, train, context=context, model_dir=model_dir,
         epochs=args.epochs, steps_per_epoch=steps_per_epoch, global_batch_size=global_batch,
         backup_every_steps=args.backup_every_steps, steps_per_execution=args.steps_per_execution,
+        replay=not args.no_replay,
     )
     jobkit.finish(strategy)  # all training tasks leave together, the chief last, without TensorFlow's slow teardown
 

@@ -53,6 +53,17 @@ def require_fashion_mnist() -> Path:
     return FASHION_MNIST
 
 
+def write_backup_at(model_dir: Path, step: int, steps_per_epoch: int) -> None:
+    """The epoch and step keras' BackupAndRestore keeps, as a run stopped after global step `step`
+    leaves them (no weights: they do not change where the input starts). Loads TensorFlow."""
+    import tensorflow as tf
+
+    epoch, batch = divmod(step - 1, steps_per_epoch)
+    state = tf.train.Checkpoint(ckpt_saved_epoch=tf.Variable(epoch, dtype=tf.int64),
+                                ckpt_saved_batch=tf.Variable(batch, dtype=tf.int64))
+    tf.train.CheckpointManager(state, str(model_dir / "backup" / "chief"), max_to_keep=1).save()
+
+
 def free_ports(count: int) -> list[int]:
     """Ports the OS just handed out; all held open together so they are distinct."""
     sockets = [socket.socket() for _ in range(count)]

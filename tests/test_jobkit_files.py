@@ -159,7 +159,7 @@ def test_importing_the_kit_does_not_load_tensorflow() -> None:
     assert out.stdout.split() == ["None", "1"]
 
 
-TF_FREE = ("args", "context", "datasets", "devices", "execution", "finish", "layout", "notice", "position", "progress",
+TF_FREE = ("addressing", "args", "context", "datasets", "devices", "execution", "finish", "layout", "notice", "position", "progress",
            "reuters")
 
 

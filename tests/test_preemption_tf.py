@@ -185,7 +185,7 @@ def preempt_and_resume(tmp_path: Path, control: Control, steps_per_call: int, vi
     codes = second.codes()
     assert set(codes.values()) == {0}, second.logs()
     chief = second.chief.output()
-    # Steps lost: 0. The input skips exactly the steps trained; keras goes on at the next one.
+    # Steps lost: 0. The input starts right after the steps trained; keras goes on at the next one.
     assert f"resuming at global step {record.global_step}:" in chief, chief[-3000:]
     assert not (model_dir / "preempted.json").exists()
     assert json.loads((model_dir / "training_done.json").read_text())["global_step"] == EPOCHS * STEPS

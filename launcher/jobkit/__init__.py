@@ -37,6 +37,9 @@ _LAZY = {
     "run_evaluator": "launcher.jobkit.evaluator",
     "EvaluatorTimeout": "launcher.jobkit.evaluator",
     "load_mnist": "launcher.jobkit.datasets",
+    "AddressedInput": "launcher.jobkit.addressed",
+    "ArrayInput": "launcher.jobkit.addressed",
+    "TFRecordInput": "launcher.jobkit.records",
     "load_reuters": "launcher.jobkit.reuters",
 }
 

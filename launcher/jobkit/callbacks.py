@@ -158,3 +158,23 @@ class EpochCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]  # tf_ker
     @property
     def latest(self) -> str | None:
         return None if self._manager is None else self._manager.latest_checkpoint
+
+
+class ReplayTimer(keras.callbacks.Callback):  # type: ignore[misc]  # tf_keras is untyped
+    """Says how long the replay of a plain tf.data pipeline took: from train begin to the first step's end."""
+
+    def __init__(self, batches: int, clock: Any = time.monotonic) -> None:
+        super().__init__()
+        self._batches, self._clock = batches, clock
+        self._began: float | None = None
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._began = self._clock()
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self._began is None:
+            return
+        took, self._began = self._clock() - self._began, None
+        print(f"jobkit: replayed {self._batches} batches to reach the resume step; the first step came {took:.1f} s "
+              "after training began (the replay, plus one step; fit(..., replay=False) skips the replay and gives up "
+              "exactness)", flush=True)

@@ -39,8 +39,9 @@ class InputStream:
 
     dataset: Any  # tf.data.Dataset, or whatever the job passed when it cannot be placed
     steps_per_epoch: int | None
-    start: int  # batches skipped: the steps trained before this attempt
+    start: int  # the global step the input starts at: the steps trained before this attempt
     exact: bool  # False: keras restarts the input at the beginning of each epoch
+    replayed: bool = False  # True: the input reaches `start` by reading (and dropping) every batch before it
 
 
 def saved_state(backup_dir: Path) -> tuple[int, int]:
@@ -64,10 +65,22 @@ def resume_point(state: tuple[int, int], steps_per_epoch: int) -> tuple[int, int
     return epoch, batch + 1
 
 
-def input_stream(dataset: Any, steps_per_epoch: int | None, state: tuple[int, int]) -> InputStream:
-    """The stream keras reads, started at the position `state` (a backup's) leaves off at."""
+def input_stream(dataset: Any, steps_per_epoch: int | None, state: tuple[int, int], strategy: Any = None,
+                 *, replay: bool = True) -> InputStream:
+    """The stream keras reads, started at the position `state` (a backup's) leaves off at.
+
+    An `AddressedInput` starts right there (addressed.py); a plain dataset skips to it
+    (a replay), or, with `replay=False`, starts at the beginning of its stream."""
     import tensorflow as tf
 
+    from launcher.jobkit.addressed import AddressedInput
+
+    if isinstance(dataset, AddressedInput):
+        steps_per_epoch = steps_per_epoch or dataset.steps_per_epoch
+        epoch, step = resume_point(state, steps_per_epoch)
+        start = epoch * steps_per_epoch + step
+        distributed = dataset.distribute(strategy or tf.distribute.get_strategy(), start)
+        return InputStream(distributed, steps_per_epoch, start, exact=True)
     if not isinstance(dataset, tf.data.Dataset):
         return InputStream(dataset, steps_per_epoch, 0, exact=False)
     length = int(dataset.cardinality().numpy())
@@ -79,4 +92,26 @@ def input_stream(dataset: Any, steps_per_epoch: int | None, state: tuple[int, in
         return InputStream(dataset, None, 0, exact=False)
     epoch, step = resume_point(state, steps_per_epoch)
     start = epoch * steps_per_epoch + step
-    return InputStream(dataset.skip(start) if start else dataset, steps_per_epoch, start, exact=True)
+    if not start:
+        return InputStream(dataset, steps_per_epoch, 0, exact=True)
+    if not replay:
+        return InputStream(dataset, steps_per_epoch, start, exact=False)
+    return InputStream(dataset.skip(start), steps_per_epoch, start, exact=True, replayed=True)
+
+
+def say_where_the_input_starts(stream: InputStream, dataset: Any) -> None:
+    """One line on the console: where the input starts, and what that costs or gives up."""
+    if stream.replayed:
+        print(f"jobkit: resuming at global step {stream.start}: the input replays the {stream.start} batches trained "
+              "before (a tf.data pipeline reaches a step only by reading every batch before it; the time it takes "
+              "is said at the first step; an AddressedInput starts right there: docs/input.md)", flush=True)
+    elif stream.start and stream.exact:
+        print(f"jobkit: resuming at global step {stream.start}: the input starts there "
+              f"({dataset.how_it_resumes()})", flush=True)
+    elif stream.start:
+        print(f"jobkit: resuming at global step {stream.start} without a replay (replay=False): the input starts at "
+              "the beginning of its stream, so the batches from here on are not the ones an uninterrupted run "
+              "trains on (not exact; examples trained before the resume come again first)", flush=True)
+    elif not stream.exact:
+        print("jobkit: the input cannot be placed (a dataset of unknown length without steps_per_epoch, or an "
+              "already distributed one): a restarted attempt reads it from the beginning of the epoch", flush=True)

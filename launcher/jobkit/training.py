@@ -11,13 +11,14 @@ import tensorflow as tf
 import tf_keras as keras
 
 from launcher.contract import ModelDirLayout
+from launcher.jobkit.addressed import AddressedInput
 from launcher.jobkit.backup import StepBackup
-from launcher.jobkit.callbacks import EpochCheckpoint, ProgressCallback, StepClock
+from launcher.jobkit.callbacks import EpochCheckpoint, ProgressCallback, ReplayTimer, StepClock
 from launcher.jobkit.consistency import PositionCheck, RestoredStateCheck
 from launcher.jobkit.context import JobKitError, TaskContext
 from launcher.jobkit.execution import check_steps_per_execution
 from launcher.jobkit.layout import chief_only_writes, finished_run, read_done_marker, write_json_atomically
-from launcher.jobkit.position import input_stream, saved_state
+from launcher.jobkit.position import input_stream, saved_state, say_where_the_input_starts
 from launcher.jobkit.preemption import PreemptionCheckpoint
 from launcher.jobkit.progress import ProgressWriter, progress_record
 from launcher.jobkit.stepping import AutoStepsPerExecution, chief_decides, install_train_function, uses_stock_step
@@ -59,6 +60,7 @@ def fit(
     backup_every_steps: int | None = None,
     steps_per_execution: int | None = None,
     callbacks: Sequence[keras.callbacks.Callback] = (),
+    replay: bool = True,
 ) -> keras.callbacks.History:
     """Train with checkpoints/, tensorboard/ and backup/ under `model_dir`.
 
@@ -68,6 +70,9 @@ def fit(
     the model was compiled with a value above 1); progress is recorded once per call.
     The chief writes `training_done.json` when training ends, which releases the
     evaluator, and which a restarted attempt of the same run takes as "already trained".
+    `dataset` is best an `AddressedInput` (a resume starts it at its step); a plain
+    tf.data pipeline reaches that step by a replay, or, with `replay=False`, starts at the
+    beginning of its stream (not exact: see docs/input.md).
     """
     if backup_every_steps is not None and backup_every_steps < 1:
         raise JobKitError(f"backup_every_steps is {backup_every_steps}; expected a positive "
@@ -82,13 +87,13 @@ def fit(
         real.done_file.unlink(missing_ok=True)  # another run's: it would release the evaluator early
     # The input starts where the backup keras is about to restore leaves off (position.py).
     state = saved_state(real.backup)
-    stream = input_stream(dataset, steps_per_epoch, state)
-    if not stream.exact:
-        print("jobkit: the input cannot be placed (a dataset of unknown length without steps_per_epoch, or an "
-              "already distributed one): a restarted attempt reads it from the beginning of the epoch", flush=True)
-    elif stream.start:
-        print(f"jobkit: resuming at global step {stream.start}: the input skips the {stream.start} batches "
-              "trained before", flush=True)
+    if isinstance(dataset, AddressedInput):
+        if dataset.batch.size != global_batch_size:
+            raise JobKitError(f"the input's global batch is {dataset.batch.size} examples but fit got "
+                              f"global_batch_size={global_batch_size}; pass the same number to both")
+        dataset.prepare(real.root, context.is_chief)
+    stream = input_stream(dataset, steps_per_epoch, state, model.distribute_strategy, replay=replay)
+    say_where_the_input_starts(stream, dataset)
     with chief_only_writes(model_dir, context) as layout:
         clock = StepClock()
         checkpoints = EpochCheckpoint(str(layout.checkpoints), max_to_keep=None if context.has_evaluator else 5)
@@ -103,6 +108,8 @@ def fit(
         if stream.exact and stream.steps_per_epoch:
             kit.append(PositionCheck(state, stream.steps_per_epoch))
         kit += [RestoredStateCheck(context, backup_dir=str(real.backup)), checkpoints]
+        if stream.replayed:
+            kit.append(ReplayTimer(stream.start))
         if context.is_chief:
             kit.append(keras.callbacks.TensorBoard(log_dir=str(layout.tensorboard), update_freq="epoch", profile_batch=0))
         kit += _steps_per_execution(model, steps_per_execution, clock, context, backup_every_steps)
@@ -112,10 +119,26 @@ def fit(
         progress = ProgressCallback(context, writers, global_batch_size, clock)
         # Last of the kit's: on a notice it saves after the others have seen the call.
         kit += [progress, PreemptionCheckpoint(context, backup, model_dir, progress)]
-        history: keras.callbacks.History = model.fit(
-            stream.dataset, epochs=epochs, steps_per_epoch=stream.steps_per_epoch, callbacks=[*kit, *callbacks],
-            verbose=0)
+        try:
+            history: keras.callbacks.History = model.fit(
+                stream.dataset, epochs=epochs, steps_per_epoch=stream.steps_per_epoch, callbacks=[*kit, *callbacks],
+                verbose=0)
+        except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as err:
+            raise _named_input_error(dataset, model, err) from err
     return history
+
+
+def _named_input_error(dataset: Any, model: keras.Model, err: Exception) -> Exception:
+    """An input error of a TFRecordInput, with the file and record it came from (else `err` itself)."""
+    find = getattr(dataset, "find_unparsable", None)
+    if find is None:
+        return err
+    trained = int(model.optimizer.iterations.numpy())  # the failed step's examples come from here on
+    found: JobKitError | None = find(trained * dataset.batch.size, limit=64 * dataset.batch.size)
+    if found is None:
+        return err
+    print(f"jobkit: {found}", flush=True)
+    return found
 
 
 def _steps_per_execution(model: keras.Model, fixed: int | None, clock: StepClock, context: TaskContext,
