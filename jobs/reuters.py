@@ -75,15 +75,17 @@ def main() -> None:
 
     global_batch = jobkit.global_batch_size(args.batch_size, strategy)
     steps_per_epoch = args.steps_per_epoch or max(1, len(x_train) // global_batch)
-    # A permutation per pass from (seed, pass), addressed by position: a resume reads nothing before its step.
-    padded = keras.utils.pad_sequences(x_train, maxlen=args.maxlen).astype("int32")
-    train = jobkit.ArrayInput((padded, y_train.astype("int64")), global_batch=global_batch, seed=args.seed)
+    # Same seed on every worker: DATA sharding needs identical shuffles everywhere.
+    train = (to_dataset(x_train, y_train, args.maxlen)
+             .shuffle(len(x_train), seed=args.seed)
+             .repeat()
+             .batch(global_batch, drop_remainder=True))
     learning_rate = jobkit.learning_rate(args.learning_rate, strategy, scaling=args.lr_scaling,
                                          warmup_epochs=args.warmup_epochs, steps_per_epoch=steps_per_epoch)
     with strategy.scope():
         model = build_model(args.num_words, args.maxlen, learning_rate)
     jobkit.fit(
-        model, train, context=context, model_dir=model_dir,
+        model, jobkit.shard_by_data(train), context=context, model_dir=model_dir,
         epochs=args.epochs, steps_per_epoch=steps_per_epoch, global_batch_size=global_batch,
         backup_every_steps=args.backup_every_steps, steps_per_execution=args.steps_per_execution,
     )

@@ -81,7 +81,7 @@ def container_env(container: dict[str, Any], labels: dict[str, str]) -> dict[str
 
 def pods(docs: list[dict[str, Any]], mounted: Path, attempt: int) -> list[tuple[str, list[str], dict[str, str]]]:
     """(hostname, argv, env) of every pod of the JobSet."""
-    config_map, js = docs
+    config_map, js = (next(d for d in docs if d["kind"] == kind) for kind in ("ConfigMap", "JobSet"))
     found = []
     for rjob in js["spec"]["replicatedJobs"]:
         job = rjob["template"]["spec"]

@@ -268,12 +268,26 @@ def _stop_on_signals(supervisor: Supervisor) -> Iterator[None]:
         yield
         return
     interrupts = 0
+    busy = False
 
     def handler(signum: int, frame: object) -> None:
-        nonlocal interrupts
+        # Python runs a handler between two bytecodes, also inside this handler: under a storm of
+        # signals each would nest in the last until RecursionError. A signal that lands while the
+        # handler runs only counts (a second Ctrl-C still forces); the stop is under way already.
+        nonlocal interrupts, busy
         interrupts += signum == signal.SIGINT
-        # SIGTERM: this machine is going away (a preemption), unless `tfl stop` sent it (the supervisor tells).
-        supervisor.request_stop(force=interrupts > 1, notice=signum == signal.SIGTERM)
+        if busy:
+            return
+        busy = True
+        try:
+            # SIGTERM: this machine is going away (a preemption), unless `tfl stop` sent it (the supervisor tells).
+            supervisor.request_stop(force=interrupts > 1, notice=signum == signal.SIGTERM)
+            if interrupts > 1:  # a second Ctrl-C that landed while the first was handled
+                supervisor.request_stop(force=True)
+        except RecursionError:
+            supervisor.request_stop()  # a storm that nested anyway: the flags are what matters
+        finally:
+            busy = False
 
     handled = [s for s in STOP_SIGNALS if not (s in KEEP_IGNORED and signal.getsignal(s) == signal.SIG_IGN)]
     previous = {s: signal.signal(s, handler) for s in handled}
