@@ -1,7 +1,8 @@
 """The tfl agent: the one program tfl runs on a remote host (stdlib only, Python >= 3.8).
 
 It is not installed there. The launcher starts ``python -u -c BOOTSTRAP`` over SSH and
-sends this file's source (with ``agent_files.py``, its file work) as the first stdin line,
+sends this file's source (with ``agent_files.py`` and ``agent_firewall.py``, its file and
+firewall work) as the first stdin line,
 then JSON request lines. So the remote command line shows neither the job's arguments nor
 its environment (TF_CONFIG and the TFL_* variables travel in the request, never through
 ``ps`` or a shell).
@@ -29,6 +30,9 @@ Modes of a request:
     The run's private dirs, the shipped code and job kit, the kit's import check / their
     removal at the end / tokens proving shared storage (``tfl doctor``) / a finished run's
     dirs (``tfl rm``: only ones named after the run, no link).
+``fence`` / ``unfence`` (``agent_firewall``)
+    Install the run's nftables table and hold it while the launcher pings, removing it at
+    the end or when the launcher is lost / remove it (``tfl stop``, ``tfl rm``).
 
 Every reply starts with ``MARK``: whatever the login shell printed first (a chatty
 ``~/.bashrc``) comes before it and is skipped. Output of ``run`` is framed on stdout after
@@ -49,10 +53,12 @@ import threading
 import time
 from typing import IO, Any, cast
 
-try:
-    import tfl_agent_files as files  # sent along with this file (launcher.engines.ssh.wire.BOOTSTRAP)
+try:  # sent along with this file (launcher.engines.ssh.wire.BOOTSTRAP)
+    import tfl_agent_files as files
+    import tfl_agent_firewall as firewall
 except ImportError:  # imported in the launcher itself
     from launcher.engines.ssh.node import agent_files as files
+    from launcher.engines.ssh.node import agent_firewall as firewall
 
 MARK = "\x1etfl\x1e"  # starts every reply; launcher.engines.ssh.wire.MARK
 PING_EVERY = 2.0  # seconds between the agent's pings; the launcher expects one at least this often
@@ -375,7 +381,7 @@ def _gpus() -> list[str] | None:
 
 def main() -> None:
     handlers = {"info": info, "signal": signal_tasks, "probe": probe, "unpack": files.unpack, "storage": files.storage,
-                "cleanup": files.cleanup, "remove": files.remove}
+                "cleanup": files.cleanup, "remove": files.remove, "unfence": firewall.drop}
     while True:
         line = sys.stdin.readline()
         if not line:
@@ -391,8 +397,14 @@ def main() -> None:
             frames.raw(MARK.encode())  # the frames follow it
             code = run(request, frames)
             sys.exit(code if 0 <= code < 256 else 128 - code)
-        sys.stdout.write(MARK + json.dumps(handlers[mode](request)) + "\n")
-        sys.stdout.flush()
+        if mode == "fence":  # holds the run's nftables table on this host until the end (agent_firewall)
+            sys.exit(firewall.hold(request, _answer))
+        _answer(handlers[mode](request))
+
+
+def _answer(message: dict[str, Any]) -> None:
+    sys.stdout.write(MARK + json.dumps(message) + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
