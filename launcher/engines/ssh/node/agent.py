@@ -207,7 +207,7 @@ def _zombie(pid: int) -> bool:
 def relay(child: subprocess.Popen[bytes], frames: Frames, commands: Commands, request: dict[str, Any]) -> int:
     """Relay output until the leader has exited and its group is gone; kill it if we are lost."""
     heartbeat_timeout, grace = request.get("heartbeat_timeout", 30.0), request.get("grace", 5.0)
-    progress = Progress(request.get("progress_file"))
+    progress = files.Progress(request.get("progress_file"))
     fd, eof, reported = cast(IO[bytes], child.stdout).fileno(), False, False
     code: int | None = None
     pinged = killing = 0.0
@@ -224,7 +224,7 @@ def relay(child: subprocess.Popen[bytes], frames: Frames, commands: Commands, re
             code = child.poll()
             idle = idle and code is None  # once it has exited, drain the pipe before reporting
         if code is not None and idle and not reported:
-            progress.forward(frames, time.monotonic(), final=True)
+            progress.forward(frames.control, time.monotonic(), final=True)
             frames.control({"exit": code})
             reported = True
         if reported and not group_alive(child.pid):
@@ -245,28 +245,7 @@ def relay(child: subprocess.Popen[bytes], frames: Frames, commands: Commands, re
         if now - pinged > PING_EVERY:
             frames.send(b"P", b"")
             pinged = now
-        progress.forward(frames, now)
-
-
-class Progress:
-    """Mirrors the job's progress file to the launcher (for status and stall detection)."""
-
-    def __init__(self, path: str | None) -> None:
-        self.path, self.checked = path, 0.0
-        self.mtime: float | None = None
-
-    def forward(self, frames: Frames, now: float, final: bool = False) -> None:
-        if not self.path or (now - self.checked < 0.5 and not final):
-            return
-        self.checked = now
-        try:
-            mtime = os.stat(self.path).st_mtime
-            if mtime != self.mtime:
-                with open(self.path) as f:
-                    frames.control({"progress": f.read()})
-                self.mtime = mtime
-        except OSError:
-            pass
+        progress.forward(frames.control, now)
 
 
 def _killpg(pgid: int, signum: int) -> None:
