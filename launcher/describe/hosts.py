@@ -92,6 +92,7 @@ class SSHTarget:
     known_hosts: str | None = None
     accept_new_host_keys: bool = False
     fence_after: float = 30.0  # the agent's dead-man timer: no word from us for this long, it stops its task
+    firewall: bool = False  # the run's nftables table on the host: its task ports reached only from the run's hosts
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -116,7 +117,8 @@ class SSHTarget:
         """One line for ``--dry-run``: user, host, port, key, known_hosts."""
         key = f", key {self.identity_file}" if self.identity_file else ""
         accept = ", accepting new host keys" if self.accept_new_host_keys else ""
-        return f"{self}{key}, known_hosts {self.known_hosts or '~/.ssh/known_hosts'}{accept}"
+        fenced = ", task ports fenced (nftables)" if self.firewall else ""
+        return f"{self}{key}, known_hosts {self.known_hosts or '~/.ssh/known_hosts'}{accept}{fenced}"
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,9 @@ class SSHSettings(_Strict):
     fence_after: float = Field(30.0, ge=5, le=3600, allow_inf_nan=False,
                                description="seconds without word from tfl after which a host's agent stops its tasks "
                                            "(the fence: nothing of a lost run writes on)")
+    firewall: bool = Field(False, description="fence the task ports with an nftables table of the run's own on each "
+                                              "host: only the run's hosts reach them (needs nft, and root or "
+                                              "passwordless sudo there; docs/security.md)")
 
 
 class HostSettings(_Strict):

@@ -26,6 +26,7 @@ from launcher.contract import ATTEMPT, PROGRESS_FILE
 from launcher.engines.base import Cleanup, TaskLive, TaskProcess
 from launcher.engines.preflight import Check, HostTasks
 from launcher.engines.ssh.connect import SSHError
+from launcher.engines.ssh.firewall import Firewalls
 from launcher.engines.ssh.pool import HEARTBEAT_TIMEOUT, HostPool
 from launcher.engines.ssh.prepare import cleanup_hosts, prepare_hosts
 from launcher.engines.ssh.probe import probe_hosts
@@ -192,6 +193,7 @@ class SSHBackend:
         self._pinger: threading.Thread | None = None
         self._pinger_lock = threading.Lock()
         self._watch = HostWatch(notify)
+        self._firewalls = Firewalls(self._pool)
 
     # --- before a run -------------------------------------------------------------------
     def probe(self, hosts: Sequence[HostTasks], *, quick: bool) -> list[Check]:
@@ -204,7 +206,7 @@ class SSHBackend:
     def prepare(self, plan: LaunchPlan) -> list[Check]:
         self._plan = plan
         try:
-            return prepare_hosts(plan, self._pool, self._caches)
+            return prepare_hosts(plan, self._pool, self._caches, self._firewalls)
         except BaseException:
             self.close()
             raise
@@ -218,6 +220,10 @@ class SSHBackend:
         if lost is not None:  # never wait on a host known lost
             raise SSHError(launch.host, f"{lost.describe()}; nothing starts there again in this run", launch.name)
         python = launch.python
+        # A host back after a loss lost its table with it (its agent's fence): installed again first.
+        refused = self._firewalls.ensure(self._plan, launch.host) if self._plan is not None else None
+        if refused is not None:
+            raise SSHError(launch.host, refused, launch.name)
         note = self._stop_lost_attempt(launch)
         chan = self._pool.agent(launch)
         task = RemoteTask(chan, launch, attempt, self._notify, self._watch.confirm)
@@ -269,7 +275,8 @@ class SSHBackend:
         return not proc.handle.closed.is_set()
 
     def close(self) -> None:
-        """Ends the run's side of every agent, then removes what the run shipped (once)."""
+        """Ends the run's side of every agent, then removes what the run shipped (once) and the
+        run's firewall tables."""
         self._closing.set()
         for task in self._tasks:
             task.close()
@@ -277,6 +284,7 @@ class SSHBackend:
             self._cleaned = True
             # A host known lost keeps its copy (``tfl rm`` removes it once it is back): no wait on it.
             cleanup_hosts(self.resolve(self._plan), self._pool, [h for h in self._caches if self._watch.lost(h) is None])
+        self._firewalls.release(lambda host: self._watch.lost(host) is not None)
         self._pool.close()
 
     def _ensure_pinger(self) -> None:

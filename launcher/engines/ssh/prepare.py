@@ -3,7 +3,8 @@
 ``prepare_hosts``: per host one connection, and per task one agent started ahead; the
 host's first agent also makes the quick checks, says where the host's per-user tfl dir is
 (``hosts.HOST_CACHE``), makes the run's private dirs, unpacks the shipped code and the job
-kit, and imports the kit the way a task will. So a host costs one SSH session per task and
+kit, imports the kit the way a task will, and (with ``ssh.firewall``) installs the run's
+nftables table there. So a host costs one SSH session per task and
 nothing more (each session is a login shell and a python start there), and nothing is
 shipped to a host whose quick checks failed.
 
@@ -22,12 +23,14 @@ from launcher.engines.ssh.wire import agent_request, archives, cleanup_request, 
 from launcher.plan.launch_plan import LaunchPlan
 
 if TYPE_CHECKING:
+    from launcher.engines.ssh.firewall import Firewalls
     from launcher.engines.ssh.pool import HostPool
 
 
-def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str]) -> list[Check]:
+def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str], firewalls: Firewalls) -> list[Check]:
     """Reach every SSH host of the plan at once and get it ready: its checks, or the first
-    failure to reach one raises. ``caches`` gets each ready host's per-user tfl dir."""
+    failure to reach one raises. ``caches`` gets each ready host's per-user tfl dir; a host
+    with ``ssh.firewall`` gets the run's table (``firewall``) last, once all else passed."""
     def reach(host: HostTasks) -> list[Check]:
         first, *rest = [t for t in plan.tasks if t.host == host.host]
         chan = pool.start_agent_ahead(first)
@@ -41,6 +44,9 @@ def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str]) -> l
             raise SSHError(host.host, f"could not unpack the code there ({done['error']}); check hosts.{host.host}.workdir "
                                       "and free disk there, or use --no-sync if the code is already on the host")
         checks += judge_setup(host, done)
+        refused = None if _failed(checks) else firewalls.ensure(plan, host.host)  # before any task starts
+        if refused is not None:
+            checks.append(Check(host.host, "firewall", "fail", refused))
         if _failed(checks):
             return checks
         caches[host.host] = cache

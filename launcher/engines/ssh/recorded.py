@@ -19,6 +19,7 @@ from launcher.describe.hosts import HOST_CACHE, SSHTarget
 from launcher.engines.base import Cleanup, TaskLive
 from launcher.engines.parallel import parallel
 from launcher.engines.ssh.connect import connect
+from launcher.engines.ssh.firewall import unfence
 from launcher.engines.ssh.wire import agent_request, cleanup_request
 from launcher.engines.teardown import teardown
 from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
@@ -118,6 +119,7 @@ def stop(record: RunRecord, grace: float) -> int:
                  wait=lambda s: time.sleep(max(s, 0.2)))
     if not record.state.is_terminal:
         cleanup(record)
+        unfence(record)  # its agents removed the tables when they lost the launcher: this makes sure
     return len(alive)
 
 
@@ -171,6 +173,7 @@ def clean(record: RunRecord) -> Cleanup:
             conn.close()
 
     done = Cleanup()
+    done.left += [f"{host}: {left}" for host, left in unfence(record).items() if left]
     for host, result in zip(hosts, parallel(remove, list(hosts)), strict=True):
         if isinstance(result, Exception):
             done.left.append(f"{host}: {result}; left {', '.join(hosts[host][2])} there")

@@ -32,10 +32,14 @@ if TYPE_CHECKING:
     from launcher.plan.launch_plan import TaskLaunch
 
 HERE = Path(__file__).parent
-AGENT_SOURCES = [(HERE / "node" / "agent_files.py").read_text(), (HERE / "node" / "agent.py").read_text()]
+# The agent's helper modules (as the agent imports them), then the agent itself.
+AGENT_SOURCES = [["tfl_agent_files", (HERE / "node" / "agent_files.py").read_text()],
+                 ["tfl_agent_firewall", (HERE / "node" / "agent_firewall.py").read_text()],
+                 (HERE / "node" / "agent.py").read_text()]
 # The whole remote command line: the agent's sources and its request follow on stdin.
-BOOTSTRAP = ("import sys,json,types;s=json.loads(sys.stdin.readline());m=types.ModuleType('tfl_agent_files');"
-             "exec(s[0],m.__dict__);sys.modules[m.__name__]=m;exec(s[1])  # tfl-agent")
+BOOTSTRAP = ("import sys,json,types;s=json.loads(sys.stdin.readline())\n"
+             "for n,c in s[:-1]:m=sys.modules[n]=types.ModuleType(n);exec(c,m.__dict__)\n"
+             "exec(s[-1])  # tfl-agent")
 MARK = b"\x1etfl\x1e"  # starts each of the agent's answers (agent.MARK)
 LAUNCHER_DIR = HERE.parents[1]
 KIT_FILES = (("__init__.py", "launcher/__init__.py"), ("contract.py", "launcher/contract.py"), ("jobkit", "launcher/jobkit"))

@@ -1,7 +1,8 @@
 """The tfl agent: the one program tfl runs on a remote host (stdlib only, Python >= 3.8).
 
 It is not installed there. The launcher starts ``python -u -c BOOTSTRAP`` over SSH and
-sends this file's source (with ``agent_files.py``, its file work) as the first stdin line,
+sends this file's source (with ``agent_files.py`` and ``agent_firewall.py``, its file and
+firewall work) as the first stdin line,
 then JSON request lines. So the remote command line shows neither the job's arguments nor
 its environment (TF_CONFIG and the TFL_* variables travel in the request, never through
 ``ps`` or a shell).
@@ -29,6 +30,9 @@ Modes of a request:
     The run's private dirs, the shipped code and job kit, the kit's import check / their
     removal at the end / tokens proving shared storage (``tfl doctor``) / a finished run's
     dirs (``tfl rm``: only ones named after the run, no link).
+``fence`` / ``unfence`` (``agent_firewall``)
+    Install the run's nftables table and hold it while the launcher pings, removing it at
+    the end or when the launcher is lost / remove it (``tfl stop``, ``tfl rm``).
 
 Every reply starts with ``MARK``: whatever the login shell printed first (a chatty
 ``~/.bashrc``) comes before it and is skipped. Output of ``run`` is framed on stdout after
@@ -49,10 +53,12 @@ import threading
 import time
 from typing import IO, Any, cast
 
-try:
-    import tfl_agent_files as files  # sent along with this file (launcher.engines.ssh.wire.BOOTSTRAP)
+try:  # sent along with this file (launcher.engines.ssh.wire.BOOTSTRAP)
+    import tfl_agent_files as files
+    import tfl_agent_firewall as firewall
 except ImportError:  # imported in the launcher itself
     from launcher.engines.ssh.node import agent_files as files
+    from launcher.engines.ssh.node import agent_firewall as firewall
 
 MARK = "\x1etfl\x1e"  # starts every reply; launcher.engines.ssh.wire.MARK
 PING_EVERY = 2.0  # seconds between the agent's pings; the launcher expects one at least this often
@@ -201,7 +207,7 @@ def _zombie(pid: int) -> bool:
 def relay(child: subprocess.Popen[bytes], frames: Frames, commands: Commands, request: dict[str, Any]) -> int:
     """Relay output until the leader has exited and its group is gone; kill it if we are lost."""
     heartbeat_timeout, grace = request.get("heartbeat_timeout", 30.0), request.get("grace", 5.0)
-    progress = Progress(request.get("progress_file"))
+    progress = files.Progress(request.get("progress_file"))
     fd, eof, reported = cast(IO[bytes], child.stdout).fileno(), False, False
     code: int | None = None
     pinged = killing = 0.0
@@ -218,7 +224,7 @@ def relay(child: subprocess.Popen[bytes], frames: Frames, commands: Commands, re
             code = child.poll()
             idle = idle and code is None  # once it has exited, drain the pipe before reporting
         if code is not None and idle and not reported:
-            progress.forward(frames, time.monotonic(), final=True)
+            progress.forward(frames.control, time.monotonic(), final=True)
             frames.control({"exit": code})
             reported = True
         if reported and not group_alive(child.pid):
@@ -239,28 +245,7 @@ def relay(child: subprocess.Popen[bytes], frames: Frames, commands: Commands, re
         if now - pinged > PING_EVERY:
             frames.send(b"P", b"")
             pinged = now
-        progress.forward(frames, now)
-
-
-class Progress:
-    """Mirrors the job's progress file to the launcher (for status and stall detection)."""
-
-    def __init__(self, path: str | None) -> None:
-        self.path, self.checked = path, 0.0
-        self.mtime: float | None = None
-
-    def forward(self, frames: Frames, now: float, final: bool = False) -> None:
-        if not self.path or (now - self.checked < 0.5 and not final):
-            return
-        self.checked = now
-        try:
-            mtime = os.stat(self.path).st_mtime
-            if mtime != self.mtime:
-                with open(self.path) as f:
-                    frames.control({"progress": f.read()})
-                self.mtime = mtime
-        except OSError:
-            pass
+        progress.forward(frames.control, now)
 
 
 def _killpg(pgid: int, signum: int) -> None:
@@ -375,7 +360,7 @@ def _gpus() -> list[str] | None:
 
 def main() -> None:
     handlers = {"info": info, "signal": signal_tasks, "probe": probe, "unpack": files.unpack, "storage": files.storage,
-                "cleanup": files.cleanup, "remove": files.remove}
+                "cleanup": files.cleanup, "remove": files.remove, "unfence": firewall.drop}
     while True:
         line = sys.stdin.readline()
         if not line:
@@ -391,8 +376,14 @@ def main() -> None:
             frames.raw(MARK.encode())  # the frames follow it
             code = run(request, frames)
             sys.exit(code if 0 <= code < 256 else 128 - code)
-        sys.stdout.write(MARK + json.dumps(handlers[mode](request)) + "\n")
-        sys.stdout.flush()
+        if mode == "fence":  # holds the run's nftables table on this host until the end (agent_firewall)
+            sys.exit(firewall.hold(request, _answer))
+        _answer(handlers[mode](request))
+
+
+def _answer(message: dict[str, Any]) -> None:
+    sys.stdout.write(MARK + json.dumps(message) + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

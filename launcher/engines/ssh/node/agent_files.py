@@ -6,7 +6,8 @@
   the kit the way a task will;
 - ``kit_probe``: the same import check on a kit sent in a probe (``tfl doctor``);
 - ``storage``: write, read and remove the tokens ``tfl doctor`` proves shared storage with;
-- ``cleanup``: remove what a run shipped, once it has ended.
+- ``cleanup``: remove what a run shipped, once it has ended;
+- ``Progress``: mirror a running task's progress file to the launcher.
 
 A private dir is created 0700 and refused when it is a symlink or belongs to another user:
 whoever controls it could swap the code before it runs. Facts only: the launcher judges them.
@@ -18,7 +19,7 @@ import os
 import stat
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 # shutil, tarfile and tempfile are imported where used: every agent (one per task) loads this
 # module, and only a host's first one unpacks anything.
@@ -261,3 +262,24 @@ def remove(request: dict[str, Any]) -> dict[str, Any]:  # path -> {"removed": by
             except OSError as exc:
                 result[asked] = {"error": "%s: %s" % (type(exc).__name__, exc)}
     return result
+
+
+class Progress:
+    """Mirrors the job's progress file to the launcher (for status and stall detection)."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path, self.checked = path, 0.0
+        self.mtime: float | None = None
+
+    def forward(self, control: Callable[[dict[str, Any]], None], now: float, final: bool = False) -> None:
+        if not self.path or (now - self.checked < 0.5 and not final):
+            return
+        self.checked = now
+        try:
+            mtime = os.stat(self.path).st_mtime
+            if mtime != self.mtime:
+                with open(self.path) as f:
+                    control({"progress": f.read()})
+                self.mtime = mtime
+        except OSError:
+            pass

@@ -1,0 +1,95 @@
+"""The run's firewall, pure parts: the table's name, its rules, the addresses admitted, and the
+one-line refusals of a host that cannot fence (no nft, no root and no sudo, sudo asking a
+password). The netns bed proves the rules on real hosts (``test_firewall_bed``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.engines.ssh import firewall
+from launcher.engines.ssh.connect import SSHError
+from launcher.engines.ssh.node import agent_firewall as agent
+
+
+def test_the_table_is_named_after_the_run_in_letters_digits_and_underscores() -> None:
+    assert firewall.table_name("20261125-2050-ab.cd") == "tfl_20261125_2050_ab_cd"
+    assert firewall.table_name("räte") == "tfl_r_te"
+
+
+def test_the_rules_admit_loopback_and_the_runs_hosts_to_the_task_ports_and_drop_the_rest() -> None:
+    rules = agent.ruleset("tfl_r", "input_ab", [2223, 2222, 2222], ["10.0.0.2", "10.0.0.3"], [])
+    assert "table inet tfl_r {\n  chain input_ab {\n    type filter hook input priority 0; policy accept;" in rules
+    assert rules.splitlines()[:2] == ["table inet tfl_r", "delete table inet tfl_r"]  # an older one replaced, atomically
+    body = [line.strip() for line in rules.splitlines()[5:-2]]
+    assert body == ['iif "lo" tcp dport { 2222, 2223 } accept', "ip saddr { 10.0.0.2, 10.0.0.3 } tcp dport { 2222, 2223 } accept",
+                    "tcp dport { 2222, 2223 } drop"]
+    assert "ip6 saddr { fd00::2 } tcp dport { 5 } accept" in agent.ruleset("t", "c", [5], [], ["fd00::2"])
+
+
+def test_addresses_are_kept_and_names_resolved_here_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+
+    def lookup(host: str, *args: Any, **kwargs: Any) -> list[Any]:
+        asked.append(host)
+        return [(socket.AF_INET, 0, 0, "", ("10.0.0.9", 0)), (socket.AF_INET6, 0, 0, "", ("fd00::9%eth0", 0, 0, 0))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    assert firewall.resolve(["10.0.0.2", "gpu9", "::1", "10.0.0.2"]) == (["10.0.0.2", "10.0.0.9"], ["::1", "fd00::9"])
+    assert asked == ["gpu9"]
+
+
+def test_a_name_that_does_not_resolve_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", fail)
+    with pytest.raises(SSHError) as caught:
+        firewall.resolve(["gpu9"])
+    assert "gpu9" in str(caught.value) and "by address" in str(caught.value)
+
+
+def test_no_nft_is_refused_with_the_package_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TFL_TEST_NFT", "/nonexistent/nft")
+    with pytest.raises(agent.Refused) as caught:
+        agent.nft_argv()
+    assert caught.value.why == "nft not found" and "apt-get install nftables" in caught.value.fix
+
+
+def test_not_root_without_sudo_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    nft = tmp_path / "nft"
+    nft.write_text("#!/bin/sh\n")
+    nft.chmod(0o755)
+    monkeypatch.setenv("TFL_TEST_NFT", str(nft))
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(agent.Refused) as caught:
+        agent.nft_argv()
+    assert "not root and sudo is missing" in caught.value.why and "without a password" in caught.value.fix
+
+
+def test_sudo_asking_a_password_is_refused_with_nopasswd_as_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    sudo = tmp_path / "sudo"
+    sudo.write_text("#!/bin/sh\necho 'sudo: a password is required' >&2\nexit 1\n")
+    sudo.chmod(0o755)
+    monkeypatch.setattr(agent, "nft_argv", lambda: [str(sudo), "-n", "/usr/sbin/nft"])
+    with pytest.raises(agent.Refused) as caught:
+        agent.nft("table inet t\n")
+    assert "sudo asks for a password" in caught.value.why and "NOPASSWD" in caught.value.fix
+    assert agent.drop({"table": "t"}) == {"error": caught.value.why, "fix": caught.value.fix}  # tfl stop / rm say so
+
+
+def test_nfts_own_error_line_is_the_one_reported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    nft = tmp_path / "nft"
+    nft.write_text("#!/bin/sh\nprintf 'Error: Could not process rule: Operation not permitted\\ntable inet t\\n      ^^\\n' >&2\n"
+                   "exit 1\n")
+    nft.chmod(0o755)
+    monkeypatch.setattr(agent, "nft_argv", lambda: [str(nft)])
+    with pytest.raises(agent.Refused) as caught:
+        agent.nft("table inet t\n")
+    assert caught.value.why == "nft failed: Error: Could not process rule: Operation not permitted"
