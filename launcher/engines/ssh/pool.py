@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from launcher.describe.hosts import SSHTarget
 from launcher.engines.ssh.connect import SSHError, connect, open_channel
-from launcher.engines.ssh.wire import agent_command, agent_input
+from launcher.engines.ssh.wire import agent_command, agent_input, python_failure
 from launcher.plan.launch_plan import TaskLaunch
 
 if TYPE_CHECKING:
@@ -62,6 +62,11 @@ class HostPool:
             try:
                 chan.sendall(agent_input(None))
             except (OSError, EOFError) as exc:
+                # The remote command may have ended before its input went: a missing python
+                # exits 127 at once. Say that, as the host's probe would, rather than the symptom.
+                if chan.status_event.wait(5.0) and chan.exit_status != 0:
+                    stderr = chan.recv_stderr(65536) if chan.recv_stderr_ready() else b""
+                    raise SSHError(launch.host, python_failure(launch.python, chan.exit_status, stderr, launch.host)) from None
                 raise SSHError(launch.host, f"the SSH session closed at once ({exc})", launch.name) from None
         return chan
 
