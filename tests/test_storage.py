@@ -98,3 +98,30 @@ def test_by_default_such_a_run_has_no_preemption_restarts_and_says_so(tmp_path: 
     for shared in (plan(TWO_HOSTS, storage={"path": "/mnt/shared"}), plan(TWO_HOSTS, "--model-dir", "/nfs/m"),
                    plan({"chief": ["localhost:1"], "worker": ["localhost:2"]})):
         assert preemption_restarts(shared, None, DEFAULT_MAX_PREEMPTIONS) == (DEFAULT_MAX_PREEMPTIONS, None)
+
+
+def test_resume_of_a_multi_host_run_without_shared_storage_is_refused_in_one_line(tmp_path: Path, tfl_home: Path) -> None:
+    """A resume is a restart of the whole group: the tasks on h2 would find no backup, start again from
+    nothing while the chief resumes, and the group would die in a collective. Refused before any host is asked."""
+    from launcher.records.states import RunState
+    from launcher.records.store import RunRecord, RunStore
+    from launcher.runs.resume import refusal
+
+    def stopped(the_plan: LaunchPlan, run_id: str) -> RunRecord:
+        return RunRecord(run_id=run_id, job="/j.py", job_args=[], run_dir=str(tfl_home / "runs" / run_id), created=1.0,
+                         state=RunState.STOPPED, plan=the_plan.to_dict())
+
+    alone = stopped(plan(TWO_HOSTS), "r1")
+    RunStore(tfl_home).create(alone)
+    result = CliRunner().invoke(app, ["resume", "r1"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.strip() == (
+        "tfl: error: run r1: a resume restores the chief's checkpoint on h1, which the tasks on h2 cannot see (each host "
+        "keeps its model dir on its own disk); launch the job again with storage every host mounts in the cluster file "
+        '("storage": {"path": "/mnt/shared/tfl"}) or a shared --model-dir')
+    assert RunStore(tfl_home).load("r1").state == RunState.STOPPED  # nothing claimed
+    # With storage every host sees, or a shared --model-dir, or on one host, this is no reason to refuse.
+    for shared in (plan(TWO_HOSTS, storage={"path": "/mnt/shared"}), plan(TWO_HOSTS, "--model-dir", "/nfs/m"),
+                   plan({"chief": ["h1:1000"], "worker": ["h1:1001"]})):
+        why = refusal(stopped(shared, "r2"))
+        assert why is None or "cannot see" not in why, why

@@ -22,7 +22,7 @@ def model_dir_given(job_args: tuple[str, ...]) -> bool:
     return any(a == "--model-dir" or a.startswith("--model-dir=") for a in job_args)
 
 
-def _restart_need(plan: LaunchPlan) -> tuple[str, list[str]] | None:
+def restart_need(plan: LaunchPlan) -> tuple[str, list[str]] | None:
     """The chief's host and the other training hosts, when a restarted group could not see the
     chief's backup (remote hosts, no storage they all see); else None."""
     remote = any(t.ssh is not None for t in plan.tasks)
@@ -42,7 +42,7 @@ def _unseen_backup(option: str, need: tuple[str, list[str]]) -> str:
 
 def sharing_need(plan: LaunchPlan, max_restarts: int, max_preemptions: int = 0) -> str | None:
     """Why the plan needs storage every host sees and has none, or None."""
-    restart = _restart_need(plan)
+    restart = restart_need(plan)
     if restart is not None and max_restarts:
         return _unseen_backup(f"--max-restarts {max_restarts}", restart)
     if restart is not None and max_preemptions:
@@ -74,7 +74,7 @@ def preemption_restarts(plan: LaunchPlan, asked: int | None, default: int) -> tu
     if asked is not None:
         check_sharing(plan, 0, asked)
         return asked, None
-    need = _restart_need(plan)
+    need = restart_need(plan)
     if need is None:
         return default, None
     return 0, (f"tfl: no preemption restarts (--max-preemptions 0): the tasks on {', '.join(need[1])} could not see the "

@@ -5,7 +5,8 @@ record and logs, the next attempt (``TFL_ATTEMPT``), so the job kit restores the
 checkpoint (or the last backup) from the same model dir. Whatever ran it runs it again,
 through the backend protocol: ``prepare`` the hosts as a launch does, then the supervisor.
 
-Refused, with the fix, for a run that succeeded, whose launcher still runs, or whose tasks
+Refused, with the fix, for a run that succeeded, whose hosts keep the chief's checkpoint
+where the other hosts' tasks cannot see it (no shared storage), whose launcher still runs, or whose tasks
 still live (a launcher killed with -9 leaves them: ``tfl stop RUN`` first). Two resumes at
 once cannot both win: the claim is made under a lock on the run dir.
 """
@@ -25,6 +26,7 @@ from launcher.engines import registry
 from launcher.errors import UsageError
 from launcher.plan.launch_plan import LaunchPlan
 from launcher.plan.run_options import SupervisorConfig
+from launcher.plan.storage import EXAMPLE, restart_need
 from launcher.records.identity import ProcessIdentity, launcher_identity
 from launcher.records.states import RunState, TaskState
 from launcher.records.store import RestartRecord, RunRecord, RunStore, TaskRecord
@@ -48,6 +50,11 @@ def refusal(record: RunRecord) -> str | None:
         return f"run {run} succeeded: there is nothing to resume (launch the job again for a new run)"
     if not record.plan:
         return f"run {run} has no recorded plan (it never started): launch the job again"
+    unseen = restart_need(recorded_plan(record))
+    if unseen is not None:  # the tasks on the other hosts would start again from nothing, and the group die
+        return (f"run {run}: a resume restores the chief's checkpoint on {unseen[0]}, which the tasks on "
+                f"{', '.join(unseen[1])} cannot see (each host keeps its model dir on its own disk); launch the job "
+                f"again with storage every host mounts in the cluster file ({EXAMPLE}) or a shared --model-dir")
     launcher = launcher_identity(record)
     if not record.state.is_terminal and launcher.elsewhere:
         return f"run {run}: its launcher runs on host {launcher.elsewhere}; resume it there once it has ended"
