@@ -220,8 +220,9 @@ _BASTIONS = _Bastions()
 
 def reach(target: SSHTarget, timeout: float = PROBE_TIMEOUT) -> bool:
     """Whether the host's sshd port answers, asked the way the host is reached (``watch``): a TCP
-    connection, or for a host behind a bastion a ``direct-tcpip`` open from there (refused counts:
-    the host is up). A bastion out of reach: so is the host."""
+    connection (refused counts: the host is up), or for a host behind a bastion a ``direct-tcpip``
+    open from there (OpenSSH's bastion says "Connect failed" for refused and unreachable alike: no
+    answer, unless it says refused). A bastion out of reach: so is the host."""
     import paramiko
 
     try:
