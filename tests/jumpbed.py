@@ -203,8 +203,3 @@ def jumpbed_fixture(count: int, tmp_path_factory: pytest.TempPathFactory) -> Ite
         bed.teardown()
     assert bed.leftovers() == [], f"the jump bed left {bed.leftovers()}"
 
-
-@pytest.fixture
-def jumpbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JumpBed]:
-    """A bastion and four hosts behind it; gone after the test, failed or not, and proven gone."""
-    yield from jumpbed_fixture(4, tmp_path_factory)

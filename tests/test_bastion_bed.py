@@ -7,7 +7,9 @@ every process of its runs gone (the fixtures prove it)."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +18,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.jumpbed import BASTION_ADDRESS, LAUNCHER_ADDRESS, JumpBed, jumpbed, jumpbed_fixture  # noqa: F401
+from tests.jumpbed import BASTION_ADDRESS, LAUNCHER_ADDRESS, JumpBed, jumpbed_fixture
 from tests.procs import pid_alive, tfl_processes
 from tests.test_lost_hosts import LOOPS, LOST, tasks_up
 from tests.test_ssh import only_run, wait_for, write_job
@@ -66,27 +68,45 @@ def test_a_launch_on_hosts_behind_a_bastion_goes_through_one_connection_to_it(
 
 def test_a_cut_host_behind_the_bastion_is_named_lost_and_no_other(
         jumpbed: JumpBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
-    cut = jumpbed.addresses[2]
+    """Another host falls silent at the same time (its agent frozen): the probe asks it through the
+    bastion and hears it, so it is not called lost; dialled straight (unreachable) it would be."""
+    silent, cut = jumpbed.addresses[1], jumpbed.addresses[2]
     cluster = jumpbed.cluster_file(tmp_path / "cluster.json", tasks_for(jumpbed), sys.executable,
                                    ssh={"jump": BASTION_ADDRESS, "fence_after": FENCE})
     launcher = subprocess.Popen(jumpbed.launcher_argv("launch", str(write_job(tmp_path / "src", LOOPS)), "--cluster",
                                                       str(cluster)),
                                 env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    frozen = _agents(jumpbed, silent)
     try:
         pids = tasks_up(tfl_home, len(jumpbed.hosts), launcher)
+        frozen = _agents(jumpbed, silent)
+        assert frozen
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
         jumpbed.cut(cut)
         out, err = launcher.communicate(timeout=120)
     finally:
         launcher.kill()
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)  # it reads the end of its session and stops its task
     assert launcher.returncode == 1, err[-3000:]
     named = {m[0] for m in LOST.findall(err)}
-    assert named == {cut}, err[-3000:]  # probed through the bastion: the others answer
+    assert named == {cut}, err[-3000:]  # the silent host answered through the bastion
     summary = err[err.index(" failed after "):]
     assert f"root cause: worker:1 on {cut}" in summary, summary
     # its agent's dead-man timer stops the cut host's task, with no word from tfl
     wait_for(lambda: not pid_alive(pids["worker:1"]), timeout=FENCE + 30)
     jumpbed.join(cut)
-    assert tfl_processes(run_id=only_run(tfl_home)) == []
+    wait_for(lambda: tfl_processes(run_id=only_run(tfl_home)) == [], timeout=FENCE + 30)
+
+
+def _agents(bed: JumpBed, address: str) -> list[int]:
+    def cmdline(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            return ""
+    return [p for p in bed.pids(bed.host(address).netns) if "tfl-agent" in cmdline(p)]
 
 
 def test_an_unknown_bastion_key_is_refused_in_one_line_naming_the_bastion_and_the_fix(
@@ -140,6 +160,12 @@ def _record(home: Path, run: str) -> dict[str, list[dict[str, object]]]:
 
 
 @pytest.fixture
+def jumpbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JumpBed]:
+    """A bastion and four hosts behind it; gone after the test, failed or not, and proven gone."""
+    yield from jumpbed_fixture(4, tmp_path_factory)
+
+
+@pytest.fixture
 def jumpbed64(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JumpBed]:
     yield from jumpbed_fixture(64, tmp_path_factory)
 
@@ -151,3 +177,28 @@ def test_64_hosts_behind_one_bastion_with_default_maxstartups(
     assert done.returncode == 0, done.stderr[-3000:]
     assert 1 <= bastion_logins(jumpbed64) <= 3
     print(f"launch through the bastion, 64 hosts: {took:.1f} s, {bastion_logins(jumpbed64)} bastion logins")
+
+
+@pytest.mark.slow
+def test_a_cut_host_among_64_behind_one_bastion_is_named_and_no_other(
+        jumpbed64: JumpBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    cut = jumpbed64.addresses[40]
+    cluster = jumpbed64.cluster_file(tmp_path / "cluster.json", tasks_for(jumpbed64), sys.executable,
+                                     ssh={"jump": BASTION_ADDRESS, "fence_after": FENCE})
+    launcher = subprocess.Popen(jumpbed64.launcher_argv("launch", str(write_job(tmp_path / "src", LOOPS)), "--cluster",
+                                                        str(cluster)),
+                                env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pids = tasks_up(tfl_home, len(jumpbed64.hosts), launcher)
+        when = jumpbed64.cut(cut)
+        out, err = launcher.communicate(timeout=300)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 1, err[-3000:]
+    assert {m[0] for m in LOST.findall(err)} == {cut}, err[-3000:]
+    assert 1 <= bastion_logins(jumpbed64) <= 3
+    wait_for(lambda: not pid_alive(pids["worker:39"]), timeout=FENCE + 30)
+    jumpbed64.join(cut)
+    wait_for(lambda: tfl_processes(run_id=only_run(tfl_home)) == [], timeout=FENCE + 30)
+    silent = max(int(m[2]) for m in LOST.findall(err))
+    print(f"64 hosts behind a bastion: the cut host named after {silent} s of silence ({time.time() - when:.0f} s to the run's end)")
