@@ -73,22 +73,28 @@ def test_a_cut_host_behind_the_bastion_is_named_lost_and_no_other(
     silent, cut = jumpbed.addresses[1], jumpbed.addresses[2]
     cluster = jumpbed.cluster_file(tmp_path / "cluster.json", tasks_for(jumpbed), sys.executable,
                                    ssh={"jump": BASTION_ADDRESS, "fence_after": FENCE})
-    launcher = subprocess.Popen(jumpbed.launcher_argv("launch", str(write_job(tmp_path / "src", LOOPS)), "--cluster",
-                                                      str(cluster)),
-                                env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    frozen = _agents(jumpbed, silent)
+    errors = tmp_path / "stderr.txt"
+    with errors.open("w") as err_file:
+        launcher = subprocess.Popen(jumpbed.launcher_argv("launch", str(write_job(tmp_path / "src", LOOPS)), "--cluster",
+                                                          str(cluster)),
+                                    env=child_env, stdout=subprocess.DEVNULL, stderr=err_file, text=True)
+    frozen: list[int] = []
     try:
         pids = tasks_up(tfl_home, len(jumpbed.hosts), launcher)
         frozen = _agents(jumpbed, silent)
         assert frozen
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
-        jumpbed.cut(cut)
-        out, err = launcher.communicate(timeout=120)
+        jumpbed.cut(cut)  # the frozen host went silent first: it is asked first
+        wait_for(lambda: launcher.poll() is not None or f"host {cut} unreachable" in errors.read_text(), timeout=120)
     finally:
-        launcher.kill()
         for pid in frozen:
-            os.kill(pid, signal.SIGCONT)  # it reads the end of its session and stops its task
+            os.kill(pid, signal.SIGCONT)  # the run is ending: its agent hears the end of its session
+        try:
+            launcher.wait(120)
+        finally:
+            launcher.kill()
+    err = errors.read_text()
     assert launcher.returncode == 1, err[-3000:]
     named = {m[0] for m in LOST.findall(err)}
     assert named == {cut}, err[-3000:]  # the silent host answered through the bastion
