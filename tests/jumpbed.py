@@ -164,7 +164,8 @@ def _make_network(bed: JumpBed, count: int) -> None:
     _batch([], root)
     for netns, commands in inside.items():
         _batch(["-n", netns], commands)
-    subprocess.run(["ip", "netns", "exec", B, "sysctl", "-qw", "net.ipv4.ip_forward=0"], check=True)
+    # the bastion forwards no packet: only its sshd's channels reach the hosts
+    subprocess.run(["ip", "netns", "exec", B, "sh", "-c", "echo 0 > /proc/sys/net/ipv4/ip_forward"], check=True)
 
 
 def _batch(options: list[str], commands: list[str]) -> None:

@@ -78,7 +78,7 @@ def _open(target: SSHTarget, jump: Jump | None) -> Connection:
     try:
         if jump is not None:
             conn._bastion = hold = _BASTIONS.acquire(jump, target.host)
-            conn._sock = _forward(hold, conn.host, conn.port, target.connect_timeout)
+            conn._sock = _forward(hold, target.host, (conn.host, conn.port), target.connect_timeout)
             conn.connect_kwargs["sock"] = conn._sock
         give_keys(conn.client, target.known_hosts_file, conn.host if conn.port == 22 else f"[{conn.host}]:{conn.port}")
         conn.open()
@@ -137,15 +137,17 @@ def _connection_class() -> Any:
     return _CLASS[0]
 
 
-def _forward(hold: _Hold, host: str, port: int, timeout: float) -> Channel:
-    """A ``direct-tcpip`` channel from the bastion to ``host:port``: the socket of its connection."""
+def _forward(hold: _Hold, host: str, dest: tuple[str, int], timeout: float) -> Channel:
+    """A ``direct-tcpip`` channel from the bastion to ``dest`` (``host``'s HostName and port): the
+    socket of its connection."""
     import paramiko
 
+    port = dest[1]
     transport = hold.conn.client.get_transport()
     if transport is None or not transport.is_active():
         raise EOFError("the connection to the bastion was lost")  # a drop: the next try opens it again
     try:
-        return transport.open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout)
+        return transport.open_channel("direct-tcpip", dest, ("127.0.0.1", 0), timeout=timeout)
     except paramiko.ChannelException as exc:
         if exc.code == paramiko.common.OPEN_FAILED_RESOURCE_SHORTAGE:
             raise
