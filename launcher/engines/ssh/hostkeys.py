@@ -46,7 +46,8 @@ class UnknownHostKey(Exception):
     """The host's key is not in known_hosts (and new keys are not accepted)."""
 
 
-def _signature(path: str) -> tuple[int, int, int] | None:
+def signature(path: str) -> tuple[int, int, int] | None:
+    """A file's inode, size and mtime: what changes when it is written or replaced (None: no file)."""
     try:
         st = os.stat(path)
     except OSError:
@@ -54,8 +55,8 @@ def _signature(path: str) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _parse(path: str, signature: tuple[int, int, int]) -> _Parsed:
-    parsed = _Parsed(signature)
+def _parse(path: str, stamp: tuple[int, int, int]) -> _Parsed:
+    parsed = _Parsed(stamp)
     PARSES[0] += 1
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
@@ -83,13 +84,13 @@ def _add_line(parsed: _Parsed, number: int, line: str) -> None:
 def _current(path: str) -> _Parsed | None:
     """The file as parsed now (read again only when it changed); None when there is none."""
     with _LOCK:
-        signature = _signature(path)
-        if signature is None:
+        stamp = signature(path)
+        if stamp is None:
             _CACHE.pop(path, None)
             return None
         parsed = _CACHE.get(path)
-        if parsed is None or parsed.signature != signature:
-            parsed = _CACHE[path] = _parse(path, signature)
+        if parsed is None or parsed.signature != stamp:
+            parsed = _CACHE[path] = _parse(path, stamp)
         return parsed
 
 
@@ -130,11 +131,11 @@ def append(path: str, name: str, keytype: str, blob: str) -> None:
     file = Path(path)
     file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with _LOCK:
-        before = _signature(path)
+        before = signature(path)
         with file.open("a") as f:
             f.write(f"{name} {keytype} {blob}\n")
         parsed = _CACHE.get(path)
-        after = _signature(path)
+        after = signature(path)
         if parsed is not None and before == parsed.signature and after is not None:
             parsed.lines += 1
             _add_line(parsed, parsed.lines, f"{name} {keytype} {blob}")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.describe.hosts import SSHTarget
+from launcher.engines.ssh.hostkeys import signature
 
 DEFAULT_CONFIGS = ("~/.ssh/config", "/etc/ssh/ssh_config")
 
@@ -40,26 +41,18 @@ def ssh_config(path: str | None) -> Any:
     import paramiko
 
     paths = tuple(os.path.expanduser(p) for p in ((path,) if path else DEFAULT_CONFIGS))
-    signature = tuple(_stat(p) for p in paths)
+    stamp = tuple(signature(p) for p in paths)
     with _LOCK:
         cached = _CONFIGS.get(paths)
-        if cached is not None and cached[0] == signature:
+        if cached is not None and cached[0] == stamp:
             return cached[1]
         config = paramiko.SSHConfig()
         for p in paths:
             if os.path.isfile(p):
                 with open(p, encoding="utf-8", errors="replace") as f:
                     config.parse(f)
-        _CONFIGS[paths] = (signature, config)
+        _CONFIGS[paths] = (stamp, config)
         return config
-
-
-def _stat(path: str) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def hostname(target: SSHTarget) -> str:
