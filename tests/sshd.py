@@ -72,10 +72,13 @@ def _keygen(path: Path) -> None:
 
 
 def start_sshd(directory: Path, hosts: tuple[str, ...] = HOSTS, keys_from: Sshd | None = None,
-               namespace: tuple[Path, Path] | None = None, netns: str | None = None, port: int | None = None) -> Sshd:
+               namespace: tuple[Path, Path] | None = None, netns: str | None = None, port: int | None = None,
+               max_startups: str | None = "64", wait: bool = True) -> Sshd:
     """``keys_from``: reuse that sshd's keys (one known_hosts for both). ``namespace`` (source,
     target): run in a mount namespace of its own where ``source`` is bind-mounted on ``target``.
-    ``netns``: run in that network namespace (``tests.netbed``'s hosts), on ``port`` (default: a free one)."""
+    ``netns``: run in that network namespace (``tests.netbed``'s hosts), on ``port`` (default: a free one).
+    ``max_startups``: sshd's MaxStartups (None: sshd's default, 10:30:100). ``wait``: until it listens
+    (connecting from here; a host this namespace cannot reach is waited for by its caller)."""
     directory.mkdir(parents=True, exist_ok=True)
     if keys_from is None:
         _keygen(directory / "host_ed25519")
@@ -93,7 +96,7 @@ def start_sshd(directory: Path, hosts: tuple[str, ...] = HOSTS, keys_from: Sshd 
         f"HostKey {directory / 'host_ed25519'}", f"PidFile {directory / 'sshd.pid'}",
         f"AuthorizedKeysFile {directory / 'authorized_keys'}",
         "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-        "StrictModes no", "UsePAM no", "MaxSessions 64", "MaxStartups 64", "LogLevel VERBOSE",
+        "StrictModes no", "UsePAM no", "MaxSessions 64", *([f"MaxStartups {max_startups}"] if max_startups else []), "LogLevel VERBOSE",
         *(f"Match LocalAddress {h}\n  SetEnv HOME={directory / f'home-{h}'}" for h in hosts), "",
     ]))
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege separation dir
@@ -108,7 +111,8 @@ def start_sshd(directory: Path, hosts: tuple[str, ...] = HOSTS, keys_from: Sshd 
     host_key_line = " ".join((directory / "host_ed25519.pub").read_text().split()[:2])
     server = Sshd(directory, port, directory / "client_key", directory / "known_hosts", host_key_line, proc, hosts)
     server.known_hosts_for(hosts, server.known_hosts)
-    _wait_listening(server)
+    if wait:
+        _wait_listening(server)
     return server
 
 

@@ -126,6 +126,33 @@ def check_host(host: str) -> str:
     return host
 
 
+def split_jump(text: str) -> tuple[str | None, str, int | None]:
+    """A jump host as ssh's ProxyJump writes one, ``[user@]host[:port]`` (``[v6]:port``, an
+    ``ssh://`` prefix): (user or None, host, port or None). Raises ValueError with the fix."""
+    fix = "write one bastion as '[user@]host[:port]', e.g. 'train@bastion.example.com:2222'"
+    if "," in text:
+        raise ValueError(f"{shown(text)} names a chain of jump hosts; tfl goes through one bastion: {fix}")
+    rest = text.removeprefix("ssh://")
+    user, at, rest = rest.rpartition("@")
+    if at and not _USER.fullmatch(user):
+        raise ValueError(f"{shown(text)}: {shown(user)} is not a user name; {fix}")
+    match = re.fullmatch(r"\[(?P<v6>[^\]]+)\](?::(?P<p1>[^:]*))?|(?P<host>[^:\[\]]*)(?::(?P<p2>[^:]*))?", rest)
+    host = (match["v6"] or match["host"] or "") if match else ""
+    if not match or not valid_host(host, bracketed=bool(match["v6"])):
+        raise ValueError(f"{shown(text)} is not a host name or IP address with an optional user and port; {fix}")
+    port = match["p1"] if match["v6"] else match["p2"]
+    try:
+        return (user or None), host, (parse_port(port) if port is not None else None)
+    except ValueError as exc:
+        raise ValueError(f"{shown(text)}: {exc}") from None
+
+
+def check_jump(text: str) -> str:
+    if text != "none":
+        split_jump(text)
+    return text
+
+
 HOST_FIX = " (write a name like gpu1.example.com, or an IP address: 10.0.0.1, ::1)"
 
 
@@ -246,3 +273,4 @@ EnvValue = Annotated[str, AfterValidator(check_env_value)]
 PathText = Annotated[str, AfterValidator(check_path)]
 UserName = Annotated[str, AfterValidator(check_user)]
 HostName = Annotated[str, AfterValidator(check_host)]
+JumpText = Annotated[str, AfterValidator(check_jump)]

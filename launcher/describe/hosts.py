@@ -93,6 +93,8 @@ class SSHTarget:
     accept_new_host_keys: bool = False
     fence_after: float = 30.0  # the agent's dead-man timer: no word from us for this long, it stops its task
     firewall: bool = False  # the run's nftables table on the host: its task ports reached only from the run's hosts
+    jump: str | None = None  # a bastion, "[user@]host[:port]"; "none": straight, whatever the ssh config says
+    config: str | None = None  # the OpenSSH client config (None: ~/.ssh/config, then /etc/ssh/ssh_config)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -118,7 +120,9 @@ class SSHTarget:
         key = f", key {self.identity_file}" if self.identity_file else ""
         accept = ", accepting new host keys" if self.accept_new_host_keys else ""
         fenced = ", task ports fenced (nftables)" if self.firewall else ""
-        return f"{self}{key}, known_hosts {self.known_hosts or '~/.ssh/known_hosts'}{accept}{fenced}"
+        jump = f", via bastion {self.jump}" if self.jump and self.jump != "none" else ""
+        config = f", ssh config {self.config}" if self.config else ""
+        return f"{self}{key}, known_hosts {self.known_hosts or '~/.ssh/known_hosts'}{accept}{fenced}{jump}{config}"
 
 
 @dataclass(frozen=True)

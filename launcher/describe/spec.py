@@ -24,6 +24,7 @@ from launcher.describe.fields import (
     EnvName,
     EnvValue,
     HostName,
+    JumpText,
     PathText,
     UserName,
     describe_error,
@@ -107,6 +108,14 @@ class SSHSettings(_Strict):
     firewall: bool = Field(False, description="fence the task ports with an nftables table of the run's own on each "
                                               "host: only the run's hosts reach them (needs nft, and root or "
                                               "passwordless sudo there; docs/security.md)")
+    jump: JumpText | None = Field(None, description="a bastion (jump host) the host is reached through, "
+                                                    "'[user@]host[:port]' (user default: ssh.user): one connection "
+                                                    "to it carries every host behind it, its key is checked against "
+                                                    "known_hosts like theirs; 'none': straight, whatever the ssh "
+                                                    "config's ProxyJump says (docs/ssh.md#bastions-jump-hosts)")
+    config: PathText | None = Field(None, description="the OpenSSH client config whose HostName, User, Port (of a "
+                                                      "bastion), IdentityFile and ProxyJump apply (default: "
+                                                      "~/.ssh/config, then /etc/ssh/ssh_config)")
 
 
 class HostSettings(_Strict):

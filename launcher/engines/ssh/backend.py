@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any, Callable
 from launcher.contract import ATTEMPT, PROGRESS_FILE
 from launcher.engines.base import Cleanup, TaskLive, TaskProcess
 from launcher.engines.preflight import Check, HostTasks
-from launcher.engines.ssh.connect import SSHError
+from launcher.engines.ssh.connect import SSHError, reach
 from launcher.engines.ssh.firewall import Firewalls
 from launcher.engines.ssh.pool import HEARTBEAT_TIMEOUT, HostPool
 from launcher.engines.ssh.prepare import cleanup_hosts, prepare_hosts
 from launcher.engines.ssh.probe import probe_hosts
 from launcher.engines.ssh.restart import PREDECESSOR_WAIT, stop_lost_attempt
-from launcher.engines.ssh.watch import CHECK_EVERY, HostWatch
+from launcher.engines.ssh.watch import CHECK_EVERY, HostWatch, reachable
 from launcher.engines.ssh.wire import MARK, agent_request, python_failure
 from launcher.files import open_private, write_atomic
 from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
@@ -192,8 +192,13 @@ class SSHBackend:
         self._closing = threading.Event()
         self._pinger: threading.Thread | None = None
         self._pinger_lock = threading.Lock()
-        self._watch = HostWatch(notify)
+        self._watch = HostWatch(notify, probe=self._reach)
         self._firewalls = Firewalls(self._pool)
+
+    def _reach(self, host: str, port: int) -> bool:
+        """The lost-host probe, the way the host is reached: straight, or through its bastion."""
+        target = next((t.ssh for t in self._plan.tasks if t.host == host and t.ssh), None) if self._plan else None
+        return reach(target) if target is not None else reachable(host, port)
 
     # --- before a run -------------------------------------------------------------------
     def probe(self, hosts: Sequence[HostTasks], *, quick: bool) -> list[Check]:

@@ -1,29 +1,47 @@
-"""SSH connections to the hosts of a plan: fabric, strict host keys, one-line errors.
+"""SSH connections to the hosts of a plan: fabric, strict host keys, bastions, retries, one-line errors.
 
 fabric (and paramiko under it) is imported on first connect only, so nothing that merely
 imports this module (``tfl status`` of a local run, ``--help``) pays for it.
 
-Host keys are checked against known_hosts, always. fabric's default would add any unknown
-host silently (AutoAddPolicy); here an unknown host is refused with the command that
-fixes it, unless the user opted in to accepting *new* keys. A changed key is never
-accepted. Every failure becomes an ``SSHError`` naming the host, the cause and the fix.
+Host keys are checked against known_hosts, always (``hostkeys``: the file is read once per
+process). fabric's default would add any unknown host silently (AutoAddPolicy); here an
+unknown host is refused with the command that fixes it, unless the user opted in to
+accepting *new* keys. A changed key is never accepted. Every failure becomes an ``SSHError``
+naming the host, the cause and the fix.
+
+A host behind a bastion (``jump``: ``ssh.jump`` or the ssh config's ProxyJump) is reached
+through a ``direct-tcpip`` channel of the one connection this process holds to that bastion
+(``_Bastions``), shared by every host behind it and closed with the last of them; the
+bastion's key is checked like any host's. An open that an sshd drops before its greeting
+(MaxStartups: too many connections at once) is tried again, ``TRIES`` times in all with
+jittered exponential backoff. A failed open leaves nothing open: fabric closes only a
+connected client, so ``TflConnection.close`` closes the rest (the client's transport, the
+channel, its hold on the bastion).
 """
 
 from __future__ import annotations
 
 import os
+import random
 import socket
 import threading
-from pathlib import Path
+import time
 from typing import TYPE_CHECKING, Any
 
 from launcher.describe.hosts import SSHTarget
+from launcher.engines.ssh.hostkeys import UnknownHostKey, give_keys, policy
+from launcher.engines.ssh.jump import Jump, hostname, jump_for, ssh_config
+from launcher.engines.ssh.watch import PROBE_TIMEOUT, reachable
 from launcher.errors import LaunchError
 
 if TYPE_CHECKING:
     from fabric import Connection
     from paramiko import Channel
 
+TRIES = 5  # opens of one connection that an sshd dropped before its greeting
+BACKOFF = 0.3  # s before the second try; doubled for each next one, at most BACKOFF_CAP, jittered
+BACKOFF_CAP = 4.0
+_sleep = time.sleep  # the tests' hook
 
 
 class SSHError(LaunchError):
@@ -36,60 +54,224 @@ class SSHError(LaunchError):
 
 def connect(target: SSHTarget) -> Connection:
     """An open, authenticated connection, or an ``SSHError`` with the fix."""
-    import paramiko
-    from fabric import Connection
-
     key = os.path.expanduser(target.identity_file) if target.identity_file else None
     if key and not os.path.isfile(key):
         raise SSHError(target.host, f"identity file {key} not found (fix ssh.identity_file in the cluster file)")
+    try:
+        jump = jump_for(target)
+    except ValueError as exc:
+        raise SSHError(target.host, f"{exc}") from None
+    for attempt in range(1, TRIES + 1):
+        try:
+            return _open(target, jump)
+        except SSHError:
+            raise
+        except Exception as exc:  # paramiko raises many unrelated types; each becomes one line
+            if not _dropped(exc) or attempt == TRIES:
+                raise _explain(target, exc, jump) from None
+        _sleep(min(BACKOFF_CAP, BACKOFF * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0))
+    raise AssertionError("unreachable")
+
+
+def _open(target: SSHTarget, jump: Jump | None) -> Connection:
+    conn = _connection(target, jump)
+    try:
+        if jump is not None:
+            conn._bastion = hold = _BASTIONS.acquire(jump, target.host)
+            conn._sock = _forward(hold, target.host, (conn.host, conn.port), target.connect_timeout)
+            conn.connect_kwargs["sock"] = conn._sock
+        give_keys(conn.client, target.known_hosts_file, conn.host if conn.port == 22 else f"[{conn.host}]:{conn.port}")
+        conn.open()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _connection(target: SSHTarget, jump: Jump | None) -> Connection:
+    from fabric import Config
+
+    key = os.path.expanduser(target.identity_file) if target.identity_file else None
     timeout = target.connect_timeout
     # With an explicit key, only that key is offered (like ssh's IdentitiesOnly): no surprises
     # from whatever an ssh-agent or ~/.ssh happens to hold.
     kwargs: dict[str, Any] = {"banner_timeout": timeout, "auth_timeout": timeout}
     if key:
         kwargs.update(key_filename=[key], allow_agent=False, look_for_keys=False)
-    conn = Connection(target.host, user=target.user, port=target.port, connect_timeout=max(1, round(timeout)),
-                      connect_kwargs=kwargs)
-    conn.client.set_missing_host_key_policy(_host_key_policy(target))
-    known = target.known_hosts_file
-    if os.path.isfile(known):
-        conn.client.load_system_host_keys(known)  # read-only: never rewritten behind the user's back
-    try:
-        conn.open()
-    except Exception as exc:  # paramiko raises many unrelated types; each becomes one line
-        conn.close()
-        raise _explain(target, exc, paramiko) from None
+    # gateway=False: never fabric's own gateway (a ProxyJump would open one bastion connection
+    # per host); None leaves a ProxyCommand of the ssh config to fabric, as before.
+    gateway = False if jump is not None or target.jump == "none" else None
+    conn = _connection_class()(target.host, user=target.user, port=target.port, connect_timeout=max(1, round(timeout)),
+                               connect_kwargs=kwargs, gateway=gateway, config=Config(ssh_config=ssh_config(target.config)))
+    conn.client.set_missing_host_key_policy(policy(target.known_hosts_file, target.accept_new_host_keys))
     return conn
 
 
-class UnknownHostKey(Exception):
-    pass
+_CLASS: list[Any] = []
 
 
-def _host_key_policy(target: SSHTarget) -> Any:
+def _connection_class() -> Any:
+    if not _CLASS:
+        from fabric import Connection
+
+        class TflConnection(Connection):  # type: ignore[misc]
+            """fabric's Connection; ``close`` also closes what a failed open left, and lets go of the bastion."""
+
+            # Class attributes: invoke's DataProxy stores only names it knows as real attributes.
+            _bastion: _Hold | None = None
+            _sock: Any = None
+
+            def close(self) -> None:
+                try:
+                    super().close()
+                    self.client.close()  # a transport left by a failed open (fabric skips it)
+                finally:
+                    sock, self._sock = self._sock, None
+                    if sock is not None:
+                        sock.close()
+                    hold, self._bastion = self._bastion, None
+                    if hold is not None:
+                        _BASTIONS.release(hold)
+
+        _CLASS.append(TflConnection)
+    return _CLASS[0]
+
+
+def _forward(hold: _Hold, host: str, dest: tuple[str, int], timeout: float) -> Channel:
+    """A ``direct-tcpip`` channel from the bastion to ``dest`` (``host``'s HostName and port): the
+    socket of its connection."""
     import paramiko
 
-    class Reject(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
-        def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
-            raise UnknownHostKey(f"{key.get_name()} {key.fingerprint}")
-
-    class AcceptNew(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
-        """ssh's StrictHostKeyChecking=accept-new: remember an unknown host's key."""
-
-        def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
-            path = Path(target.known_hosts_file)
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with _KNOWN_HOSTS_LOCK, path.open("a") as f:
-                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-
-    return AcceptNew() if target.accept_new_host_keys else Reject()
-
-
-_KNOWN_HOSTS_LOCK = threading.Lock()
+    port = dest[1]
+    transport = hold.conn.client.get_transport()
+    if transport is None or not transport.is_active():
+        raise EOFError("the connection to the bastion was lost")  # a drop: the next try opens it again
+    try:
+        return transport.open_channel("direct-tcpip", dest, ("127.0.0.1", 0), timeout=timeout)
+    except paramiko.ChannelException as exc:
+        if exc.code == paramiko.common.OPEN_FAILED_RESOURCE_SHORTAGE:
+            raise
+        raise SSHError(host, f"bastion {hold.name} could not reach {host}:{port} ({exc.text}); is the host up, and "
+                             "is its sshd on ssh.port?") from None
+    except paramiko.SSHException as exc:
+        raise SSHError(host, f"no answer from {host}:{port} through bastion {hold.name} within {timeout:g} s ({exc}); "
+                             "check the host, or raise ssh.connect_timeout") from None
 
 
-def _explain(target: SSHTarget, exc: Exception, paramiko: Any) -> SSHError:
+class _Hold:
+    """One open connection to a bastion, and how many connections ride on it."""
+
+    def __init__(self, jump: Jump, conn: Connection) -> None:
+        self.key, self.name, self.conn, self.users = jump.bastion, jump.bastion.host, conn, 1
+
+    def active(self) -> bool:
+        transport = self.conn.client.get_transport()
+        return transport is not None and bool(transport.is_active())
+
+
+class _Bastions:
+    """The process's connections to bastions: one per bastion, opened by the first host behind it
+    and closed with the last. Hosts that waited on an open that failed get its answer, not a try each."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[SSHTarget, _Hold] = {}
+        self._gates: dict[SSHTarget, threading.Lock] = {}
+        self._tries: dict[SSHTarget, int] = {}
+        self._failed: dict[SSHTarget, tuple[int, str]] = {}
+
+    def acquire(self, jump: Jump, host: str) -> _Hold:
+        key = jump.bastion
+        with self._lock:
+            gate = self._gates.setdefault(key, threading.Lock())
+            seen = self._tries.get(key, 0)
+        with gate:
+            with self._lock:
+                hold = self._open.get(key)
+                if hold is not None and hold.active():
+                    hold.users += 1
+                    return hold
+                failed = self._failed.get(key)
+                if failed is not None and failed[0] > seen:  # tried while we waited: its answer is ours
+                    raise SSHError(host, failed[1])
+                attempt = self._tries[key] = self._tries.get(key, 0) + 1
+            try:
+                conn = connect(key)
+            except SSHError as exc:
+                message = f"{jump.describe()}: {exc.cause}"
+                with self._lock:
+                    self._failed[key] = (attempt, message)
+                raise SSHError(host, message) from None
+            hold = _Hold(jump, conn)
+            with self._lock:
+                self._open[key] = hold
+            return hold
+
+    def release(self, hold: _Hold) -> None:
+        with self._lock:
+            hold.users -= 1
+            if hold.users > 0:
+                return
+            if self._open.get(hold.key) is hold:
+                del self._open[hold.key]
+        hold.conn.close()
+
+
+_BASTIONS = _Bastions()
+
+
+def reach(target: SSHTarget, timeout: float = PROBE_TIMEOUT) -> bool:
+    """Whether the host's sshd port answers, asked the way the host is reached (``watch``): a TCP
+    connection (refused counts: the host is up), or for a host behind a bastion a ``direct-tcpip``
+    open from there (OpenSSH's bastion says "Connect failed" for refused and unreachable alike: no
+    answer, unless it says refused). A bastion out of reach: so is the host."""
+    import paramiko
+
+    try:
+        jump = jump_for(target)
+    except ValueError:
+        jump = None
+    if jump is None:
+        return reachable(target.host, target.port, timeout)
+    try:
+        hold = _BASTIONS.acquire(jump, target.host)
+    except SSHError:
+        return False
+    try:
+        transport = hold.conn.client.get_transport()
+        transport.open_channel("direct-tcpip", (hostname(target), target.port), ("127.0.0.1", 0), timeout=timeout).close()
+        return True
+    except paramiko.ChannelException as exc:
+        return "refused" in str(exc.text).lower()
+    except (paramiko.SSHException, OSError, EOFError, AttributeError):
+        return False
+    finally:
+        _BASTIONS.release(hold)
+
+
+_DROPS = (EOFError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+
+
+def _dropped(exc: BaseException) -> bool:
+    """An open the far side closed before its greeting (sshd's MaxStartups), or a bastion short of channels."""
+    import paramiko
+
+    if isinstance(exc, paramiko.ChannelException):
+        return bool(exc.code == paramiko.common.OPEN_FAILED_RESOURCE_SHORTAGE)
+    if isinstance(exc, (UnknownHostKey, paramiko.BadHostKeyException, paramiko.AuthenticationException)):
+        return False
+    return any(isinstance(e, _DROPS) for e in (exc, exc.__context__, exc.__cause__))
+
+
+def _explain(target: SSHTarget, exc: Exception, jump: Jump | None) -> SSHError:
+    import paramiko
+
     host, port, known = target.host, target.port, target.known_hosts_file
+    if _dropped(exc):
+        via = f" (through {jump.describe()})" if jump else ""
+        return SSHError(host, f"sshd on {target.address}{via} closed the connection before its greeting, {TRIES} times "
+                              "(more connections at once than its MaxStartups lets in?); try again, or raise MaxStartups "
+                              "in its sshd_config")
     if isinstance(exc, UnknownHostKey):
         keyscan = f"ssh-keyscan -p {port} {host} >> {known}" if port != 22 else f"ssh-keyscan {host} >> {known}"
         return SSHError(host, f"host key of {target.address} is not in {known} ({exc}); refusing an unknown host: "
