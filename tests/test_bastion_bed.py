@@ -66,6 +66,7 @@ def test_a_launch_on_hosts_behind_a_bastion_goes_through_one_connection_to_it(
     print(f"launch through the bastion, {len(jumpbed.hosts)} hosts: {took:.1f} s, {bastion_logins(jumpbed)} bastion logins")
 
 
+@pytest.mark.slow  # ~55 s: the run's teardown waits out the frozen agent; the inner loop keeps the other bastion tests
 def test_a_cut_host_behind_the_bastion_is_named_lost_and_no_other(
         jumpbed: JumpBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
     """Another host falls silent at the same time (its agent frozen): the probe asks it through the
