@@ -147,7 +147,8 @@ def test_status_during_training_shows_the_run_and_its_tasks(tour: Tour) -> None:
     rows = {line.split()[0]: line.split() for line in lines[header + 1:]}
     assert set(rows) == {"chief:0", "worker:0", "evaluator:0"}, lines
     assert all(row[2] == "running" for row in rows.values()), lines
-    assert " ".join(rows["chief:0"]).count(f"epoch 1/{EPOCHS} step ") == 1, lines  # held at step 6 of 10: epoch 1
+    assert tour.held_at == HOLD_AT  # one step per call: held right at step 6 of 10, in epoch 1
+    assert " ".join(rows["chief:0"]).count(f"epoch 1/{EPOCHS} step ") == 1, lines
     (row,) = [line for line in tour.status_all.stdout.splitlines() if line.startswith(tour.run)]
     # The job tfl started is the hold's wrapper (tests/jobs/held.py), which runs jobs/fashion_records.py.
     assert row.split()[1:4] == ["held.py", "running", "3/3"], tour.status_all.stdout
