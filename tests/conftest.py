@@ -7,6 +7,7 @@ from typing import Iterator
 
 import pytest
 
+from tests.jobkit_helpers import fashion_shards  # noqa: F401  (session fixture: Fashion-MNIST as PNG in 3 TFRecord shards)
 from tests.netbed import netbed  # noqa: F401  (a bed of hosts with networks of their own, per test)
 from tests.procs import assert_none_left
 from tests.ray_cluster import ray_cluster  # noqa: F401  (module fixture: a private five-node Ray cluster on loopback)

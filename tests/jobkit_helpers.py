@@ -208,3 +208,40 @@ class Hold:
 
     def release(self) -> None:
         (self.directory / "go").touch()
+
+
+FASHION_RECORDS_JOB = REPO / "jobs" / "fashion_records.py"
+PREPARE_FASHION_RECORDS = REPO / "jobs" / "prepare_fashion_records.py"
+SHARDS, SHARD_RECORDS = 3, 200  # what write_fashion_shards writes: 600 examples, 200 a shard
+
+
+def write_fashion_shards(out: Path, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """jobs/prepare_fashion_records.py: the first 600 Fashion-MNIST examples as PNG in 3 shards under `out`."""
+    require_fashion_mnist()
+    return subprocess.run([sys.executable, str(PREPARE_FASHION_RECORDS), "--out", str(out), "--shards", str(SHARDS),
+                           "--limit", str(SHARDS * SHARD_RECORDS)], capture_output=True, text=True, timeout=300,
+                          env=dict(env) if env is not None else {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+
+@pytest.fixture(scope="session")
+def fashion_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shards of write_fashion_shards, once per session (a module-scoped fixture would keep its module's
+    tests on one pytest-xdist worker: conftest)."""
+    out = tmp_path_factory.mktemp("fashion-records") / "shards"
+    done = write_fashion_shards(out)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == [f"train-{i:05d}-of-{SHARDS:05d}.tfrecord" for i in range(SHARDS)]
+    return out
+
+
+def assert_trained_on_the_shards(model_dir: Path, shards: Path, chief_log: str, worker_log: str, epochs: int) -> None:
+    """jobs/fashion_records.py read `shards`: the kit's record counts beside the run (input_records.json, written
+    once it had scanned them), every epoch's loss on the chief and the worker (one group: the same loss)."""
+    manifest = json.loads((model_dir / "input_records.json").read_text())
+    assert [(s["name"], s["records"]) for s in manifest["shards"]] == [
+        (f"train-{i:05d}-of-{SHARDS:05d}.tfrecord", SHARD_RECORDS) for i in range(SHARDS)], manifest
+    assert [(s["name"], s["size"]) for s in manifest["shards"]] == [(p.name, p.stat().st_size) for p in sorted(shards.iterdir())]
+    losses = [[ln.split("loss=")[1].split()[0] for ln in log.splitlines() if ln.startswith("epoch ") and "loss=" in ln]
+              for log in (chief_log, worker_log)]
+    assert len(losses[0]) == epochs and losses[0] == losses[1], (chief_log[-2000:], worker_log[-2000:])
+    assert "strategy=MultiWorkerMirroredStrategy replicas=2" in chief_log

@@ -1,9 +1,11 @@
 """An elastic run with real TensorFlow on the network test bed: chief on the first host,
-workers on the two others, ``--min-tasks 2 --global-batch 48``, jobs/mnist.py in float64.
+workers on the two others, ``--min-tasks 2 --global-batch 48``, in float64, for both inputs
+addressed by position: jobs/mnist.py (arrays in memory) and jobs/fashion_records.py (TFRecord
+shards on the storage every host sees, per-example augmentation).
 The third host is cut mid-training (while the group holds at step 6, tests/jobs/held.py): the
 run goes on with two tasks from the last backup (step 4, not epoch 1), ends 0, and every epoch
 that ran wholly after the resize reports the loss of an uninterrupted run with the same global
-batch (one process) within 1e-6.
+batch (one process) within 1e-6: global batch k holds the same examples with 3 tasks, 2 or 1.
 
 Taken back: the same cluster with bench/jobs/paced.py (a tiny model at a set pace whose chief
 logs every step it trains). The third host is cut, then joined again while the two others
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -28,7 +31,7 @@ import pytest
 
 from launcher.describe.spec import free_port
 from tests.conftest import ROOT
-from tests.jobkit_helpers import HELD_JOB, Hold
+from tests.jobkit_helpers import FASHION_RECORDS_JOB, HELD_JOB, SHARD_RECORDS, SHARDS, Hold
 from tests.netbed import NetBed
 from tests.procs import tfl_processes
 from tests.test_ssh import only_run
@@ -46,6 +49,19 @@ def job_args(data: Path) -> list[str]:
             "--backup-every-steps", str(BACKUP_EVERY), "--data", str(data)]
 
 
+def records_args(records: Path) -> list[str]:
+    return ["--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS), "--dtype", "float64", "--seed", "7",
+            "--backup-every-steps", str(BACKUP_EVERY), "--records", str(records), "--window", "64"]
+
+
+def job_and_args(job: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Path, list[str]]:
+    """mnist: scikit-learn's digits in memory; fashion_records: the 3 shards, copied onto the shared storage."""
+    if job == "mnist":
+        return JOB, job_args(digits(tmp_path))
+    records = shutil.copytree(request.getfixturevalue("fashion_shards"), tmp_path / "shared" / "fashion-records")
+    return FASHION_RECORDS_JOB, records_args(records)
+
+
 def digits(tmp_path: Path) -> Path:
     """The same data for every run, offline: scikit-learn's digits as MNIST (the kit's fallback)."""
     from launcher.jobkit.datasets import load_digits_as_mnist
@@ -61,12 +77,14 @@ def epoch_losses(log: str) -> dict[int, float]:
     return {int(m[1]): float(m[2]) for m in re.finditer(r"^epoch (\d+)/\d+ loss=(\S+)", log, re.MULTILINE)}
 
 
+@pytest.mark.parametrize("job", ["mnist", "fashion_records"])
 def test_a_cut_host_the_run_goes_on_with_two_and_trains_like_an_uninterrupted_run(
-        netbed: NetBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
-    data = digits(tmp_path)
+        job: str, netbed: NetBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str],
+        request: pytest.FixtureRequest) -> None:
     h1, h2, h3 = netbed.addresses
     tasks = {"chief": [f"{h1}:{free_port()}"], "worker": [f"{h2}:{free_port()}", f"{h3}:{free_port()}"]}
     (tmp_path / "shared").mkdir()
+    script, args = job_and_args(job, tmp_path, request)
     # The moment: the three hold at step 6 of epoch 1 (backups every 4 steps) while h3 is cut; the
     # two others then go on into step 7's collective, which h3 never joins. No machine speed
     # can move the cut past epoch 1: epochs 2 and 3 are left to compare.
@@ -75,7 +93,7 @@ def test_a_cut_host_the_run_goes_on_with_two_and_trains_like_an_uninterrupted_ru
                                   storage={"path": str(tmp_path / "shared")}, env={**QUIET, **hold.env},
                                   elastic={"min_tasks": 2, "global_batch": GLOBAL_BATCH})
     launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", str(HELD_JOB), "--cluster", str(cluster),
-                                 "--grace-period", "10", "--", str(JOB), *job_args(data)],
+                                 "--grace-period", "10", "--", str(script), *args],
                                 env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         held = hold.wait(["chief:0", "worker:0", "worker:1"], alive=lambda: launcher.poll() is None,
@@ -98,9 +116,15 @@ def test_a_cut_host_the_run_goes_on_with_two_and_trains_like_an_uninterrupted_ru
     resumed = re.findall(r"resuming at global step (\d+)", chief_log)
     # From the last backup before the cut, not epoch 1.
     assert resumed and int(resumed[-1]) == held_at // BACKUP_EVERY * BACKUP_EVERY, (held_at, chief_log[-3000:])
+    # Addressed input: the two-task attempt's input starts at that step (no replay of the steps before it).
+    assert f"resuming at global step {resumed[-1]}: the input starts there (" in chief_log, chief_log[-3000:]
+    if job == "fashion_records":  # a seek to the record, after the record counts the first attempt kept beside the run
+        assert "a seek to its file and record" in chief_log.split(f"resuming at global step {resumed[-1]}")[1].splitlines()[0]
+        manifest = json.loads((tmp_path / "shared" / run / "model" / "input_records.json").read_text())
+        assert [s["records"] for s in manifest["shards"]] == [SHARD_RECORDS] * SHARDS, manifest
 
-    control = subprocess.run([sys.executable, "-m", "launcher", "launch", str(JOB), "--local", "1", "--min-tasks", "1",
-                              "--global-batch", str(GLOBAL_BATCH), "--", *job_args(data)],
+    control = subprocess.run([sys.executable, "-m", "launcher", "launch", str(script), "--local", "1", "--min-tasks", "1",
+                              "--global-batch", str(GLOBAL_BATCH), "--", *args],
                              env={**child_env, **QUIET}, capture_output=True, text=True, timeout=400)
     assert control.returncode == 0, control.stderr[-3000:]
     runs = sorted((tfl_home / "runs").iterdir(), key=lambda p: p.stat().st_mtime)

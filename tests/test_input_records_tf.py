@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,14 +23,13 @@ import pytest
 
 from launcher.contract import PREEMPTED_EXIT_CODE
 from tests.jobkit_helpers import (
+    FASHION_RECORDS_JOB,
     HELD_JOB,
-    REPO,
     Hold,
     JobProcess,
     assert_none_alive,
     free_ports,
     kill_all,
-    require_fashion_mnist,
     start_job,
     tf_config,
     wait_all,
@@ -40,23 +37,10 @@ from tests.jobkit_helpers import (
 
 pytestmark = pytest.mark.slow
 
-JOB = REPO / "jobs" / "fashion_records.py"
-PREPARE = REPO / "jobs" / "prepare_fashion_records.py"
+JOB = FASHION_RECORDS_JOB
 EPOCHS, STEPS, BACKUP_EVERY, INTERRUPT_AT = 8, 10, 4, 6
 TOLERANCE = 1e-6
 TIMEOUT_S = 400
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    require_fashion_mnist()
-    out = tmp_path_factory.mktemp("records") / "shards"
-    done = subprocess.run([sys.executable, str(PREPARE), "--out", str(out), "--shards", "3", "--limit", "600"],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1"})
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert sorted(p.name for p in out.iterdir()) == [f"train-0000{i}-of-00003.tfrecord" for i in range(3)]
-    return out
 
 
 def job_args(records: Path, model_dir: Path) -> list[str]:
@@ -101,9 +85,9 @@ def hold_training(jobs: dict[str, JobProcess], hold: Hold) -> int:
 
 
 @pytest.fixture(scope="module")
-def control(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, float]]:
+def control(fashion_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, float]]:
     base = tmp_path_factory.mktemp("control")
-    jobs = start_group(shards, base, base / "model", 0)
+    jobs = start_group(fashion_shards, base, base / "model", 0)
     codes = finish(jobs)
     assert set(codes.values()) == {0}, logs(jobs)
     losses = epoch_losses(jobs["chief:0"].output())
@@ -127,11 +111,11 @@ def resumed_step(log: str) -> int:
     return int(line.split("resuming at global step ")[1].split(":")[0])
 
 
-def test_a_notice_then_the_next_attempt_trains_like_the_control(shards: Path, control: dict[int, float],
+def test_a_notice_then_the_next_attempt_trains_like_the_control(fashion_shards: Path, control: dict[int, float],
                                                                 tmp_path: Path) -> None:
     model_dir = tmp_path / "model"
     hold = Hold(tmp_path / "hold", INTERRUPT_AT)
-    first = start_group(shards, tmp_path, model_dir, 0, hold)
+    first = start_group(fashion_shards, tmp_path, model_dir, 0, hold)
     try:
         held = hold_training(first, hold)
         os.kill(first["worker:0"].popen.pid, signal.SIGTERM)
@@ -146,7 +130,7 @@ def test_a_notice_then_the_next_attempt_trains_like_the_control(shards: Path, co
     assert codes == {"chief:0": PREEMPTED_EXIT_CODE, "worker:0": PREEMPTED_EXIT_CODE}, logs(first)
     preempted_at = json.loads((model_dir / "preempted.json").read_text())["global_step"]
     assert held <= preempted_at <= held + 2, (held, preempted_at)  # the agreed step: at most two calls on
-    second = start_group(shards, tmp_path, model_dir, 1)
+    second = start_group(fashion_shards, tmp_path, model_dir, 1)
     codes = finish(second)
     assert set(codes.values()) == {0}, logs(second)
     assert resumed_step(second["chief:0"].output()) == preempted_at
@@ -155,11 +139,11 @@ def test_a_notice_then_the_next_attempt_trains_like_the_control(shards: Path, co
     assert_like_the_control(control, second["chief:0"].output(), resumed_step(second["chief:0"].output()))
 
 
-def test_kill_9_of_the_worker_then_a_restart_trains_like_the_control(shards: Path, control: dict[int, float],
+def test_kill_9_of_the_worker_then_a_restart_trains_like_the_control(fashion_shards: Path, control: dict[int, float],
                                                                      tmp_path: Path) -> None:
     model_dir = tmp_path / "model"
     hold = Hold(tmp_path / "hold", 2 * BACKUP_EVERY + 1)  # after the backup of step 8
-    first = start_group(shards, tmp_path, model_dir, 0, hold)
+    first = start_group(fashion_shards, tmp_path, model_dir, 0, hold)
     try:
         hold_training(first, hold)
         os.kill(first["worker:0"].popen.pid, signal.SIGKILL)
@@ -171,7 +155,7 @@ def test_kill_9_of_the_worker_then_a_restart_trains_like_the_control(shards: Pat
     finally:
         kill_all(first.values())
     assert codes["worker:0"] == -signal.SIGKILL, logs(first)
-    second = start_group(shards, tmp_path, model_dir, 1)
+    second = start_group(fashion_shards, tmp_path, model_dir, 1)
     codes = finish(second)
     assert set(codes.values()) == {0}, logs(second)
     at = resumed_step(second["chief:0"].output())
@@ -179,12 +163,12 @@ def test_kill_9_of_the_worker_then_a_restart_trains_like_the_control(shards: Pat
     assert_like_the_control(control, second["chief:0"].output(), at)
 
 
-def test_a_changed_shard_is_refused_in_one_line(shards: Path, tmp_path: Path) -> None:
+def test_a_changed_shard_is_refused_in_one_line(fashion_shards: Path, tmp_path: Path) -> None:
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     copy = tmp_path / "shards"
     copy.mkdir()
-    for path in shards.iterdir():
+    for path in fashion_shards.iterdir():
         (copy / path.name).write_bytes(path.read_bytes())
     recorded = [{"name": p.name, "size": p.stat().st_size, "records": 200} for p in sorted(copy.iterdir())]
     (model_dir / "input_records.json").write_text(json.dumps({"shards": recorded}))

@@ -25,7 +25,7 @@ from launcher.describe.spec import parse_cluster
 from launcher.errors import ClusterFileError
 from launcher.plan.tfconfig import tf_config
 from tests.conftest import ROOT
-from tests.jobkit_helpers import HELD_JOB, Hold
+from tests.jobkit_helpers import FASHION_RECORDS_JOB, HELD_JOB, Hold, assert_trained_on_the_shards
 from tests.ray_cluster import RayCluster, stop_ray_cluster, task_runners
 from tests.test_ssh import only_run, tfl, wait_for
 
@@ -333,3 +333,19 @@ def test_mnist_with_an_evaluator_survives_the_loss_of_a_workers_node(cluster: Ra
     assert "eval checkpoint=ckpt-4" in (logs / "evaluator-0.log").read_text()
     assert list((tmp_path / "shared" / run / "model" / "checkpoints").glob("ckpt-4.index"))
 
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_tfrecord_job_trains_from_shards(cluster: RayCluster, tmp_path: Path, tfl_home: Path,
+                                             child_env: dict[str, str], fashion_shards: Path) -> None:
+    """jobs/fashion_records.py unchanged on two Ray nodes (the shards on storage every node sees)."""
+    path = description(tmp_path, cluster.address, workers=1)
+    result = tfl(["launch", str(FASHION_RECORDS_JOB), "--cluster", str(path), "--", "--records", str(fashion_shards),
+                  "--epochs", "2", "--steps-per-epoch", "5", "--batch-size", "8", "--window", "64"], child_env, timeout=500)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = only_run(tfl_home)
+    nodes = record(tfl_home, run)["plan"]["unit"]["nodes"]
+    assert sorted(nodes) == ["chief:0", "worker:0"] and len(set(nodes.values())) == 2
+    chief, worker = ((tfl_home / "runs" / run / "logs" / f"{t}-0.log").read_text() for t in ("chief", "worker"))
+    assert_trained_on_the_shards(tmp_path / "shared" / run / "model", fashion_shards, chief, worker, epochs=2)

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
+from tests.jobkit_helpers import FASHION_RECORDS_JOB, assert_trained_on_the_shards
 from tests.procs import tfl_processes
 from tests.slurm_cluster import SlurmCluster, start_cluster, stop_cluster
 from tests.test_slurm_cluster import assert_job_gone
@@ -356,3 +357,20 @@ def test_a_node_whose_slurmd_dies_is_named_with_when_slurm_noticed_and_its_task_
                          timeout=120)
     finally:
         stop_cluster(cluster)
+
+
+@pytest.mark.slow
+def test_the_tfrecord_job_trains_from_shards_on_two_nodes(slurm_cluster: SlurmCluster, env: dict[str, str], tfl_home: Path,
+                                                          tmp_path: Path, fashion_shards: Path) -> None:
+    """jobs/fashion_records.py unchanged as one Slurm job over both nodes (the shards on storage both see)."""
+    done = tfl(env, "launch", str(FASHION_RECORDS_JOB), "--cluster", str(description(tmp_path)), "--", "--records",
+               str(fashion_shards), "--epochs", "2", "--steps-per-epoch", "5", "--batch-size", "8", "--window", "64",
+               timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = only_run(tfl_home)
+    assert_trained_on_the_shards(run / "model", fashion_shards, (run / "logs" / "chief-0.log").read_text(),
+                                 (run / "logs" / "worker-0.log").read_text(), epochs=2)
+    view = status(env, run.name)
+    assert view["state"] == "succeeded" and view["backend"] == "slurm"
+    assert {t["task"]: t["host"] for t in view["tasks"]} == {"chief:0": "n1", "worker:0": "n2"}
+    assert_all_gone(slurm_cluster, job_id_of(run))

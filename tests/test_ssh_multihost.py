@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import pytest
 from launcher.describe.spec import free_port
 from tests.conftest import ROOT
 from tests.hostenv import host_python
-from tests.jobkit_helpers import HELD_JOB, Hold
+from tests.jobkit_helpers import FASHION_RECORDS_JOB, HELD_JOB, Hold, assert_trained_on_the_shards
 from tests.netbed import NetBed
 from tests.procs import pid_alive, tfl_processes
 from tests.sshd import cluster_file, start_sshd, stop_sshd
@@ -275,3 +276,20 @@ def test_a_child_left_by_a_remote_job_is_gone_at_the_end_and_a_chatty_bashrc_bre
     assert not any(pid_alive(p) for p in children)  # ended with their groups, before the launcher returned
     assert doctor.returncode == 0 and "doctor: all 2 host(s) ready" in doctor.stdout, doctor.stdout
     assert json.loads(status.stdout)["state"] == "succeeded"
+
+
+@pytest.mark.slow
+def test_the_tfrecord_job_trains_from_shards_on_shared_storage(netbed: NetBed, tmp_path: Path, tfl_home: Path,
+                                                               child_env: dict[str, str], hostenv: Path,
+                                                               fashion_shards: Path) -> None:
+    """jobs/fashion_records.py unchanged on two hosts: the shards and the model dir on the storage both see."""
+    shared = tmp_path / "shared"
+    records = shutil.copytree(fashion_shards, shared / "fashion-records")
+    path = cluster(tmp_path, netbed, hostenv, env=QUIET, storage={"path": str(shared)})
+    result = tfl(["launch", str(FASHION_RECORDS_JOB), "--cluster", str(path), "--", "--records", str(records), "--epochs", "2",
+                  "--steps-per-epoch", "5", "--batch-size", "8", "--window", "64"], child_env, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = only_run(tfl_home)
+    chief, worker = ((tfl_home / "runs" / run / "logs" / f"{t}-0.log").read_text() for t in ("chief", "worker"))
+    assert_trained_on_the_shards(shared / run / "model", records, chief, worker, epochs=2)
+    assert f"jobkit: model dir {shared / run / 'model'}" in chief
