@@ -107,8 +107,9 @@ def _notes(cfg: Config, runs: ElasticRuns) -> list[str]:
         "the chief keeping a checkpoint of the step every B steps in the shared model dir; the fault comes at a random "
         "step between 25 and 44.",
         "**Host lost → training again** is the time from the fault to the first step of the next attempt. A killed task "
-        "is seen at once (its exit; `--max-restarts 1`, no elastic), so the restart of the same size takes about a "
-        "second. A cut host says nothing (`--min-tasks 2`): the time is nearly all the SSH watch's detection "
+        "is seen at once (its exit; `--max-restarts 1`, no elastic), so the restart of the same size is quick (about a "
+        "second at load 5–8; the load stretches it). A cut host says nothing (`--min-tasks 2`): the time is nearly "
+        "all the SSH watch's detection "
         "(`watch.SILENT_AFTER` 5 s of silence, then its sshd port probed for up to 4 s, issue 20), then the resized "
         "attempt starts on the two hosts that answer (no probe waits on the cut host: it is already known lost). The "
         "elastic run goes on where a fixed-size run would have ended (`no restart on a host known lost`).",

@@ -161,6 +161,9 @@ NOTES = [
     "restart was recorded 55 ms after the last exit and both tasks were started 80–140 ms later (the run record's "
     "times). The rest is two TensorFlow start-ups, the data, the restore and the first call of the train function "
     "(the same start-up that §6's restarts pay), which the machine's load stretches.",
+    "Hand-run before this was a phase (`python -m bench.preempt_launch --trials 2 --ssh`, 2026-11-25 02:04–02:14 "
+    "UTC, load 9.5–11.3): local: step 62 and 139 ms, notice → checkpoint 1.00 and 1.76 s, training again 32.7 and "
+    "61.2 s; SSH: step 63 and 78 ms, notice → checkpoint 1.72 and 2.97 s, training again 52.5 and 61.2 s.",
     "The step time is the kit's own measure (the median of the chief's first 30 steps, its log line); \"in steps\" is "
     "notice → checkpoint over it.",
 ]
