@@ -10,23 +10,42 @@ Phases (each fills some of the issue's sections):
   slurm    10. Slurm: launch to every task running against plain sbatch, death → teardown, notice → tasks
   hosts    13. lost hosts: a host cut off noticed, the run ended, every task stopped; launcher kill -9
   preemption 11. preemption in the job: the notice watch's and input position's cost, notice → checkpoint
+  tfl-preemption 12. preemption through tfl: notice → checkpoint, preemption → training again (local, SSH)
+  elastic  14. elastic runs: host lost → training again, steps lost against the backup interval (root: netbed)
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Callable
 
-from bench import chaos, cli_latency, failures, launch, lost_hosts, preemption, restart, scaling, slurm, ssh, training, training_report
+from bench import (
+    chaos,
+    cli_latency,
+    elastic_report,
+    failures,
+    launch,
+    lost_hosts,
+    preempt_launch,
+    preemption,
+    restart,
+    scaling,
+    slurm,
+    ssh,
+    training,
+    training_report,
+)
 from bench.common import PYTHON, ROOT, Section, Workspace, load1
 from bench.config import Config, machine, timestamp
 from bench.report import previous_report, render
 
-PHASES = ("cli", "launch", "failures", "scaling", "training", "chaos", "slurm", "hosts", "preemption")
+PHASES = ("cli", "launch", "failures", "scaling", "training", "chaos", "slurm", "hosts", "preemption", "tfl-preemption",
+          "elastic")
 
 
 def make_data(ws: Workspace) -> Path:
@@ -83,10 +102,19 @@ def phase_preemption(cfg: Config, ws: Workspace, data: Path | None) -> list[Sect
     return [preemption.preemption_section(cfg, preemption.preemption_runs(cfg, ws))]
 
 
+def phase_tfl_preemption(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
+    return [preempt_launch.preemption_section(preempt_launch.tfl_preemption_trials(cfg, ws))]
+
+
+def phase_elastic(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
+    return [elastic_report.elastic_section(cfg, elastic_report.elastic_trials(cfg, ws))]
+
+
 RUNNERS: dict[str, Callable[[Config, Workspace, Path | None], list[Section]]] = {
     "cli": phase_cli, "launch": phase_launch, "failures": phase_failures, "scaling": phase_scaling,
     "training": phase_training, "chaos": phase_chaos, "slurm": phase_slurm,
-    "hosts": phase_hosts, "preemption": phase_preemption}
+    "hosts": phase_hosts, "preemption": phase_preemption, "tfl-preemption": phase_tfl_preemption,
+    "elastic": phase_elastic}
 
 
 def run_phase(name: str, cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
@@ -106,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md", help="the report to write")
     parser.add_argument("--only", default=",".join(PHASES),
                         help=f"comma-separated phases to measure ({', '.join(PHASES)}); the report keeps the others' sections")
+    parser.add_argument("--trials", type=int, default=None,
+                        help="trials of each trial-based phase (chaos, hosts, tfl-preemption, elastic) instead of the mode's")
     parser.add_argument("--keep", action="store_true", help="keep the temporary run stores (their path is printed)")
     args = parser.parse_args(argv)
     phases = [p.strip() for p in args.only.split(",") if p.strip()]
@@ -113,10 +143,19 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--only: unknown phase(s) {', '.join(unknown)}; choose from {', '.join(PHASES)}")
     cfg = Config.quick_mode() if args.quick else Config.full()
+    if args.trials is not None:
+        if args.trials < 1:
+            parser.error(f"--trials: {args.trials} is not a count of trials; give 1 or more")
+        cfg = cfg.with_trials(args.trials)
     started = time.monotonic()
     ws = Workspace(keep=args.keep)
+    # The checkout's own modules compiled once, as an installed tfl has them: with PYTHONDONTWRITEBYTECODE=1
+    # (this machine) every tfl start-up compiled ~60 of them again, ~15 % of a `tfl launch`'s own CPU (§5).
+    compileall.compile_dir(ROOT / "launcher", quiet=1)
     print(f"bench: {'quick' if cfg.quick else 'full'} mode; run stores under {ws.root}", file=sys.stderr, flush=True)
-    sections, history = previous_report(args.out) if set(phases) != set(PHASES) else ({}, [])
+    sections, history, kept = previous_report(args.out)
+    if set(phases) == set(PHASES):  # a whole run starts the report afresh, but for the sections no phase measures
+        sections, history = {}, []
     measured: list[int] = []
     try:
         data = make_data(ws) if cfg.uses_mnist and {"launch", "failures", "chaos"} & set(phases) else None
@@ -132,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"mode": "quick" if cfg.quick else "full", "history": history + [run] if measured else history,
             "machine": machine()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(list(sections.values()), meta))
+    args.out.write_text(render(list(sections.values()), meta, kept))
     print(f"bench: wrote {args.out} in {run['took_min']} min", file=sys.stderr)
     return 0
 

@@ -8,7 +8,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.common import FAKE_TRAIN, MNIST
@@ -41,6 +41,9 @@ class Config:
     store_runs_many: int = 3000  # … and a store after weeks of sweeps
     chaos_trials: int = 20  # §9: runs, each with one task killed at a random moment
     lost_host_trials: int = 10  # §13: trials of each lost-host measure (a cut host, a launcher killed -9)
+    tfl_preemption_trials: int = 3  # §12: trials local and over SSH (each two TensorFlow start-ups, twice)
+    elastic_reps: int = 3  # §14: repetitions of each elastic run (TF-free, then real TensorFlow)
+    elastic_intervals: tuple[int, ...] = (5, 20, 50)  # §14: backup intervals B of the real-TensorFlow runs
 
     @classmethod
     def full(cls) -> Config:
@@ -57,7 +60,12 @@ class Config:
                    local_ns=(1, 4), ssh_ns=(1, 2), train_job=FAKE_TRAIN,
                    epochs=2, steps_per_epoch=10, global_batch=64, train_workers=(1, 2),
                    backup_every=5, crash_step=12, train_rounds=2, throughput_epochs=3, chaos_trials=3,
-                   lost_host_trials=1)
+                   lost_host_trials=1, tfl_preemption_trials=0, elastic_reps=1, elastic_intervals=())
+
+    def with_trials(self, trials: int) -> Config:
+        """``--trials N``: N trials or repetitions of each trial-based phase (hosts, tfl-preemption, elastic)."""
+        return replace(self, lost_host_trials=trials, tfl_preemption_trials=trials,
+                       elastic_reps=trials, chaos_trials=trials)
 
     @property
     def uses_mnist(self) -> bool:

@@ -12,7 +12,8 @@ the chief keeping a checkpoint of the step every B steps in the shared model dir
   task, minus the step the next attempt resumes from (steps trained twice), for backup
   intervals B = 5 and 20.
 
-Prints the section as Markdown (paste it into docs/benchmarks.md).
+The ``elastic`` phase of ``python -m bench`` runs these (bench/elastic_report.py) and keeps the samples in the
+report; run alone, this prints a Markdown table to look at.
 """
 
 from __future__ import annotations

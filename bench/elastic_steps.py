@@ -8,7 +8,8 @@ the chief logging each step it trains) with the kit's ``--backup-every-steps B``
 the steps lost are the last step the chief trained in the attempt that lost the host minus
 the step the resized attempt resumes from (steps trained again).
 
-Prints a Markdown table for docs/benchmarks.md §14.
+The ``elastic`` phase of ``python -m bench`` runs these (bench/elastic_report.py) and keeps the samples in the
+report; run alone, this prints a Markdown table to look at.
 """
 
 from __future__ import annotations

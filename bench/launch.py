@@ -172,6 +172,11 @@ def supervisor_section(cfg: Config, train: Runs) -> Section:
                f"alone to stay under 2 %, the tasks must use at least {startup_all.median / CPU_SHARE_TARGET:.0f} s of "
                "CPU, and the supervising adds its own share on top (the column before the RSS, within the target at "
                "every size): where a row misses, the short training job is why, not the supervision.",
+               "Where the start-up goes (a CPU profile of `tfl launch --local 1` of a tiny job, 2026-11-25, "
+               "docs/benchmarks.md §5's note of that day): the imports of typer, pydantic and psutil, typer building a "
+               "pydantic TypeAdapter for each of `launch`'s options, pydantic building the cluster models, and pydantic "
+               "scanning every installed distribution for plugins; tfl's own modules and work are a small part. The "
+               "start-up is a fixed cost: judge the supervision by the supervising share, and the start-up in ms (§2).",
                "Peak RSS is the launcher's VmHWM (the kernel's high-water mark), sampled every 20 ms.",
                f"The `tfl launch` runs of §2's training job ({cfg.train_reps} per size). " + _train_note(cfg)],
         raw=raw, headline="; ".join(headline))

@@ -22,21 +22,26 @@ pytestmark = pytest.mark.slow  # about 60 s: real processes, a few hundred launc
 
 SECTIONS = ("1. CLI latency", "2. Launch overhead", "3. Failure → teardown", "4. Scaling", "5. Supervisor cost",
             "6. Restart cost", "7. Throughput", "8. Training throughput", "9. Chaos", "10. Slurm",
-            "11. Preemption in the job", "13. Lost hosts")  # §12 and §14 are measured by their own scripts
+            "11. Preemption in the job", "12. Preemption through tfl", "13. Lost hosts", "14. Elastic runs")
+# §12 needs TensorFlow for every trial, so quick mode says so instead of measuring it (as §11 skips its
+# notices); §14 runs its TF-free restart and one elastic run there, and says its real-TensorFlow table was not
+# measured. §15-17 are measured by scripts of their own (bench.ray, bench.network, bench.input_resume).
 NUMBER = re.compile(r"\d+(\.\d+)?")
 
 
 def tables_by_section(report: str) -> dict[str, list[list[str]]]:
-    """Each '## N. title' section's table body rows, split into cells."""
+    """Each '## N. title' section's table body rows (of all its tables), split into cells."""
     sections: dict[str, list[list[str]]] = {}
     current = None
     for line in report.splitlines():
         if line.startswith("## "):
             current = line[3:].strip()
             sections[current] = []
-        elif current and line.startswith("| ") and not line.startswith("|---"):
+        elif current and line.startswith("|---"):
+            sections[current].pop()  # the header row above it
+        elif current and line.startswith("| "):
             sections[current].append([c.strip() for c in line.strip("|").split(" | ")])
-    return {name: rows[1:] for name, rows in sections.items()}  # without the header row
+    return sections
 
 
 def test_quick_mode_writes_every_section_with_numbers(tmp_path: Path) -> None:
@@ -46,6 +51,8 @@ def test_quick_mode_writes_every_section_with_numbers(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     report = out.read_text()
     tables = tables_by_section(report)
+    raw = json.loads(report.split(RAW_BEGIN, 1)[1].split(RAW_END, 1)[0])
+    not_measured = {f"{s['number']}. {s['title']}" for s in raw["sections"] if s["verdict"] == "not measured"}
     for title in SECTIONS:
         assert title in tables, f"section '{title}' missing from the report"
         rows = tables[title]
@@ -54,11 +61,14 @@ def test_quick_mode_writes_every_section_with_numbers(tmp_path: Path) -> None:
         for row in rows:
             measured = any(NUMBER.search(cell) for cell in row[1:])
             assert measured or "not measured" in " ".join(row), f"{title}: no number in {row}"
-        assert any(NUMBER.search(cell) for row in rows for cell in row[1:]), f"{title}: no measured number"
+        if title in not_measured:  # says why, in its table
+            assert any("not measured" in cell for row in rows for cell in row[1:]), f"{title}: no reason given"
+        else:
+            assert any(NUMBER.search(cell) for row in rows for cell in row[1:]), f"{title}: no measured number"
+    assert "12. Preemption through tfl" in not_measured  # it needs TensorFlow, which quick mode does without
     assert "| cpu |" in report and "| python |" in report  # the machine it ran on
-    raw = json.loads(report.split(RAW_BEGIN, 1)[1].split(RAW_END, 1)[0])
     assert raw["meta"]["mode"] == "quick"
-    assert sorted(s["number"] for s in raw["sections"]) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13]
+    assert sorted(s["number"] for s in raw["sections"]) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
     assert all(s["verdict"] in ("met", "missed", "n/a", "not measured") for s in raw["sections"])
     # The suite used private run stores under one temp root, removed them, and left no task alive.
     root = re.search(r"run stores under (\S+)", result.stderr)
