@@ -32,9 +32,9 @@ STATE_FILE = "state.json"
 STOP_REQUEST = "stop_requested"  # written by `tfl stop` before its SIGTERM: the launcher's SIGTERM is then no preemption
 # Bump when a record changes so that an older tfl cannot read it right (2: backend_data; 3: the
 # preempted states, RestartRecord.kind, RunRecord.config; 4: an elastic run's min_tasks,
-# lost_hosts and resizes). This tfl reads every older version (each new field has a default)
+# lost_hosts and resizes; 5: the plan's TF_CONFIG cluster kept once, as plan.tf_cluster). This tfl reads every older version (each new field has a default)
 # and saves what it read in its own.
-RECORD_VERSION = 4
+RECORD_VERSION = 5
 # The latest run is the newest created among the active runs and this many whose record changed last.
 LATEST_AMONG = 20
 
@@ -137,7 +137,8 @@ class RunRecord:
         return next(t for t in self.tasks if t.task == name)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=1)
+        # Compact: the record is rewritten on every change of the run, and its size is what a large run pays.
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> RunRecord:
