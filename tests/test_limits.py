@@ -101,3 +101,27 @@ def test_a_watch_whose_probe_meets_the_launchers_limit_loses_no_host_and_says_so
     assert task.lost == [] and watch.lost("b") is None
     assert len(said) == 1 and "file descriptors" in said[0] and "b" not in said[0].split("ulimit")[0].split()
     assert watch.fault is not None and time.time() > 0
+
+
+def test_status_out_of_descriptors_says_so_rather_than_calling_hosts_unreachable(tmp_path: Any,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher.engines.ssh import recorded
+    from launcher.records.states import TaskState
+    from launcher.supervise.recording import initial_record
+    from tests.test_record_size import ssh_plan
+
+    record = initial_record(ssh_plan(tmp_path, 3), 1.0, 0, "ssh")
+    for pid, task in enumerate(record.tasks, 1000):
+        task.state, task.pid = TaskState.RUNNING, pid
+
+    def connect(target: SSHTarget) -> Any:
+        try:
+            out_of_fds()
+        except OSError:
+            raise SSHError(target.host, "ssh failed: OSError: [Errno 24] Too many open files") from None
+
+    monkeypatch.setattr(recorded, "connect", connect)
+    with pytest.raises(ResourceLimitError, match="file descriptors while asking the hosts"):
+        recorded.inspect(record, ask=True)
+    monkeypatch.setattr(recorded, "connect", lambda target: (_ for _ in ()).throw(SSHError(target.host, "no answer")))
+    assert {live.state for live in recorded.inspect(record, ask=True).values()} == {"unreachable"}  # a real silence
