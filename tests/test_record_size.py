@@ -57,7 +57,7 @@ def test_the_recorded_plan_gives_back_every_tasks_tf_config(tmp_path: Path) -> N
     assert all(contract.TF_CONFIG not in t["env"] and t["tf_config"] == "plan" for t in recorded["tasks"])
     again = LaunchPlan.from_dict(recorded)
     assert again == plan
-    for before, after in zip(plan.tasks, again.tasks):
+    for before, after in zip(plan.tasks, again.tasks, strict=True):
         assert after.env[contract.TF_CONFIG] == before.env[contract.TF_CONFIG]
     evaluator = json.loads(again.tasks[-1].env[contract.TF_CONFIG])
     assert evaluator["task"] == {"type": "evaluator", "index": 0} and "evaluator" in evaluator["cluster"]
@@ -83,7 +83,7 @@ def test_a_record_of_the_older_form_still_loads(tmp_path: Path) -> None:
     data = json.loads(initial_record(plan, 1.0, 0, "ssh").to_json())
     data["version"] = 4
     del data["plan"]["tf_cluster"]
-    for task, launch in zip(data["plan"]["tasks"], plan.tasks):
+    for task, launch in zip(data["plan"]["tasks"], plan.tasks, strict=True):
         del task["tf_config"]
         task["env"][contract.TF_CONFIG] = launch.env[contract.TF_CONFIG]
     record = RunRecord.from_json(json.dumps(data, indent=1))

@@ -32,8 +32,9 @@ STATE_FILE = "state.json"
 STOP_REQUEST = "stop_requested"  # written by `tfl stop` before its SIGTERM: the launcher's SIGTERM is then no preemption
 # Bump when a record changes so that an older tfl cannot read it right (2: backend_data; 3: the
 # preempted states, RestartRecord.kind, RunRecord.config; 4: an elastic run's min_tasks,
-# lost_hosts and resizes; 5: the plan's TF_CONFIG cluster kept once, as plan.tf_cluster). This tfl reads every older version (each new field has a default)
-# and saves what it read in its own.
+# lost_hosts and resizes; 5: the plan's TF_CONFIG cluster kept once, as plan.tf_cluster, and
+# tasks' TF_CONFIG rebuilt from it). This tfl reads every older version (each new field has a
+# default, a plan without tf_cluster keeps each TF_CONFIG whole) and saves what it read in its own.
 RECORD_VERSION = 5
 # The latest run is the newest created among the active runs and this many whose record changed last.
 LATEST_AMONG = 20

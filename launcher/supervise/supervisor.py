@@ -37,7 +37,6 @@ from launcher.supervise.recording import initial_record as initial_record  # whe
 from launcher.supervise.restarts import first_training_failure, may_restart
 from launcher.supervise.waker import Waker
 
-
 # Starts at once at most (each a round trip to its host): threads bounded, not one per task.
 START_WORKERS = 32
 

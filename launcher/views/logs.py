@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from launcher.limits import FOLLOW_OPEN
-
 from launcher.views.fold import TracebackFold
 from launcher.views.noise import NoiseFilter
 
