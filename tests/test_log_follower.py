@@ -52,6 +52,14 @@ def test_idle_logs_are_not_opened_and_a_growing_one_once(tmp_path: Path, opened:
         follower.poll_once()
     assert opened == [str(paths[2])]  # kept open, read on
     assert out.getvalue().splitlines() == [f"[worker:2] line {i}" for i in range(20)]
+    before = own_fds()
+    for _ in range(logs.IDLE_CLOSE):
+        follower.poll_once()
+    assert own_fds() == before - 1  # idle long enough: closed, its slot free
+    with paths[2].open("a") as f:
+        f.write("more\n")
+    follower.poll_once()
+    assert opened == [str(paths[2])] * 2 and out.getvalue().splitlines()[-1] == "[worker:2] more"
     follower.stop()
 
 

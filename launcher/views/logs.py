@@ -18,13 +18,15 @@ from launcher.limits import FOLLOW_OPEN
 from launcher.views.fold import TracebackFold
 from launcher.views.noise import NoiseFilter
 
+IDLE_CLOSE = 100  # polls (10 s at the console's pace) after which an idle log is closed
 _COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
 
 
 class _Source:
     """One task's log, read from where the last read ended. Its size is looked at first: an idle
     log is never opened again, a growing one stays open (at most ``FOLLOW_OPEN`` logs of a
-    follower at once), and a log truncated or replaced at its path is read again from its start."""
+    follower at once, closed again after ``IDLE_CLOSE`` idle polls), and a log truncated or
+    replaced at its path is read again from its start."""
 
     def __init__(self, name: str, path: Path, prefix: str, from_end: bool, hide_noise: bool,
                  peer_lost: list[str], slots: list[int]) -> None:
@@ -35,6 +37,7 @@ class _Source:
         self.noise = NoiseFilter() if hide_noise else None
         self.fold = TracebackFold(peer_lost) if hide_noise else None
         self._handle: BinaryIO | None = None
+        self._idle = 0  # polls since it last grew
         self._slots = slots  # shared by the follower's sources: how many logs may stay open now
 
     def shown(self, lines: list[str], idle: float) -> list[str]:
@@ -69,8 +72,12 @@ class _Source:
         elif st.st_size < self.offset:  # truncated
             self.close()
             self.offset = 0
-        if st.st_size <= self.offset:
-            return rest  # idle: nothing opened
+        if st.st_size <= self.offset:  # idle: nothing opened, and one idle long enough gives its slot back
+            self._idle += 1
+            if self._idle >= IDLE_CLOSE:
+                self.close()
+            return rest
+        self._idle = 0
         if self._handle is None:
             try:
                 handle = open(self.path, "rb")
