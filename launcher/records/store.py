@@ -135,7 +135,16 @@ class RunRecord:
     resizes: list[ResizeRecord] = field(default_factory=list)
 
     def task(self, name: str) -> TaskRecord:
-        return next(t for t in self.tasks if t.task == name)
+        """By name, through an index rebuilt whenever ``tasks`` is another list or another length
+        (the supervisor asks for every task on every tick: a scan each time would cost T²)."""
+        index = self.__dict__.get("_by_name")
+        if index is None or index[0] is not self.tasks or index[1] != len(self.tasks):
+            index = (self.tasks, len(self.tasks), {t.task: t for t in self.tasks})
+            self.__dict__["_by_name"] = index
+        found = index[2].get(name)
+        if found is None or found.task != name:  # a record renamed in place: scan, as before
+            return next(t for t in self.tasks if t.task == name)
+        return found
 
     def to_json(self) -> str:
         # Compact: the record is rewritten on every change of the run, and its size is what a large run pays.
