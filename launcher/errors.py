@@ -42,3 +42,8 @@ class StateWriteError(TflError):
 
 class UnreadableRunError(TflError):
     """The run asked for (or the latest one) has a record this tfl cannot read, e.g. a newer tfl's."""
+
+
+class ResourceLimitError(LaunchError):
+    """The launcher itself ran short (open files, kernel buffers): its own limit, never a host's fault
+    (``launcher.limits`` says which limit and the fix)."""

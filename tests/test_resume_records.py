@@ -36,7 +36,7 @@ def test_a_version_2_record_is_read_and_saved_in_this_version(tmp_path: Path) ->
     assert resume_config(loaded) == SupervisorConfig(max_restarts=2, grace_period=7.0)
     assert resume_config(loaded, {"max_restarts": 5, "grace_period": None}).max_restarts == 5
     store.save(loaded)
-    assert json.loads((tmp_path / "runs" / "r" / "state.json").read_text())["version"] == RECORD_VERSION == 4
+    assert json.loads((tmp_path / "runs" / "r" / "state.json").read_text())["version"] == RECORD_VERSION == 5
 
 
 def test_resume_keeps_the_runs_own_options_and_ignores_unknown_ones(tmp_path: Path) -> None:

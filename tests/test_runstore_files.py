@@ -23,7 +23,7 @@ from launcher.engines.local.backend import LocalBackend
 from launcher.errors import RunExistsError, StateWriteError, UnreadableRunError
 from launcher.plan.build import build_plan
 from launcher.plan.run_options import SupervisorConfig
-from launcher.records.states import RunState
+from launcher.records.states import RunState, TaskState
 from launcher.records.store import RECORD_VERSION, RunRecord, RunStore, TaskRecord
 from launcher.supervise.supervisor import Supervisor, initial_record
 from tests.procs import assert_none_left
@@ -163,17 +163,18 @@ def test_supervisor_stops_the_tasks_when_state_cannot_be_saved(tmp_path: Path) -
     record = initial_record(plan, created=0.0, max_restarts=0, backend="fake")
     store.create(record)
     clock = FakeClock()
-    backend = FakeBackend(clock, {})  # both tasks would run forever
-    store.room = 3  # STARTING, chief started, worker started; RUNNING does not fit
-    sup = Supervisor(plan, record, store, SupervisorConfig(), backend=backend,
+    backend = FakeBackend(clock, {"chief:0": [(1.0, 0)]})  # the chief ends at t=1; the worker would run forever
+    store.room = 2  # STARTING, RUNNING (with both starts); the chief's end does not fit
+    sup = Supervisor(plan, record, store, SupervisorConfig(poll_interval=0.5), backend=backend,
                      clock=clock, wall=clock, wait=clock.sleep)
     with pytest.raises(StateWriteError, match="No space left on device"):
         sup.run()
-    assert sorted(name for name, _, _ in backend.signals) == ["chief:0", "worker:0"]  # SIGTERM to each
-    assert clock.now < 1.0  # at once, not at some later poll
+    assert [name for name, _, _ in backend.signals][:1] == ["worker:0"]  # SIGTERM to the one still running
+    assert clock.now < 2.0  # at the first write that failed, not at some later poll
     assert sup.record.state == RunState.FAILED and "No space left on device" in (sup.record.message or "")
     on_disk = store.load("r")
-    assert on_disk.state == RunState.STARTING and on_disk.task("worker:0").pid is not None  # the last record that fitted
+    assert on_disk.state == RunState.RUNNING and on_disk.task("worker:0").pid is not None  # the last record that fitted
+    assert on_disk.task("chief:0").state == TaskState.RUNNING
 
 
 def test_run_ids_are_unique_and_a_run_dir_is_never_shared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,7 @@ its runs outlives it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -140,7 +141,7 @@ def test_tfl_stop_twice_keeps_the_grace(sleeper: str, child_env: dict[str, str],
     stop = [sys.executable, "-m", "launcher", "stop", run]
     first = subprocess.Popen(stop, env=child_env, stdout=subprocess.PIPE, text=True)
     state = tfl_home / "runs" / run / "state.json"
-    while '"state": "stopping"' not in state.read_text():  # the first stop's SIGTERM has landed
+    while json.loads(state.read_text())["state"] != "stopping":  # the first stop's SIGTERM has landed
         assert first.poll() is None and launcher.poll() is None
         time.sleep(0.02)
     stopping = time.monotonic()

@@ -17,7 +17,7 @@ from launcher.plan.build import build_plan
 from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
 from launcher.plan.run_options import SupervisorConfig
 from launcher.records.states import RunState, TaskState
-from launcher.records.store import RunStore
+from launcher.records.store import RunRecord, RunStore
 from launcher.supervise.supervisor import Supervisor, initial_record
 from launcher.views.report import summary
 
@@ -278,3 +278,69 @@ def test_a_lost_host_is_the_root_cause_even_after_a_survivors_crash_and_nothing_
     root = min((f for f in record.failures if f.attempt == 0), key=lambda f: f.time)
     assert (root.task, root.time, root.exit_code) == ("worker:0", 3.0, 255)
     assert "root cause: worker:0 on localhost" in summary(record) and record.stopped_because_of_failure == []
+
+
+class CountsStartThreads(FakeBackend):
+    """Starts are round trips that wait for 8 others: how many start threads exist at once."""
+
+    concurrent_start = True
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock, {})
+        self.barrier = threading.Barrier(8, timeout=10)
+        self.lock = threading.Lock()
+        self.most = 0
+
+    def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
+        self.barrier.wait()
+        with self.lock:
+            self.most = max(self.most, sum(t.name.startswith("start") for t in threading.enumerate()))
+            return super().start(launch, attempt)
+
+
+def many_tasks(tmp_path: Path, tasks: int, backend: FakeBackend, store: RunStore | None = None,
+               **config: object) -> Supervisor:
+    store = store or RunStore(tmp_path)
+    cluster = {"chief": ["localhost:1"], "worker": [f"localhost:{i + 2}" for i in range(tasks - 1)]}
+    plan = build_plan(parse_cluster({"cluster": cluster}), "/job.py", (), run_id="r", run_dir=str(tmp_path / "runs" / "r"),
+                      python="py", cwd="/")
+    record = initial_record(plan, created=0.0, max_restarts=int(config.get("max_restarts", 0)), backend="fake")  # type: ignore[arg-type]
+    store.create(record)
+    return Supervisor(plan, record, store, SupervisorConfig(**config), backend=backend,  # type: ignore[arg-type]
+                      clock=backend.clock, wall=backend.clock, wait=backend.clock.sleep)
+
+
+def test_starts_at_once_are_bounded_not_one_thread_per_task(tmp_path: Path) -> None:
+    from launcher.supervise.supervisor import START_WORKERS
+
+    backend = CountsStartThreads(FakeClock())
+    sup = many_tasks(tmp_path, 2 * START_WORKERS, backend)
+    sup._start_group()  # type: ignore[attr-defined]
+    assert len(backend.started) == 2 * START_WORKERS
+    assert 8 <= backend.most <= START_WORKERS
+
+
+class CountingStore(RunStore):
+    def __init__(self, home: Path) -> None:
+        super().__init__(home)
+        self.saves = 0
+
+    def save(self, record: RunRecord) -> None:
+        self.saves += 1
+        super().save(record)
+
+
+@pytest.mark.parametrize("tasks", [4, 48])
+def test_the_record_is_written_per_change_of_the_run_not_per_task_event(tmp_path: Path, tasks: int) -> None:
+    """Two attempts (the chief fails once): the writes do not grow with the tasks."""
+    clock = FakeClock()
+    exits: dict[str, list[tuple[float, int] | None]] = {
+        "chief:0": [(3, 1), (5, 0)], **{f"worker:{i}": [None, (1 + i % 4, 0)] for i in range(tasks - 1)}}
+    store = CountingStore(tmp_path)
+    sup = many_tasks(tmp_path, tasks, FakeBackend(clock, exits), store, max_restarts=1, poll_interval=0.5)
+    store.saves = 0
+    record = sup.run()
+    assert record.state == RunState.SUCCEEDED and record.attempt == 1
+    assert store.saves <= 16, store.saves  # was 2 per task per attempt (101 per attempt at 64 tasks)
+    saved = store.load("r")  # and the last write holds every task's end
+    assert all(t.state == TaskState.SUCCEEDED and t.attempt == 1 for t in saved.tasks)

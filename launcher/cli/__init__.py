@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from launcher.cli import launching, runs  # noqa: F401  (importing them registers their commands)
 from launcher.cli.app import app
+from launcher.limits import raise_open_files
 
 __all__ = ["app", "main"]
 
 
 def main() -> None:
+    raise_open_files()  # a launcher holds a descriptor per connection and per task (launcher.limits)
     app(prog_name="tfl")  # also as `python -m launcher`: completion asks for _TFL_COMPLETE

@@ -275,7 +275,7 @@ class Topology(_Strict):
         return task_ids({t: len(getattr(self, t)) for t in TASK_TYPES})
 
     def address(self, task: TaskId) -> Address:
-        return self.addresses(task.type)[task.index]
+        return parse_address(getattr(self, task.type)[task.index])  # one entry: a plan of T tasks parses T, not T²
 
 
 class ClusterSpec(_Strict):

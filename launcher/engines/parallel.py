@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from launcher.errors import LaunchError
+from launcher.errors import LaunchError, ResourceLimitError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -33,6 +33,8 @@ def first_error(results: Iterable[object]) -> None:
     errors = [r for r in results if isinstance(r, Exception)]
     if not errors:
         return
+    if own := [e for e in errors if isinstance(e, ResourceLimitError)]:
+        raise own[0]  # the launcher's own limit, whichever host it met it on: no host to blame
     if not isinstance(errors[0], LaunchError):
         raise errors[0]
     if len(errors) > 1:

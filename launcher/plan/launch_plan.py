@@ -12,8 +12,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from launcher import contract
 from launcher.describe import kinds
 from launcher.describe.hosts import RemoteDirs, SSHTarget, on_host
+from launcher.plan.tfconfig import shared_cluster, tf_config_json_of
 from launcher.tasks import TaskId
 
 
@@ -42,20 +44,30 @@ class TaskLaunch:
     def python(self) -> str:
         return self.argv[0]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, cluster: dict[str, list[str]] | None = None) -> dict[str, Any]:
+        """``cluster``: the plan's TF_CONFIG cluster, recorded once: a task whose TF_CONFIG is
+        drawn from it keeps only ``"tf_config": "plan"`` (its own part is its ``task``)."""
+        env, shared = dict(self.env), False
+        if cluster is not None and env.get(contract.TF_CONFIG) == tf_config_json_of(cluster, self.task):
+            del env[contract.TF_CONFIG]
+            shared = True
         return {
             "task": self.name, "host": self.host, "port": self.port,
-            "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd,
+            "argv": list(self.argv), "env": env, "cwd": self.cwd, **({"tf_config": "plan"} if shared else {}),
             "log_path": self.log_path, "progress_path": self.progress_path,
             "ssh": self.ssh.to_dict() if self.ssh else None, "sync": [list(s) for s in self.sync],
             "dirs": self.dirs.to_dict() if self.dirs else None, **({"kit": self.kit} if self.kit else {}),
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TaskLaunch:
+    def from_dict(cls, data: dict[str, Any], cluster: dict[str, list[str]] | None = None) -> TaskLaunch:
+        """A recorded task; its TF_CONFIG rebuilt from the plan's ``cluster`` where it was recorded so."""
+        task, env = TaskId.parse(data["task"]), dict(data["env"])
+        if data.get("tf_config") == "plan" and cluster is not None:
+            env[contract.TF_CONFIG] = tf_config_json_of(cluster, task)
         return cls(
-            task=TaskId.parse(data["task"]), host=data["host"], port=data["port"],
-            argv=tuple(data["argv"]), env=dict(data["env"]), cwd=data["cwd"],
+            task=task, host=data["host"], port=data["port"],
+            argv=tuple(data["argv"]), env=env, cwd=data["cwd"],
             log_path=data["log_path"], progress_path=data["progress_path"],
             ssh=SSHTarget.from_dict(data["ssh"]) if data.get("ssh") else None,
             sync=tuple((a, b) for a, b in data.get("sync", [])),
@@ -102,17 +114,24 @@ class LaunchPlan:
         return tuple(t for t in self.tasks if t.task.is_training)
 
     def to_dict(self) -> dict[str, Any]:
+        """The plan as recorded. TF_CONFIG's cluster is kept once (``tf_cluster``), not in every
+        task's environment: a record grows with the tasks, not with their square."""
+        configs = [t.env[contract.TF_CONFIG] for t in self.tasks if contract.TF_CONFIG in t.env]
+        cluster = shared_cluster(configs) if configs else None
         return {
             "run_id": self.run_id, "run_dir": self.run_dir, "job": self.job,
-            "job_args": list(self.job_args), "tasks": [t.to_dict() for t in self.tasks], "network": self.network,
+            "job_args": list(self.job_args), "tasks": [t.to_dict(cluster) for t in self.tasks], "network": self.network,
+            **({"tf_cluster": cluster} if cluster else {}),
             **({"unit": {"kind": self.unit.kind, **self.unit.to_dict()}} if self.unit else {}),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LaunchPlan:
+        """A recorded plan: this tfl's, or an older one's (every task's TF_CONFIG whole in its env)."""
+        cluster = data.get("tf_cluster")
         return cls(
             run_id=data["run_id"], run_dir=data["run_dir"], job=data["job"],
-            job_args=tuple(data["job_args"]), tasks=tuple(TaskLaunch.from_dict(t) for t in data["tasks"]),
+            job_args=tuple(data["job_args"]), tasks=tuple(TaskLaunch.from_dict(t, cluster) for t in data["tasks"]),
             unit=_unit(data), network=data.get("network", "host"),  # recorded before the modes: host
         )
 

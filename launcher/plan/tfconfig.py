@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from launcher.contract import TASK_TYPES, TRAINING_TYPES
@@ -11,7 +12,7 @@ from launcher.tasks import TaskId
 if TYPE_CHECKING:
     from launcher.describe.spec import Topology
 
-__all__ = ["TaskId", "tasks_of", "tf_config", "tf_config_json", "tf_config_of"]
+__all__ = ["TaskId", "shared_cluster", "tasks_of", "tf_config", "tf_config_json", "tf_config_json_of", "tf_config_of"]
 
 
 def tasks_of(topology: Topology) -> list[TaskId]:
@@ -38,3 +39,22 @@ def tf_config_of(addresses: dict[str, list[str]], task: TaskId) -> dict[str, Any
 
 def tf_config_json(topology: Topology, task: TaskId) -> str:
     return json.dumps(tf_config(topology, task), separators=(",", ":"))
+
+
+def tf_config_json_of(addresses: dict[str, list[str]], task: TaskId) -> str:
+    return json.dumps(tf_config_of(addresses, task), separators=(",", ":"))
+
+
+def shared_cluster(configs: Iterable[str]) -> dict[str, list[str]]:
+    """One cluster that the TF_CONFIGs given (JSON) are drawn from: each task type's addresses
+    as the first of them that names the type gives them (a plan's record keeps this once)."""
+    cluster: dict[str, list[str]] = {}
+    for text in configs:
+        try:
+            found = json.loads(text).get("cluster", {})
+        except (ValueError, AttributeError):
+            continue
+        for kind, addresses in found.items() if isinstance(found, dict) else ():
+            if kind in TASK_TYPES and isinstance(addresses, list):
+                cluster.setdefault(kind, [str(a) for a in addresses])
+    return {kind: cluster[kind] for kind in TASK_TYPES if kind in cluster}

@@ -32,9 +32,10 @@ STATE_FILE = "state.json"
 STOP_REQUEST = "stop_requested"  # written by `tfl stop` before its SIGTERM: the launcher's SIGTERM is then no preemption
 # Bump when a record changes so that an older tfl cannot read it right (2: backend_data; 3: the
 # preempted states, RestartRecord.kind, RunRecord.config; 4: an elastic run's min_tasks,
-# lost_hosts and resizes). This tfl reads every older version (each new field has a default)
-# and saves what it read in its own.
-RECORD_VERSION = 4
+# lost_hosts and resizes; 5: the plan's TF_CONFIG cluster kept once, as plan.tf_cluster, and
+# tasks' TF_CONFIG rebuilt from it). This tfl reads every older version (each new field has a
+# default, a plan without tf_cluster keeps each TF_CONFIG whole) and saves what it read in its own.
+RECORD_VERSION = 5
 # The latest run is the newest created among the active runs and this many whose record changed last.
 LATEST_AMONG = 20
 
@@ -134,10 +135,20 @@ class RunRecord:
     resizes: list[ResizeRecord] = field(default_factory=list)
 
     def task(self, name: str) -> TaskRecord:
-        return next(t for t in self.tasks if t.task == name)
+        """By name, through an index rebuilt whenever ``tasks`` is another list or another length
+        (the supervisor asks for every task on every tick: a scan each time would cost T²)."""
+        index = self.__dict__.get("_by_name")
+        if index is None or index[0] is not self.tasks or index[1] != len(self.tasks):
+            index = (self.tasks, len(self.tasks), {t.task: t for t in self.tasks})
+            self.__dict__["_by_name"] = index
+        found = index[2].get(name)
+        if found is None or found.task != name:  # a record renamed in place: scan, as before
+            return next(t for t in self.tasks if t.task == name)
+        return found
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=1)
+        # Compact: the record is rewritten on every change of the run, and its size is what a large run pays.
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> RunRecord:

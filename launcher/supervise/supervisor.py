@@ -37,6 +37,9 @@ from launcher.supervise.recording import initial_record as initial_record  # whe
 from launcher.supervise.restarts import first_training_failure, may_restart
 from launcher.supervise.waker import Waker
 
+# Starts at once at most (each a round trip to its host): threads bounded, not one per task.
+START_WORKERS = 32
+
 
 class Supervisor:
     """Runs one plan on one backend. ``wake`` is what the backend was told to call when a task
@@ -52,7 +55,9 @@ class Supervisor:
         self._backend, self._clock, self._wall, self._say = backend, clock, wall, say
         # A backend that runs the group as one unit restarts it itself (see backends.base.GroupBackend).
         self._group: GroupBackend | None = backend if isinstance(backend, GroupBackend) else None
-        self._wake, self._wait = wake or Waker(), wait or self._wait_for_event
+        self._wake = wake or Waker()
+        self._wait = self._flushing(wait or self._wait_for_event)  # the record is written before each wait
+        self._dirty = False  # task events since the record was last written (``_changed``)
         self._progress_time = progress_time
         self._procs: dict[str, TaskProcess] = {}
         self._stop_requested = False
@@ -146,7 +151,7 @@ class Supervisor:
         if not concurrent:
             return
         attempt = self.record.attempt
-        with ThreadPoolExecutor(max_workers=len(concurrent), thread_name_prefix="start") as pool:
+        with ThreadPoolExecutor(max_workers=min(START_WORKERS, len(concurrent)), thread_name_prefix="start") as pool:
             futures = [(t, pool.submit(self._backend.start, t, attempt)) for t in concurrent]
         errors = []
         for launch, future in futures:  # every start is done here; recorded in plan order
@@ -168,7 +173,7 @@ class Supervisor:
         task.started, task.ended, task.exit_code = self._wall(), None, None
         if self._group:
             self.record.backend_data.update(self._group.run_data())
-        self._save()
+        self._changed()
 
     def _reap(self) -> None:
         """Move every task that has exited to SUCCEEDED or FAILED."""
@@ -180,13 +185,13 @@ class Supervisor:
             learned = self._learn_where(task, proc)
             if code is None:
                 if learned:
-                    self._save()
+                    self._changed()
                 continue
             task.exit_code, task.ended = code, self._wall()
             task.state = ended_state(code, TaskState.FAILED)
             if code != 0:
                 self._record_failure(proc, code)
-            self._save()
+            self._changed()
 
     def _record_failure(self, proc: TaskProcess, code: int | None, reason: str | None = None, time: float | None = None) -> None:
         """A task failed (a lost host's: when its host stopped answering, before the survivors it took down)."""
@@ -219,7 +224,7 @@ class Supervisor:
             if now - last > timeout:
                 task.state, task.ended = TaskState.FAILED, now
                 self._record_failure(proc, None, f"stalled: no progress for {timeout:g} s (--stall-timeout)", now)
-                self._save()
+                self._changed()
 
     def _on_training_failure(self, failure: FailureRecord) -> bool:
         if failure.exit_code == PREEMPTED_EXIT_CODE and self._group is None:
@@ -347,7 +352,7 @@ class Supervisor:
                 code = self._backend.poll(proc)
                 task.state = TaskState.PREEMPTED if code == PREEMPTED_EXIT_CODE else state  # it saved on our notice
                 task.exit_code, task.ended = code, self._wall()
-        self._save()
+        self._changed()
 
     # --- small helpers ------------------------------------------------------------------
     def _wait_for_event(self, timeout: float) -> None:
@@ -362,9 +367,22 @@ class Supervisor:
         self.record.ended = self._wall()
         self._save()
 
+    def _changed(self) -> None:
+        """A task event: written with the next change of the run's state, or before the next
+        wait, whichever comes first (at most once per tick, not once per task event)."""
+        self._dirty = True
+
+    def _flushing(self, wait: Callable[[float], None]) -> Callable[[float], None]:
+        def flush_then_wait(timeout: float) -> None:
+            if self._dirty:
+                self._save()
+            wait(timeout)
+        return flush_then_wait
+
     def _save(self) -> None:
         """A run that can no longer be recorded (disk full...) is stopped: nobody could see or
         stop its tasks. Saving is still tried on the way down; ``run`` raises the first error."""
+        self._dirty = False
         try:
             self._store.save(self.record)
         except StateWriteError as exc:

@@ -9,24 +9,36 @@ it folds into one line each traceback a lost peer caused (``launcher.views.fold`
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
+from launcher.limits import FOLLOW_OPEN
 from launcher.views.fold import TracebackFold
 from launcher.views.noise import NoiseFilter
 
+IDLE_CLOSE = 100  # polls (10 s at the console's pace) after which an idle log is closed
 _COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
 
 
 class _Source:
+    """One task's log, read from where the last read ended. Its size is looked at first: an idle
+    log is never opened again, a growing one stays open (at most ``FOLLOW_OPEN`` logs of a
+    follower at once, closed again after ``IDLE_CLOSE`` idle polls), and a log truncated or
+    replaced at its path is read again from its start."""
+
     def __init__(self, name: str, path: Path, prefix: str, from_end: bool, hide_noise: bool,
-                 peer_lost: list[str]) -> None:
+                 peer_lost: list[str], slots: list[int]) -> None:
         self.name, self.path, self.prefix = name, path, prefix
-        self.offset = path.stat().st_size if from_end and path.exists() else 0
+        self.ident = _ident(path)  # the file read so far (device, inode): another one at the path starts anew
+        self.offset = path.stat().st_size if from_end and self.ident else 0
         self.partial = b""
         self.noise = NoiseFilter() if hide_noise else None
         self.fold = TracebackFold(peer_lost) if hide_noise else None
+        self._handle: BinaryIO | None = None
+        self._idle = 0  # polls since it last grew
+        self._slots = slots  # shared by the follower's sources: how many logs may stay open now
 
     def shown(self, lines: list[str], idle: float) -> list[str]:
         """What of ``lines`` the console shows: no start-up noise, no traceback a lost peer caused."""
@@ -38,19 +50,73 @@ class _Source:
         return [out for line in kept for out in self.fold.feed(line)]
 
     def read_lines(self, final: bool) -> list[str]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except OSError:
-            return []
-        self.offset += len(chunk)
+        chunk = self._read_new()
         data = self.partial + chunk
         lines = data.split(b"\n")
         self.partial = b"" if final else lines.pop()
         if final and lines and lines[-1] == b"":
             lines.pop()
         return [line.decode(errors="replace") for line in lines]
+
+    def _read_new(self) -> bytes:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return b""
+        rest = b""
+        if (st.st_dev, st.st_ino) != self.ident:  # rotated or made anew: the old file's last bytes, then the new one
+            rest = self._read_open()
+            self.close()
+            self.offset = 0 if self.ident else self.offset
+            self.ident = (st.st_dev, st.st_ino)
+        elif st.st_size < self.offset:  # truncated
+            self.close()
+            self.offset = 0
+        if st.st_size <= self.offset:  # idle: nothing opened, and one idle long enough gives its slot back
+            self._idle += 1
+            if self._idle >= IDLE_CLOSE:
+                self.close()
+            return rest
+        self._idle = 0
+        if self._handle is None:
+            try:
+                handle = open(self.path, "rb")
+            except OSError:
+                return rest
+            handle.seek(self.offset)
+            if self._slots[0] > 0:
+                self._slots[0] -= 1
+                self._handle = handle
+            else:  # every slot taken: read and close
+                with handle:
+                    chunk = handle.read()
+                self.offset += len(chunk)
+                return rest + chunk
+        return rest + self._read_open()
+
+    def _read_open(self) -> bytes:
+        if self._handle is None:
+            return b""
+        try:
+            chunk = self._handle.read()
+        except OSError:
+            return b""
+        self.offset += len(chunk)
+        return chunk
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+            self._slots[0] += 1
+
+
+def _ident(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 class LogFollower:
@@ -61,10 +127,11 @@ class LogFollower:
         width = max((len(name) for name, _ in sources), default=0)
         self._sources = []
         peer_lost: list[str] = []  # shared: a host lost is known to every task's fold
+        slots = [FOLLOW_OPEN]  # logs that may stay open at once
         for i, (name, path) in enumerate(sources):
             tag = f"[{name}]".ljust(width + 2)
             prefix = f"\033[{_COLOURS[i % len(_COLOURS)]}m{tag}\033[0m " if colour else f"{tag} "
-            self._sources.append(_Source(name, Path(path), prefix, from_end, hide_noise, peer_lost))
+            self._sources.append(_Source(name, Path(path), prefix, from_end, hide_noise, peer_lost, slots))
         self._out, self._interval = out, interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -104,4 +171,5 @@ class LogFollower:
                 self._out.write(f"{src.prefix}tfl: {src.noise.count} line(s) of TensorFlow start-up noise hidden "
                                 "(the task's log keeps them; --verbose shows them)\n")
                 src.noise.hidden.clear()
+            src.close()
         self._out.flush()

@@ -34,6 +34,7 @@ from launcher.engines.ssh.restart import PREDECESSOR_WAIT, stop_lost_attempt
 from launcher.engines.ssh.watch import CHECK_EVERY, HostWatch, reachable
 from launcher.engines.ssh.wire import MARK, agent_request, python_failure
 from launcher.files import open_private, write_atomic
+from launcher.limits import FOLLOW_OPEN, OWN_ERRNOS, check_open_files, limit_error
 from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
 from launcher.plan.run_options import DEFAULT_GRACE_S
 from launcher.records.store import RunRecord
@@ -175,6 +176,12 @@ def write_atomic_quietly(path: str, text: str) -> None:
         pass
 
 
+def descriptors_needed(hosts: int, tasks: int) -> int:
+    """What a launch holds open at most: a connection per host, a log per task (the agents'
+    channels share their host's connection), the console's open logs, and the launcher's own."""
+    return 24 + hosts + tasks + min(tasks, FOLLOW_OPEN)
+
+
 class SSHBackend:
     """The Backend protocol over SSH (see ``engines.base``)."""
 
@@ -210,6 +217,8 @@ class SSHBackend:
 
     def prepare(self, plan: LaunchPlan) -> list[Check]:
         self._plan = plan
+        hosts = len({t.host for t in plan.tasks})
+        check_open_files(descriptors_needed(hosts, len(plan.tasks)), f"this launch ({hosts} hosts, {len(plan.tasks)} tasks)")
         try:
             return prepare_hosts(plan, self._pool, self._caches, self._firewalls)
         except BaseException:
@@ -231,7 +240,13 @@ class SSHBackend:
             raise SSHError(launch.host, refused, launch.name)
         note = self._stop_lost_attempt(launch)
         chan = self._pool.agent(launch)
-        task = RemoteTask(chan, launch, attempt, self._notify, self._watch.confirm)
+        try:
+            task = RemoteTask(chan, launch, attempt, self._notify, self._watch.confirm)
+        except OSError as exc:  # its log: out of descriptors is the launcher's own limit
+            chan.close()
+            if exc.errno in OWN_ERRNOS:
+                raise limit_error(exc, "starting the tasks") from None
+            raise
         if note:
             task.log(note)
         task.send(self._request(launch, attempt))  # a dead channel shows as a missing pid below

@@ -33,6 +33,7 @@ from launcher.engines.ssh.hostkeys import UnknownHostKey, give_keys, policy
 from launcher.engines.ssh.jump import Jump, hostname, jump_for, ssh_config
 from launcher.engines.ssh.watch import PROBE_TIMEOUT, reachable
 from launcher.errors import LaunchError
+from launcher.limits import limit_error, own_fault
 
 if TYPE_CHECKING:
     from fabric import Connection
@@ -235,7 +236,8 @@ def reach(target: SSHTarget, timeout: float = PROBE_TIMEOUT) -> bool:
         return reachable(target.host, target.port, timeout)
     try:
         hold = _BASTIONS.acquire(jump, target.host)
-    except SSHError:
+    except SSHError as exc:
+        _raise_own_fault(exc)
         return False
     try:
         transport = hold.conn.client.get_transport()
@@ -243,10 +245,18 @@ def reach(target: SSHTarget, timeout: float = PROBE_TIMEOUT) -> bool:
         return True
     except paramiko.ChannelException as exc:
         return "refused" in str(exc.text).lower()
-    except (paramiko.SSHException, OSError, EOFError, AttributeError):
+    except (paramiko.SSHException, OSError, EOFError, AttributeError) as exc:
+        _raise_own_fault(exc)
         return False
     finally:
         _BASTIONS.release(hold)
+
+
+def _raise_own_fault(exc: BaseException) -> None:
+    """The launcher out of descriptors or buffers says nothing of the host (``launcher.limits``)."""
+    fault = own_fault(exc)
+    if fault is not None:
+        raise limit_error(fault, "watching the hosts") from None
 
 
 _DROPS = (EOFError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from launcher.describe.hosts import SSHTarget
 from launcher.engines.ssh.connect import SSHError, connect, open_channel
 from launcher.engines.ssh.wire import agent_command, agent_input, python_failure
+from launcher.limits import limit_error, own_fault
 from launcher.plan.launch_plan import TaskLaunch
 
 if TYPE_CHECKING:
@@ -20,6 +21,18 @@ if TYPE_CHECKING:
 # knows a host that does not answer as lost within seconds). The agent's own dead-man timer,
 # after which it stops its task, is the cluster file's ``ssh.fence_after`` (30 s by default).
 HEARTBEAT_TIMEOUT = 30.0
+
+
+def _connect(target: SSHTarget) -> Connection:
+    """``connect``, where a failure for want of the launcher's own descriptors (or buffers) is
+    said as that (``launcher.limits``), never as the host's."""
+    try:
+        return connect(target)
+    except SSHError as exc:
+        fault = own_fault(exc)
+        if fault is not None:
+            raise limit_error(fault, "connecting to the hosts") from None
+        raise
 
 
 class HostPool:
@@ -34,7 +47,7 @@ class HostPool:
         with self._locks[target.host]:
             live = self._live(target.host)
             if not live:
-                live.append(connect(target))
+                live.append(_connect(target))
             return live[0]
 
     def channel(self, target: SSHTarget, command: str, timeout: float) -> Channel:
@@ -47,7 +60,7 @@ class HostPool:
                 return open_channel(conn, command, timeout)
             except paramiko.ChannelException:
                 continue
-        conn = connect(target)
+        conn = _connect(target)
         with self._locks[target.host]:
             self._live(target.host).append(conn)
         return open_channel(conn, command, timeout)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.engines.parallel import first_error, parallel
 from launcher.engines.preflight import Check, HostTasks, host_tasks, judge, judge_setup, probe_request
 from launcher.engines.ssh.connect import SSHError
-from launcher.engines.ssh.wire import agent_request, archives, cleanup_request, converse, kit_archive
+from launcher.engines.ssh.wire import Tarballs, agent_request, archives, cleanup_request, converse, kit_archive
 from launcher.plan.launch_plan import LaunchPlan
 
 if TYPE_CHECKING:
@@ -30,7 +30,10 @@ if TYPE_CHECKING:
 def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str], firewalls: Firewalls) -> list[Check]:
     """Reach every SSH host of the plan at once and get it ready: its checks, or the first
     failure to reach one raises. ``caches`` gets each ready host's per-user tfl dir; a host
-    with ``ssh.firewall`` gets the run's table (``firewall``) last, once all else passed."""
+    with ``ssh.firewall`` gets the run's table (``firewall``) last, once all else passed.
+    The code's tarballs are built once for the launch and sent to every host (``Tarballs``)."""
+    tarballs = Tarballs()
+
     def reach(host: HostTasks) -> list[Check]:
         first, *rest = [t for t in plan.tasks if t.host == host.host]
         chan = pool.start_agent_ahead(first)
@@ -39,7 +42,7 @@ def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str], fire
         if _failed(checks):
             return checks
         cache = facts["tfl_cache"]
-        done = converse(chan, unpack_request(plan, host.host, cache), host.host, host.python)
+        done = converse(chan, unpack_request(plan, host.host, cache, tarballs), host.host, host.python)
         if "error" in done:
             raise SSHError(host.host, f"could not unpack the code there ({done['error']}); check hosts.{host.host}.workdir "
                                       "and free disk there, or use --no-sync if the code is already on the host")
@@ -59,15 +62,15 @@ def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str], fire
     return [c for r in results if isinstance(r, list) for c in r]
 
 
-def unpack_request(plan: LaunchPlan, host: str, cache: str) -> dict[str, Any]:
+def unpack_request(plan: LaunchPlan, host: str, cache: str, tarballs: Tarballs | None = None) -> dict[str, Any]:
     """The run's dirs on ``host`` (a configured workdir first, then the run dir, parents first),
     the code shipped there and the job kit."""
     tasks = [t.on_host(cache) for t in plan.tasks if t.host == host]
     copies = sorted({copy for task in tasks for copy in task.sync})
     dirs = tasks[0].dirs
     if dirs is None:  # a plan recorded by a tfl that shipped no kit
-        return {"mode": "unpack", "archives": archives(copies)}
-    return {"mode": "unpack", "kit": dirs.kit, "archives": [*archives(copies), kit_archive(dirs.kit)],
+        return {"mode": "unpack", "archives": archives(copies, tarballs)}
+    return {"mode": "unpack", "kit": dirs.kit, "archives": [*archives(copies, tarballs), kit_archive(dirs.kit)],
             "dirs": [*({"path": p, "private": False, "role": "workdir"} for p in dirs.checked),
                      *({"path": p, "private": True, "role": "run dir"} for p in dirs.private)]}
 

@@ -22,6 +22,7 @@ from launcher.engines.ssh.connect import connect
 from launcher.engines.ssh.firewall import unfence
 from launcher.engines.ssh.wire import agent_request, cleanup_request
 from launcher.engines.teardown import teardown
+from launcher.limits import limit_error, own_fault
 from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
 from launcher.records.identity import launcher_identity
 from launcher.records.states import TaskState
@@ -59,7 +60,10 @@ def _ask_hosts(record: RunRecord, request: dict[str, Any]) -> dict[str, Any]:
             conn.close()
 
     answers: dict[str, Any] = {}
-    for host, result in zip(hosts, parallel(ask, list(hosts)), strict=True):
+    results = parallel(ask, list(hosts))
+    if fault := next((f for r in results if isinstance(r, Exception) and (f := own_fault(r))), None):
+        raise limit_error(fault, "asking the hosts")  # the launcher's own limit: no host is unreachable for it
+    for host, result in zip(hosts, results, strict=True):
         for task in hosts[host][2]:
             answers[task["name"]] = {"error": str(result)} if isinstance(result, Exception) else result[task["name"]]
     return answers

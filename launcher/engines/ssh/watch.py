@@ -18,11 +18,15 @@ agent's own dead-man timer (``ssh.fence_after``) stops the task on the far side.
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
+
+from launcher.errors import ResourceLimitError
+from launcher.limits import OWN_ERRNOS, limit_error
 
 SILENT_AFTER = 5.0  # two missed pings
 PROBE_TIMEOUT = 4.0
@@ -54,13 +58,17 @@ class LostHost:
 
 
 def reachable(host: str, port: int, timeout: float = PROBE_TIMEOUT) -> bool:
-    """Whether the host's kernel answers a TCP connection to ``port`` (refused counts: it is up)."""
+    """Whether the host's kernel answers a TCP connection to ``port`` (refused counts: it is up).
+    An error of the launcher's own (out of descriptors or buffers) says nothing of the host:
+    ``ResourceLimitError``."""
     try:
         socket.create_connection((host, port), timeout=timeout).close()
         return True
     except ConnectionRefusedError:
         return True
-    except OSError:
+    except OSError as exc:
+        if exc.errno in OWN_ERRNOS:
+            raise limit_error(exc, "watching the hosts") from None
         return False
 
 
@@ -68,8 +76,11 @@ class HostWatch:
     """Declares hosts lost; ``check`` is called every ``CHECK_EVERY`` s with the live tasks."""
 
     def __init__(self, notify: Callable[[], None], probe: Callable[[str, int], bool] = reachable,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
-        self._notify, self._probe, self._clock, self._wall = notify, probe, clock, wall
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 say: Callable[[str], None] = lambda line: print(f"tfl: {line}", file=sys.stderr, flush=True)) -> None:
+        """``say``: where the launcher's own fault (``ResourceLimitError`` from a probe) is said, once."""
+        self._notify, self._probe, self._clock, self._wall, self._say = notify, probe, clock, wall, say
+        self.fault: ResourceLimitError | None = None  # the launcher's own limit met by a probe: no host lost for it
         self._lost: dict[str, LostHost] = {}
         self._probing: set[str] = set()
         self._probed: dict[str, float] = {}  # host -> when last found up: asked again only after SILENT_AFTER
@@ -106,7 +117,7 @@ class HostWatch:
         """``task``'s connection ended without its exit: was its host lost (powered off, cut off
         while the connection was closing), or only the connection? Asks the host (blocks up to
         ``PROBE_TIMEOUT`` s); a lost host's tasks are declared lost."""
-        if task.host not in self._lost and self._probe(task.host, task.port):
+        if task.host not in self._lost and self._answers(task.host, task.port) is not False:
             return
         with self._lock:
             self._lost.setdefault(task.host, LostHost(task.host, since=task.heard_wall, noticed=self._wall()))
@@ -114,8 +125,10 @@ class HostWatch:
 
     def _probe_host(self, host: str, group: list[Watched]) -> None:
         try:
-            if self._probe(host, group[0].port):
+            answers = self._answers(host, group[0].port)
+            if answers:
                 self._probed[host] = self._clock()
+            if answers is not False:  # None: the launcher could not ask; asked again at the next check
                 return
             lost = LostHost(host, since=max(t.heard_wall for t in group), noticed=self._wall())
             with self._lock:
@@ -125,6 +138,16 @@ class HostWatch:
         finally:
             with self._lock:
                 self._probing.discard(host)
+
+    def _answers(self, host: str, port: int) -> bool | None:
+        """The probe's answer; None when the launcher could not ask (said once, never a lost host)."""
+        try:
+            return self._probe(host, port)
+        except ResourceLimitError as exc:
+            if self.fault is None:
+                self.fault = exc
+                self._say(str(exc))
+            return None
 
     @staticmethod
     def _declare(lost: LostHost, group: list[Watched]) -> None:

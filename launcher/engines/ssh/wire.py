@@ -13,12 +13,12 @@ travels as one more tarball (``kit_archive``): tasks on a host need nothing of t
 from __future__ import annotations
 
 import base64
-import functools
 import io
 import json
 import os
 import shlex
 import tarfile
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,10 +71,6 @@ def reply(out: bytes) -> Any:
     return json.loads(out.rpartition(MARK)[2])
 
 
-@functools.lru_cache(maxsize=1)
-def _kit_tarball() -> str:
-    items = [(str(LAUNCHER_DIR / local), name) for local, name in KIT_FILES]
-    return base64.b64encode(_tarball(items)).decode()
 
 
 def kit_archive(dest: str) -> dict[str, str]:
@@ -94,14 +90,40 @@ def python_failure(python: str, code: int | None, stderr: bytes, host: str) -> s
     return f"the tfl agent failed under '{python}' ({said}); it needs Python >= 3.8"
 
 
-def archives(copies: Iterable[tuple[str, str]]) -> list[dict[str, str]]:
+class Tarballs:
+    """The tarballs of one launch, each built once (base64) and shared by every host it goes to:
+    the same files go to each host, only their destination differs. Safe from several threads."""
+
+    def __init__(self) -> None:
+        self._built: dict[tuple[tuple[str, str], ...], str] = {}
+        self._lock = threading.Lock()
+        self.builds = 0  # how many were built (a test's proof)
+
+    def of(self, items: list[tuple[str, str]]) -> str:
+        key = tuple(items)
+        with self._lock:  # one build per key; the others wait for it rather than build it again
+            if key not in self._built:
+                self._built[key] = base64.b64encode(_tarball(items)).decode()
+                self.builds += 1
+            return self._built[key]
+
+
+_KIT = Tarballs()  # this launcher's kit, built once per process (hosts reached at once wait for the one build)
+
+
+def _kit_tarball() -> str:
+    return _KIT.of([(str(LAUNCHER_DIR / local), name) for local, name in KIT_FILES])
+
+
+def archives(copies: Iterable[tuple[str, str]], tarballs: Tarballs | None = None) -> list[dict[str, str]]:
     """Files and directory contents to copy, as the agent's ``unpack`` request takes them:
-    one gzipped tarball (base64) per destination directory."""
+    one gzipped tarball (base64) per destination directory (``tarballs``: the launch's, built once)."""
+    tarballs = tarballs or Tarballs()
     by_dest: dict[str, list[tuple[str, str]]] = {}
     for local, remote in copies:
         dest = os.path.dirname(remote) if os.path.isfile(local) else remote
         by_dest.setdefault(dest, []).append((local, os.path.basename(remote) if os.path.isfile(local) else "."))
-    return [{"dest": dest, "data": base64.b64encode(_tarball(items)).decode()} for dest, items in by_dest.items()]
+    return [{"dest": dest, "data": tarballs.of(items)} for dest, items in by_dest.items()]
 
 
 def converse(chan: Channel, request: dict[str, Any], host: str, python: str) -> dict[str, Any]:

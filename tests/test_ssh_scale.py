@@ -1,0 +1,109 @@
+"""Costs that must not grow faster than the hosts (issue 29), on a real sshd with many loopback
+hosts (127.0.8.x: loopback only): the job's tarball built once per launch, and a launcher short
+of file descriptors that says so in one line and never calls a reachable host lost."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from launcher.describe.hosts import RemoteOptions
+from launcher.describe.kinds import load_description
+from launcher.engines.ssh import wire
+from launcher.records.store import RunStore
+from launcher.runs import launch as core
+from tests.procs import tfl_processes
+from tests.sshd import SSHD, Sshd, cluster_file, start_sshd, stop_sshd
+
+pytestmark = pytest.mark.ssh
+
+HOSTS = tuple(f"127.0.8.{i}" for i in range(1, 17))  # sshd listens on 16 addresses at most
+GO_JOB = """
+    import os, sys, time
+    print("ready", os.environ["TFL_TASK"], flush=True)
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.2)
+"""
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    if not Path(SSHD).exists():
+        pytest.skip(f"{SSHD} not installed")
+    server = start_sshd(tmp_path_factory.mktemp("sshd-many"), hosts=HOSTS)
+    yield server
+    stop_sshd(server)
+
+
+def many_tasks(tmp_path: Path, server: Sshd, hosts: int, per_host: int, port: int = 31000) -> Path:
+    names = HOSTS[:hosts]
+    addresses = [f"{h}:{port + k}" for h in names for k in range(per_host)]
+    return cluster_file(tmp_path / "c.json", server, {"chief": addresses[:1], "worker": addresses[1:]},
+                        {h: None for h in names})
+
+
+def test_the_job_tarball_is_built_once_for_every_host(many: Sshd, tmp_path: Path, tfl_home: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    job = tmp_path / "src" / "job.py"
+    job.parent.mkdir()
+    job.write_text("print('hi')\n")
+    (job.parent / "data.bin").write_bytes(bytes(range(256)) * 64)
+    built: list[list[tuple[str, str]]] = []
+    real = wire._tarball
+
+    def counting(items: list[tuple[str, str]]) -> bytes:
+        built.append(items)
+        return real(items)
+
+    monkeypatch.setattr(wire, "_tarball", counting)
+    monkeypatch.setattr(wire, "_KIT", wire.Tarballs())  # the kit as a fresh launcher builds it
+    spec = load_description(many_tasks(tmp_path, many, 6, 1))
+    plan = core.make_plan(str(job), (), spec, RunStore(tfl_home), RemoteOptions(ship_code=True, sync_dirs=(str(job.parent),)))
+    prepared = core.prepare(plan)
+    try:
+        assert all(list(many.home(host).rglob("data.bin")) for host in HOSTS[:6])  # every host got the code
+    finally:
+        prepared.backend.close()
+    kit = [items for items in built if any(name == "launcher/jobkit" for _, name in items)]
+    assert len(kit) == 1 and len(built) == 2, built  # the job's once and the kit's once, for 6 hosts (was 6 + 1)
+
+
+def run_launch(tmp_path: Path, server: Sshd, home: Path, nofile: str, hosts: int, per_host: int,
+               timeout: float = 150) -> tuple[subprocess.CompletedProcess[str], Path]:
+    job = tmp_path / "src" / "job.py"
+    job.parent.mkdir(exist_ok=True)
+    job.write_text(textwrap.dedent(GO_JOB))
+    go = tmp_path / "go"
+    go.touch()  # every task leaves once it has said it is ready
+    command = ["prlimit", f"--nofile={nofile}", sys.executable, "-m", "launcher", "launch",
+               "--cluster", str(many_tasks(tmp_path, server, hosts, per_host)), str(job), str(go)]
+    env = {"PATH": "/usr/bin:/bin", "TFL_HOME": str(home), "HOME": str(tmp_path)}
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout), job
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="prlimit (util-linux) missing")
+def test_a_low_soft_fd_limit_is_raised_to_the_hard_one(many: Sshd, tmp_path: Path, tfl_home: Path) -> None:
+    """16 hosts × 3 tasks need more than 40 descriptors: with the hard limit higher, it works."""
+    done, _ = run_launch(tmp_path, many, tfl_home, "40:4096", 16, 3)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "succeeded" in done.stdout + done.stderr
+    assert tfl_processes(home=str(tfl_home)) == []
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="prlimit (util-linux) missing")
+def test_too_few_fds_fail_at_once_in_one_line_naming_the_limit_not_a_host(many: Sshd, tmp_path: Path,
+                                                                          tfl_home: Path) -> None:
+    done, _ = run_launch(tmp_path, many, tfl_home, "40", 16, 3)
+    said = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(said) == 1, done.stderr
+    assert "file descriptors" in said[0] and "ulimit -n" in said[0] and "40" in said[0], said
+    assert not any(host in said[0] for host in HOSTS), said  # the launcher's limit, no host blamed
+    assert "lost" not in said[0] and "unreachable" not in said[0]
+    assert "Traceback" not in done.stderr
+    assert tfl_processes(home=str(tfl_home)) == []
