@@ -10,6 +10,7 @@ Phases (each fills some of the issue's sections):
   slurm    10. Slurm: launch to every task running against plain sbatch, death → teardown, notice → tasks
   hosts    13. lost hosts: a host cut off noticed, the run ended, every task stopped; launcher kill -9
   preemption 11. preemption in the job: the notice watch's and input position's cost, notice → checkpoint
+  manyhosts 18. many hosts: SSH runs of 16-256 hosts on the large bed (root); --many-hosts, --idle-window
 """
 
 from __future__ import annotations
@@ -18,15 +19,30 @@ import argparse
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from bench import chaos, cli_latency, failures, launch, lost_hosts, preemption, restart, scaling, slurm, ssh, training, training_report
+from bench import (
+    chaos,
+    cli_latency,
+    failures,
+    launch,
+    lost_hosts,
+    many_hosts,
+    preemption,
+    restart,
+    scaling,
+    slurm,
+    ssh,
+    training,
+    training_report,
+)
 from bench.common import PYTHON, ROOT, Section, Workspace, load1
 from bench.config import Config, machine, timestamp
 from bench.report import previous_report, render
 
-PHASES = ("cli", "launch", "failures", "scaling", "training", "chaos", "slurm", "hosts", "preemption")
+PHASES = ("cli", "launch", "failures", "scaling", "training", "chaos", "slurm", "hosts", "preemption", "manyhosts")
 
 
 def make_data(ws: Workspace) -> Path:
@@ -83,10 +99,14 @@ def phase_preemption(cfg: Config, ws: Workspace, data: Path | None) -> list[Sect
     return [preemption.preemption_section(cfg, preemption.preemption_runs(cfg, ws))]
 
 
+def phase_manyhosts(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
+    return [many_hosts.many_hosts_section(cfg, many_hosts.many_host_runs(cfg, ws))]
+
+
 RUNNERS: dict[str, Callable[[Config, Workspace, Path | None], list[Section]]] = {
     "cli": phase_cli, "launch": phase_launch, "failures": phase_failures, "scaling": phase_scaling,
     "training": phase_training, "chaos": phase_chaos, "slurm": phase_slurm,
-    "hosts": phase_hosts, "preemption": phase_preemption}
+    "hosts": phase_hosts, "preemption": phase_preemption, "manyhosts": phase_manyhosts}
 
 
 def run_phase(name: str, cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
@@ -107,12 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=",".join(PHASES),
                         help=f"comma-separated phases to measure ({', '.join(PHASES)}); the report keeps the others' sections")
     parser.add_argument("--keep", action="store_true", help="keep the temporary run stores (their path is printed)")
+    parser.add_argument("--many-hosts", help="manyhosts: the host counts, one task each (default 16,64,128,256)")
+    parser.add_argument("--idle-window", type=float, help="manyhosts: seconds the idle launcher is watched (default 60)")
     args = parser.parse_args(argv)
     phases = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = sorted(set(phases) - set(PHASES))
     if unknown:
         parser.error(f"--only: unknown phase(s) {', '.join(unknown)}; choose from {', '.join(PHASES)}")
     cfg = Config.quick_mode() if args.quick else Config.full()
+    if args.many_hosts:
+        cfg = replace(cfg, many_hosts=tuple(int(h) for h in args.many_hosts.split(",")))
+    if args.idle_window is not None:
+        cfg = replace(cfg, many_idle_s=args.idle_window)
     started = time.monotonic()
     ws = Workspace(keep=args.keep)
     print(f"bench: {'quick' if cfg.quick else 'full'} mode; run stores under {ws.root}", file=sys.stderr, flush=True)

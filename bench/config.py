@@ -41,6 +41,9 @@ class Config:
     store_runs_many: int = 3000  # … and a store after weeks of sweeps
     chaos_trials: int = 20  # §9: runs, each with one task killed at a random moment
     lost_host_trials: int = 10  # §13: trials of each lost-host measure (a cut host, a launcher killed -9)
+    many_hosts: tuple[int, ...] = (16, 64, 128, 256)  # §18: hosts, one task each …
+    many_wide: tuple[int, int] = (32, 8)  # … and hosts × tasks per host
+    many_idle_s: float = 60.0  # … the launcher's idle window
 
     @classmethod
     def full(cls) -> Config:
@@ -57,7 +60,7 @@ class Config:
                    local_ns=(1, 4), ssh_ns=(1, 2), train_job=FAKE_TRAIN,
                    epochs=2, steps_per_epoch=10, global_batch=64, train_workers=(1, 2),
                    backup_every=5, crash_step=12, train_rounds=2, throughput_epochs=3, chaos_trials=3,
-                   lost_host_trials=1)
+                   lost_host_trials=1, many_hosts=(4,), many_wide=(2, 2), many_idle_s=3.0)
 
     @property
     def uses_mnist(self) -> bool:
