@@ -14,17 +14,22 @@ any host afterwards (the cut host's tasks are stopped by their agents' fence). N
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import re
 import resource
 import subprocess
+import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import psutil
 
-from bench.common import PYTHON, BenchError, Section, Stats, Workspace, load1, tfl_command
-from bench.config import Config
+from bench.common import PYTHON, ROOT, BenchError, Section, Stats, Workspace, load1, tfl_command
+from bench.config import Config, timestamp
+from bench.report import section_lines, summary_row
 from tests.bedjob import cluster_for, loops_job, only_sshds, record, run_id, wait_up
 from tests.netbed import NetBed, make_netbed, netbed_available
 
@@ -278,3 +283,61 @@ def many_hosts_section(cfg: Config, runs: list[ManyRun] | str) -> Section:
     ]
     section.raw = {"runs": [asdict(r) for r in runs], "idle_window_s": cfg.many_idle_s}
     return section
+
+
+def write_section(doc: Path, section: Section) -> None:
+    """§18 into docs/benchmarks.md in place (the other sections untouched, some written by hand):
+    its summary row after §17's (or where it was), its text before the raw samples (or where it was)."""
+    text = doc.read_text()
+    row = summary_row(section)
+    lines = text.splitlines()
+    start = lines.index("## Summary") if "## Summary" in lines else len(lines)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    summary = [line for line in lines[start:end] if not line.startswith(f"| {section.number} | ")]
+    last = max((i for i, line in enumerate(summary) if re.match(r"\| \d+ \| ", line)), default=None)
+    if last is not None:
+        summary.insert(last + 1, row)
+    lines[start:end] = summary
+    text = "\n".join(lines) + "\n"
+    body = "\n".join(section_lines(section))
+    heading = re.compile(rf"^## {section.number}\. .*?(?=^## )", re.M | re.S)
+    if heading.search(text):
+        text = heading.sub(lambda _: body + "\n", text, count=1)
+    else:
+        text = text.replace("\n## Raw samples", "\n" + body + "\n## Raw samples", 1)
+    doc.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.many_hosts", description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", default="16,64,128,256", help="host counts, one task each")
+    parser.add_argument("--wide", default="32x8", help="HOSTSxTASKS: the run with several tasks per host")
+    parser.add_argument("--idle", type=float, default=60.0, help="seconds the idle launcher is watched")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md", help="the report §18 is written into")
+    parser.add_argument("--raw", type=Path, default=ROOT / "docs" / "samples" / "many-hosts.jsonl",
+                        help="every sample, one JSON line per invocation (appended)")
+    args = parser.parse_args(argv)
+    wide = tuple(int(n) for n in args.wide.split("x"))
+    cfg = replace(Config.full(), many_hosts=tuple(int(h) for h in args.hosts.split(",")),
+                  many_wide=(wide[0], wide[1]), many_idle_s=args.idle)
+    ws, started, load0, when = Workspace(), time.monotonic(), load1(), timestamp()
+    try:
+        runs = many_host_runs(cfg, ws)
+    finally:
+        ws.close()
+    section = many_hosts_section(cfg, runs)
+    section.took_s, section.load, section.measured_at = time.monotonic() - started, (load0, load1()), when
+    argv_text = " ".join(argv if argv is not None else sys.argv[1:])
+    section.notes.append(f"Measured by `sudo uv run python -m bench.many_hosts {argv_text}`".rstrip() + " (not by `python -m bench`, "
+                         "which re-renders the whole report); raw samples: docs/samples/many-hosts.jsonl.")
+    write_section(args.out, section)
+    args.raw.parent.mkdir(parents=True, exist_ok=True)
+    with args.raw.open("a") as raw:
+        raw.write(json.dumps({"command": f"python -m bench.many_hosts {argv_text}".strip(), "measured_at": when,
+                              "took_s": round(section.took_s, 1), "load": section.load, **section.raw}) + "\n")
+    print("\n".join(section_lines(section)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
