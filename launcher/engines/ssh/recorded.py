@@ -135,7 +135,7 @@ def inspect(record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
     if not running:
         return {}
     launcher_alive = launcher_identity(record).find() is not None
-    if not ask or (launcher_alive and len(_recorded(record)) > ASK_UP_TO):
+    if not ask or (launcher_alive and len({t.host for t in record.tasks}) > ASK_UP_TO):
         # Its agent kills a task whose launcher is gone; a live launcher records each task it sees end.
         now = time.time()
         return {name: TaskLive(alive=launcher_alive, source="launcher" if launcher_alive else None,
