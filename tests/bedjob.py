@@ -76,6 +76,15 @@ def wait_up(home: Path, tasks: int, timeout: float, failed: Callable[[], str | N
     raise RuntimeError(f"only {len(pids)} of {tasks} tasks were up after {timeout:g} s")
 
 
+def wait_recorded(home: Path, state: str, timeout: float) -> None:
+    """Until the run's record says ``state`` (or raise after ``timeout`` s: a hang guard)."""
+    deadline = time.monotonic() + timeout
+    while record(home)["state"] != state:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the run's record still says {record(home)['state']!r} after {timeout:g} s")
+        time.sleep(0.2)
+
+
 def only_sshds(bed: NetBed) -> dict[str, list[int]]:
     """host -> the processes on it other than its sshd: {} when a run has left nothing on any host."""
     sshd = {h.name: h.sshd.proc.pid for h in bed.hosts if h.sshd is not None}

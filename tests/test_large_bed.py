@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests import netbed_limits
-from tests.bedjob import cluster_for, loops_job, only_sshds, record, run_id, wait_up
+from tests.bedjob import cluster_for, loops_job, only_sshds, record, run_id, wait_recorded, wait_up
 from tests.netbed import make_netbed, netbed_available
 from tests.procs import pid_alive
 
@@ -43,6 +43,8 @@ def test_a_run_over_256_hosts_runs_everywhere_answers_status_stops_and_leaves_no
         assert launched.returncode == 0, launched.stderr[-3000:]
         launcher = int(record(tfl_home)["launcher_pid"])
         pids = wait_up(tfl_home, HOSTS, 900, lambda: None if pid_alive(launcher) else "the launcher exited")
+        # The launcher records each start after the task's agent reports it: the record may lag the tasks' first lines.
+        wait_recorded(tfl_home, "running", 600)
         where = {t["task"]: t["host"] for t in record(tfl_home)["tasks"]}
         in_netns = {h.address: set(found) for h, found in zip(bed.hosts, (bed.all_pids().get(h.name, []) for h in bed.hosts),
                                                                strict=True)}
