@@ -145,8 +145,8 @@ def inspect(record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
     for name, info in remote_task_info(record, wait=STATUS_WAIT).items():
         if name not in running:
             continue
-        if "no_answer" in info:
-            live[name] = TaskLive(alive=False, state=NO_ANSWER)
+        if "no_answer" in info:  # alive as far as a live launcher knows: it hears the task's agent every 2 s
+            live[name] = TaskLive(alive=launcher_alive, state=NO_ANSWER)
             continue
         if "error" in info:
             live[name] = TaskLive(alive=False, state="unreachable")
