@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow  # about 60 s: real processes, a few hundred launc
 
 SECTIONS = ("1. CLI latency", "2. Launch overhead", "3. Failure → teardown", "4. Scaling", "5. Supervisor cost",
             "6. Restart cost", "7. Throughput", "8. Training throughput", "9. Chaos", "10. Slurm",
-            "11. Preemption in the job", "13. Lost hosts")  # §12 and §14 are measured by their own scripts
+            "11. Preemption in the job", "13. Lost hosts", "18. Many hosts")  # §12, §14-17 are measured by their own scripts
 NUMBER = re.compile(r"\d+(\.\d+)?")
 
 
