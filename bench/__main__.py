@@ -12,6 +12,7 @@ Phases (each fills some of the issue's sections):
   preemption 11. preemption in the job: the notice watch's and input position's cost, notice → checkpoint
   tfl-preemption 12. preemption through tfl: notice → checkpoint, preemption → training again (local, SSH)
   elastic  14. elastic runs: host lost → training again, steps lost against the backup interval (root: netbed)
+  manyhosts 18. many hosts: SSH runs of 16-256 hosts on the large bed (root); --many-hosts, --idle-window
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import compileall
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -31,6 +33,7 @@ from bench import (
     failures,
     launch,
     lost_hosts,
+    many_hosts,
     preempt_launch,
     preemption,
     restart,
@@ -45,7 +48,7 @@ from bench.config import Config, machine, timestamp
 from bench.report import previous_report, render
 
 PHASES = ("cli", "launch", "failures", "scaling", "training", "chaos", "slurm", "hosts", "preemption", "tfl-preemption",
-          "elastic")
+          "elastic", "manyhosts")
 
 
 def make_data(ws: Workspace) -> Path:
@@ -110,11 +113,15 @@ def phase_elastic(cfg: Config, ws: Workspace, data: Path | None) -> list[Section
     return [elastic_report.elastic_section(cfg, elastic_report.elastic_trials(cfg, ws))]
 
 
+def phase_manyhosts(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
+    return [many_hosts.many_hosts_section(cfg, many_hosts.many_host_runs(cfg, ws))]
+
+
 RUNNERS: dict[str, Callable[[Config, Workspace, Path | None], list[Section]]] = {
     "cli": phase_cli, "launch": phase_launch, "failures": phase_failures, "scaling": phase_scaling,
     "training": phase_training, "chaos": phase_chaos, "slurm": phase_slurm,
     "hosts": phase_hosts, "preemption": phase_preemption, "tfl-preemption": phase_tfl_preemption,
-    "elastic": phase_elastic}
+    "elastic": phase_elastic, "manyhosts": phase_manyhosts}
 
 
 def run_phase(name: str, cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
@@ -137,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=None,
                         help="trials of each trial-based phase (chaos, hosts, tfl-preemption, elastic) instead of the mode's")
     parser.add_argument("--keep", action="store_true", help="keep the temporary run stores (their path is printed)")
+    parser.add_argument("--many-hosts", help="manyhosts: the host counts, one task each (default 16,64,128,256)")
+    parser.add_argument("--idle-window", type=float, help="manyhosts: seconds the idle launcher is watched (default 60)")
     args = parser.parse_args(argv)
     phases = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = sorted(set(phases) - set(PHASES))
@@ -147,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.trials < 1:
             parser.error(f"--trials: {args.trials} is not a count of trials; give 1 or more")
         cfg = cfg.with_trials(args.trials)
+    if args.many_hosts:
+        cfg = replace(cfg, many_hosts=tuple(int(h) for h in args.many_hosts.split(",")))
+    if args.idle_window is not None:
+        cfg = replace(cfg, many_idle_s=args.idle_window)
     started = time.monotonic()
     ws = Workspace(keep=args.keep)
     # The checkout's own modules compiled once, as an installed tfl has them: with PYTHONDONTWRITEBYTECODE=1

@@ -44,6 +44,9 @@ class Config:
     tfl_preemption_trials: int = 3  # §12: trials local and over SSH (each two TensorFlow start-ups, twice)
     elastic_reps: int = 3  # §14: repetitions of each elastic run (TF-free, then real TensorFlow)
     elastic_intervals: tuple[int, ...] = (5, 20, 50)  # §14: backup intervals B of the real-TensorFlow runs
+    many_hosts: tuple[int, ...] = (16, 64, 128, 256)  # §18: hosts, one task each …
+    many_wide: tuple[int, int] = (32, 8)  # … and hosts × tasks per host
+    many_idle_s: float = 60.0  # … the launcher's idle window
 
     @classmethod
     def full(cls) -> Config:
@@ -66,6 +69,7 @@ class Config:
         """``--trials N``: N trials or repetitions of each trial-based phase (hosts, tfl-preemption, elastic)."""
         return replace(self, lost_host_trials=trials, tfl_preemption_trials=trials,
                        elastic_reps=trials, chaos_trials=trials)
+                   lost_host_trials=1, many_hosts=(4,), many_wide=(2, 2), many_idle_s=3.0)
 
     @property
     def uses_mnist(self) -> bool:

@@ -82,18 +82,28 @@ def render(sections: list[Section], meta: dict[str, Any], kept: Sequence[KeptSec
     for s in by_number:
         out += [texts[n] + "\n" for n in sorted(texts) if n < s.number]
         texts = {n: t for n, t in texts.items() if n > s.number}
-        out += [f"## {s.number}. {s.title}", "",
-                f"Target: {s.target}. Verdict: **{s.verdict}**. Measured {s.measured_at} in {s.took_s / 60:.1f} min, "
-                f"load {s.load[0]:.1f} → {s.load[1]:.1f}.", "",
-                table(s.headers, s.rows), ""]
-        for extra in s.extra_tables:
-            out += [f"**{extra['title']}**", "", table(extra["headers"], extra["rows"]), ""]
-        out += [f"- {note}" for note in s.notes if note] + [""]
+        out += section_lines(s)
     out += [texts[n] + "\n" for n in sorted(texts)]
     raw = {"meta": meta, "sections": [asdict(s) for s in by_number]}
     out += ["## Raw samples", "", "Every sample behind the figures above, as JSON (seconds unless named otherwise).", "",
             RAW_BEGIN, json.dumps(raw, indent=1), RAW_END, ""]
     return "\n".join(out)
+
+
+def section_lines(s: Section) -> list[str]:
+    """One section: its heading, target and verdict, tables and notes (then an empty line)."""
+    out = [f"## {s.number}. {s.title}", "",
+           f"Target: {s.target}. Verdict: **{s.verdict}**. Measured {s.measured_at} in {s.took_s / 60:.1f} min, "
+           f"load {s.load[0]:.1f} → {s.load[1]:.1f}.", "",
+           table(s.headers, s.rows), ""]
+    for extra in s.extra_tables:
+        out += [f"**{extra['title']}**", "", table(extra["headers"], extra["rows"]), ""]
+    return out + [f"- {note}" for note in s.notes if note] + [""]
+
+
+def summary_row(s: Section) -> str:
+    return table(["#", "measure", "target", "measured", "verdict"],
+                 [[str(s.number), s.title, s.target, s.headline, f"**{s.verdict}**"]]).splitlines()[-1]
 
 
 def previous_report(path: Path) -> tuple[dict[int, Section], list[dict[str, Any]], list[KeptSection]]:

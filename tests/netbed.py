@@ -11,6 +11,13 @@ Several test sessions may run at once on one machine: every name (bridge, links,
 namespaces) carries a token unique to the bed, and each bed takes a free /27 block of the
 range (under a lock in /run/lock), so their routes never overlap.
 
+A large bed (more than 29 hosts: the bench, one slow test; up to 1,021 hosts) takes a free /22
+block of 198.18.0.0/15 instead (RFC 2544's benchmarking range, never routed either). It is
+made in batches (``ip -batch`` for the links and namespaces, sshds started in parallel) and
+raises the root namespace's neighbour table limits (``gc_thresh1/2/3``) to what a bridge of
+that size needs while it exists: ``tests.netbed_limits`` restores them when the last large
+bed goes.
+
 Faults:
 - ``cut(host)``: the host's link goes down (its cable pulled); its processes keep running.
 - ``join(host)``: the link comes back.
@@ -25,12 +32,14 @@ makes a bed and prints it as JSON until stdin closes (for trying things by hand)
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -38,11 +47,15 @@ from typing import Any, Iterator
 import psutil
 import pytest
 
+from tests import netbed_limits
 from tests.sshd import SSHD, Sshd, start_sshd
 
 RANGE = "198.51.100"  # TEST-NET-2: documentation only
-BLOCK = 32  # addresses per bed: /27
+BLOCK = 32  # addresses per small bed: /27
+LARGE_RANGE = ipaddress.IPv4Network("198.18.0.0/15")  # RFC 2544: benchmarking only, never routed
+LARGE_BLOCK = 1024  # addresses per large bed: /22
 LOCK = Path("/run/lock/tfl-netbed.lock")
+SSHD_STARTERS = 16  # sshds started at once (each waits until it listens)
 
 
 def netbed_available() -> str | None:
@@ -62,6 +75,15 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check and result.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)}: {result.stderr.strip()}")
     return result
+
+
+def _ip_batch(lines: list[str], *options: str, check: bool = True) -> None:
+    """Many ``ip`` commands in one process (``-force``: all of them, even after a failure)."""
+    if not lines:
+        return
+    result = subprocess.run(["ip", *options, "-batch", "-"], input="\n".join(lines) + "\n", capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(options)} -batch: {result.stderr.strip()[-500:]}")
 
 
 @dataclass
@@ -87,6 +109,7 @@ class NetBed:
     hosts: list[Host] = field(default_factory=list)
     known_hosts: Path | None = None
     client_key: Path | None = None
+    prefix: int = 27  # the block's prefix length: /27 small, /22 large
 
     # --- what tests use ------------------------------------------------------------------
     def host(self, address: str) -> Host:
@@ -120,6 +143,10 @@ class NetBed:
         out = _ip("netns", "pids", host.netns, check=False).stdout
         return [int(p) for p in out.split()]
 
+    def all_pids(self) -> dict[str, list[int]]:
+        """Every process in any of the bed's namespaces, by host name: one pass over /proc."""
+        return {h.name: pids for h, pids in zip(self.hosts, _pids_in(self.hosts), strict=True) if pids}
+
     # --- faults --------------------------------------------------------------------------
     def cut(self, address: str) -> float:
         """Pull the host's cable; returns the wall time of the cut."""
@@ -146,33 +173,70 @@ class NetBed:
 
     # --- life ----------------------------------------------------------------------------
     def teardown(self) -> None:
-        """Everything of the bed, by pid and name; idempotent, and tolerant of a half-made bed."""
+        """Everything of the bed, by pid and name; idempotent, and tolerant of a half-made bed.
+        Deleting a namespace ends its links in the kernel's own time: this waits for them."""
         for host in self.hosts:
             if host.sshd is not None:
                 _kill(host.sshd.proc.pid)
+        for host in self.hosts:
+            if host.sshd is not None:
                 try:
                     host.sshd.proc.wait(10)
                 except subprocess.TimeoutExpired:
                     pass
-            if _ip("netns", "pids", host.netns, check=False).returncode == 0:
-                for _ in range(50):
-                    pids = self.pids(host)
-                    if not pids:
-                        break
-                    for pid in pids:
-                        _kill(pid)
-                    time.sleep(0.05)
-                _ip("netns", "del", host.netns, check=False)
-            _ip("link", "del", host.link, check=False)  # gone with its namespace's end, normally
-        _ip("link", "del", self.bridge, check=False)
+        for _ in range(100):
+            left = [pid for pids in _pids_in(self.hosts) for pid in pids]
+            if not left:
+                break
+            for pid in left:
+                _kill(pid)
+            time.sleep(0.05)
+        names = set(_ip("netns", "list").stdout.split())
+        _ip_batch([f"netns del {h.netns}" for h in self.hosts if h.netns in names], "-force", check=False)
+        links = _links_of(self.token)
+        _ip_batch([f"link del {name}" for name in links if name != self.bridge], "-force", check=False)
+        if self.bridge in links:
+            _ip("link", "del", self.bridge, check=False)
+        deadline = time.monotonic() + 30
+        while _links_of(self.token) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        netbed_limits.release(LOCK, self.token)
 
     def leftovers(self) -> list[str]:
-        """What of the bed still exists (namespaces, links, sshds): [] after ``teardown``."""
+        """What of the bed still exists (namespaces, links, sshds, raised kernel limits it holds):
+        [] after ``teardown``."""
         left = [n for n in _ip("netns", "list").stdout.split() if self.token in n]
-        left += [line.split(":")[1].strip().split("@")[0] for line in _ip("-o", "link", "show").stdout.splitlines()
-                 if self.token in line]
+        left += _links_of(self.token)
         left += [f"sshd pid {h.sshd.proc.pid}" for h in self.hosts if h.sshd is not None and _running(h.sshd.proc.pid)]
+        left += [f"the neighbour table limits held for bed {self.token}"] if netbed_limits.holds(self.token) else []
         return left
+
+
+def _links_of(token: str) -> list[str]:
+    return [line.split(":")[1].strip().split("@")[0] for line in _ip("-o", "link", "show").stdout.splitlines()
+            if token in line]
+
+
+def _pids_in(hosts: list[Host]) -> list[list[int]]:
+    """Per host, the processes in its namespace: each /proc/PID/ns/net against the namespace's inode."""
+    inodes: dict[int, int] = {}
+    for i, host in enumerate(hosts):
+        try:
+            inodes[os.stat(f"/run/netns/{host.netns}").st_ino] = i
+        except OSError:
+            pass
+    found: list[list[int]] = [[] for _ in hosts]
+    if not inodes:
+        return found
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                index = inodes.get(os.stat(f"/proc/{entry.name}/ns/net").st_ino)
+            except OSError:
+                continue
+            if index is not None:
+                found[index].append(int(entry.name))
+    return found
 
 
 def _kill(pid: int) -> None:
@@ -189,19 +253,27 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _free_block() -> int:
-    """The first /27 of the range whose first address no interface here holds."""
+def _free_block(large: bool) -> tuple[list[str], int]:
+    """The addresses of the first block of the range whose first address no interface here holds
+    (the gateway, then the hosts'), and its prefix length."""
     used = _ip("-4", "-o", "addr", "show").stdout
+    if large:
+        for block in LARGE_RANGE.subnets(new_prefix=32 - (LARGE_BLOCK - 1).bit_length()):
+            if f"inet {block.network_address + 1}/" not in used:
+                return [str(a) for a in block.hosts()], block.prefixlen
+        raise RuntimeError(f"every /22 block of {LARGE_RANGE} is in use by other test beds")
     for base in range(0, 256, BLOCK):
         if f"inet {RANGE}.{base + 1}/" not in used:
-            return base
+            return [f"{RANGE}.{base + a}" for a in range(1, BLOCK - 1)], 27
     raise RuntimeError(f"every /27 block of {RANGE}.0/24 is in use by other test beds")
 
 
 def make_netbed(directory: Path, count: int = 3) -> NetBed:
-    """``count`` hosts, each with its sshd listening; torn down again if any step fails."""
-    if count > BLOCK - 3:
-        raise ValueError(f"at most {BLOCK - 3} hosts per bed")
+    """``count`` hosts, each with its sshd listening; torn down again if any step fails. More
+    than ``BLOCK - 3`` hosts make a large bed (module docstring)."""
+    large = count > BLOCK - 3
+    if count > LARGE_BLOCK - 3:
+        raise ValueError(f"at most {LARGE_BLOCK - 3} hosts per bed")
     token = os.urandom(3).hex()
     directory.mkdir(parents=True, exist_ok=True)
     bed = NetBed(token, directory, bridge=f"tb{token}", gateway="")
@@ -209,13 +281,15 @@ def make_netbed(directory: Path, count: int = 3) -> NetBed:
         LOCK.parent.mkdir(parents=True, exist_ok=True)
         with open(LOCK, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # two beds must not take the same block
-            base = _free_block()
-            bed.gateway = f"{RANGE}.{base + 1}"
+            addresses, bed.prefix = _free_block(large)
+            bed.gateway = addresses[0]
             _ip("link", "add", bed.bridge, "type", "bridge")
-            _ip("addr", "add", f"{bed.gateway}/27", "dev", bed.bridge)
+            _ip("addr", "add", f"{bed.gateway}/{bed.prefix}", "dev", bed.bridge)
+            if large:
+                netbed_limits.hold(token, count, held_by=lambda t: f"tb{t}" in _links_of(t))
         _ip("link", "set", bed.bridge, "up")
-        for i in range(1, count + 1):
-            bed.hosts.append(_make_host(bed, i, f"{RANGE}.{base + 1 + i}"))
+        bed.hosts = [Host(f"h{i}", addresses[i], netns=f"tfl-{token}-h{i}", link=f"tv{token}h{i}") for i in range(1, count + 1)]
+        _make_hosts(bed)
         _start_sshds(bed)
     except BaseException:
         bed.teardown()
@@ -223,30 +297,32 @@ def make_netbed(directory: Path, count: int = 3) -> NetBed:
     return bed
 
 
-def _make_host(bed: NetBed, index: int, address: str) -> Host:
-    host = Host(f"h{index}", address, netns=f"tfl-{bed.token}-h{index}", link=f"tv{bed.token}h{index}")
-    _ip("netns", "add", host.netns)
-    peer = f"tp{bed.token}h{index}"
-    _ip("link", "add", host.link, "type", "veth", "peer", "name", peer)
-    _ip("link", "set", host.link, "master", bed.bridge)
-    _ip("link", "set", host.link, "up")
-    _ip("link", "set", peer, "netns", host.netns)
-    inside = ("netns", "exec", host.netns, "ip")
-    _ip(*inside, "link", "set", peer, "name", "eth0")
-    _ip(*inside, "addr", "add", f"{address}/27", "dev", "eth0")
-    _ip(*inside, "link", "set", "eth0", "up")
-    _ip(*inside, "link", "set", "lo", "up")
-    return host
+def _make_hosts(bed: NetBed) -> None:
+    """Namespaces and veth pairs in one ``ip -batch``; then each namespace's addresses in one more."""
+    root: list[str] = []
+    for host in bed.hosts:
+        root += [f"netns add {host.netns}", f"link add {host.link} type veth peer name eth0 netns {host.netns}",
+                 f"link set {host.link} master {bed.bridge}", f"link set {host.link} up"]
+    _ip_batch(root)
+
+    def inside(host: Host) -> None:
+        _ip_batch([f"addr add {host.address}/{bed.prefix} dev eth0", "link set eth0 up", "link set lo up"], "-n", host.netns)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(inside, bed.hosts))
 
 
 def _start_sshds(bed: NetBed) -> None:
-    first: Sshd | None = None
-    for host in bed.hosts:
-        host.sshd = start_sshd(bed.dir / host.name, hosts=(host.address,), keys_from=first, netns=host.netns, port=22)
-        first = first or host.sshd
-    assert first is not None
-    bed.known_hosts, bed.client_key = bed.dir / "known_hosts", first.client_key
-    first.known_hosts_for(tuple(bed.addresses), bed.known_hosts)
+    first, *others = bed.hosts
+    first.sshd = start_sshd(bed.dir / first.name, hosts=(first.address,), netns=first.netns, port=22)
+
+    def start(host: Host) -> None:
+        host.sshd = start_sshd(bed.dir / host.name, hosts=(host.address,), keys_from=first.sshd, netns=host.netns, port=22)
+
+    with ThreadPoolExecutor(SSHD_STARTERS) as pool:
+        list(pool.map(start, others))  # raises the first failure, once every start has ended
+    bed.known_hosts, bed.client_key = bed.dir / "known_hosts", first.sshd.client_key
+    first.sshd.known_hosts_for(tuple(bed.addresses), bed.known_hosts)
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.slow  # about 60 s: real processes, a few hundred launc
 
 SECTIONS = ("1. CLI latency", "2. Launch overhead", "3. Failure → teardown", "4. Scaling", "5. Supervisor cost",
             "6. Restart cost", "7. Throughput", "8. Training throughput", "9. Chaos", "10. Slurm",
-            "11. Preemption in the job", "12. Preemption through tfl", "13. Lost hosts", "14. Elastic runs")
+            "11. Preemption in the job", "12. Preemption through tfl", "13. Lost hosts", "14. Elastic runs",
+            "18. Many hosts")
 # §12 needs TensorFlow for every trial, so quick mode says so instead of measuring it (as §11 skips its
 # notices); §14 runs its TF-free restart and one elastic run there, and says its real-TensorFlow table was not
 # measured. §15-17 are measured by scripts of their own (bench.ray, bench.network, bench.input_resume).

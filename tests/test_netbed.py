@@ -3,12 +3,16 @@ its processes run on, a join that brings it back, a power-off that leaves nothin
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-from tests.netbed import NetBed, make_netbed
+import pytest
+
+from tests import netbed_limits
+from tests.netbed import NetBed, make_netbed, netbed_available
 
 
 def ssh(bed: NetBed, host: str, command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -64,3 +68,24 @@ def test_two_beds_at_once_take_blocks_of_their_own_and_teardown_leaves_nothing(n
     finally:
         first.teardown()
     assert first.leftovers() == second.leftovers() == []
+
+
+def test_a_large_bed_takes_a_22_of_the_benchmarking_range_and_its_neighbour_limits_come_back(tmp_path: Path) -> None:
+    if why := netbed_available():
+        pytest.skip(why)
+    before = netbed_limits.current()
+    bed = make_netbed(tmp_path / "large", count=30)  # one past a small bed: the smallest large one
+    try:
+        assert bed.prefix == 22 and all(a.startswith("198.1") for a in bed.addresses)
+        assert ipaddress.IPv4Address(bed.addresses[-1]) in ipaddress.IPv4Network("198.18.0.0/15")
+        raised = netbed_limits.current()
+        assert all(raised[k] >= before[k] for k in raised) and raised["gc_thresh1"] >= 30 + 128
+        assert netbed_limits.holds(bed.token)
+        assert reachable(bed.addresses[0]) and reachable(bed.addresses[-1])
+        assert ssh(bed, bed.addresses[-1], "ip -4 -o addr show dev eth0").stdout.count(f"{bed.addresses[-1]}/22") == 1
+        assert len(bed.all_pids()) == 30  # an sshd in every namespace
+    finally:
+        bed.teardown()
+    assert bed.leftovers() == [] and bed.all_pids() == {}
+    if not netbed_limits.STATE.exists():  # no other large bed on this machine right now
+        assert netbed_limits.current() == before

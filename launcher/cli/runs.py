@@ -21,12 +21,15 @@ def status(
     ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="machine-readable output (the same runs as the table)"),
     watch: bool = typer.Option(False, "--watch", "-w", help="a live view, redrawn every second (Ctrl-C ends it)"),
-    every: bool = typer.Option(False, "--all", "-a", help="list every run, not only the active and the 20 latest"),
+    every: bool = typer.Option(False, "--all", "-a", help="list every run, not only the active and the 20 latest; "
+                                                              "with RUN: every task, not a summary"),
 ) -> None:
     """Show the runs, or one run's tasks (state, pid, cpu, memory, progress).
 
     RUN is a run id or a unique prefix of one. Without it: the active runs and the 20
-    latest (whose record changed last), oldest first; --all lists every run.
+    latest (whose record changed last), oldest first; --all lists every run. With RUN, a run
+    of up to 16 tasks shows each; a larger one a summary (counts by state, the tasks failed or
+    not answering, the slowest); --all shows every task.
     """
     from launcher.views.report import run_detail, runs_table
     from launcher.views.status import run_list, run_view
@@ -44,7 +47,7 @@ def status(
         typer.echo(json.dumps(rows, indent=1) if as_json else runs_table(views, unreadable, hidden))
         return
     view = run_view(_core(lambda: store.resolve(run)), measure=True)
-    typer.echo(json.dumps(view.to_dict(), indent=1) if as_json else run_detail(view))
+    typer.echo(json.dumps(view.to_dict(), indent=1) if as_json else run_detail(view, every=every))
 
 
 def _watch_status(store: Any, run: str | None, every: bool) -> None:
@@ -55,7 +58,7 @@ def _watch_status(store: Any, run: str | None, every: bool) -> None:
     clear = sys.stdout.isatty()
     try:
         if run is not None:
-            watch_run(lambda: run_view(store.resolve(run), measure=True), sys.stdout, clear=clear)
+            watch_run(lambda: run_view(store.resolve(run), measure=True), sys.stdout, clear=clear, every=every)
         else:
             watch(lambda: (runs_table(*run_list(store, every=every)), False), sys.stdout, clear=clear)
     except KeyboardInterrupt:

@@ -40,16 +40,20 @@ class TaskProcess:
     unreachable_since: float | None = None  # its host stopped answering then (wall time): it is lost, and so is the host
 
 
+NO_ANSWER = "no answer"  # a TaskLive state: its host was asked and had not answered when status stopped waiting
+
+
 @dataclass
 class TaskLive:
     """What a recorded task looks like on its host now (``tfl status``)."""
 
     alive: bool
-    state: str | None = None  # overrides the recorded state: "gone" (vanished), "unreachable"
+    state: str | None = None  # overrides the recorded state: "gone" (vanished), "unreachable", NO_ANSWER
     cpu_percent: float | None = None
     rss_mb: float | None = None
     uptime_s: float | None = None
     host: str | None = None  # where it runs, when the record does not say yet (a Slurm task's node)
+    source: str | None = None  # "launcher": what the run's live launcher knows, its hosts not asked (SSH, many hosts)
 
 
 @dataclass

@@ -6,6 +6,7 @@ import time
 from typing import Any, Callable, Sequence, TextIO
 
 from launcher.contract import PREEMPTED_EXIT_CODE, PREEMPTED_PHASE, ProgressRecord
+from launcher.engines.base import NO_ANSWER
 from launcher.records.states import RunState
 from launcher.records.store import FailureRecord, RunRecord, UnreadableRun
 from launcher.views.diagnosis import known_fix
@@ -67,7 +68,13 @@ def progress_text(data: dict[str, Any] | None, bar_width: int = 0) -> str | None
     return " ".join(parts)
 
 
-def run_detail(view: RunView, bar_width: int = 0) -> str:
+SHOW_ALL_UP_TO = 16  # tasks: a run this small shows every task; a larger one a summary (``every``: all)
+SHOWN = 5  # of the slowest tasks
+FAILED_SHOWN = 10
+TROUBLE = ("failed", "gone", "unreachable", NO_ANSWER)  # a task's state that the summary lists by name
+
+
+def run_detail(view: RunView, bar_width: int = 0, every: bool = False) -> str:
     head = [f"run {view.run_id}  {view.state}  ({view.alive}/{view.total} tasks alive, "
             f"{duration(view.duration_s)}, {view.restarts} restart(s)"
             f"{f', {view.preemptions} after a preemption' if view.preemptions else ''})"]
@@ -81,9 +88,47 @@ def run_detail(view: RunView, bar_width: int = 0) -> str:
         head.append(f"  {view.backend}: " + ", ".join(f"{key} {value}" for key, value in view.backend_state.items()))
     head += [f"  restart {i}: {reason}" for i, reason in enumerate(view.restart_reasons, 1)]
     head += _elastic_lines(view)
-    rows = [_task_row(t, bar_width) for t in view.tasks]
-    return "\n".join(head) + "\n" + table(
-        ("task", "host", "state", "pid", "cpu%", "rss_mb", "uptime", "exit", "progress"), rows)
+    if view.from_launcher:
+        head.append(f"  tasks as its launcher (pid {view.launcher_pid}) knows them: the hosts of a run this size are not "
+                    "asked (no cpu%, rss_mb), while the launcher hears every one")
+    if view.silent_hosts:
+        head.append(f"  {len(view.silent_hosts)} host(s) did not answer in time: {_some(view.silent_hosts, 20)}")
+    if every or len(view.tasks) <= SHOW_ALL_UP_TO:
+        return "\n".join(head) + "\n" + _tasks_table(view.tasks, bar_width)
+    return "\n".join(head + _task_summary(view, bar_width))
+
+
+def _tasks_table(tasks: Sequence[TaskView], bar_width: int = 0) -> str:
+    return table(("task", "host", "state", "pid", "cpu%", "rss_mb", "uptime", "exit", "progress"),
+                 [_task_row(t, bar_width) for t in tasks])
+
+
+def _some(items: Sequence[str], limit: int) -> str:
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _task_summary(view: RunView, bar_width: int) -> list[str]:
+    """A large run: counts by state, then the tasks in trouble and the slowest, by name."""
+    counts: dict[str, int] = {}
+    for task in view.tasks:
+        counts[task.state] = counts.get(task.state, 0) + 1
+    lines = [f"  tasks: {', '.join(f'{n} {state}' for state, n in sorted(counts.items(), key=lambda c: -c[1]))}"]
+    trouble = [t for t in view.tasks if t.state in TROUBLE or (t.exit_code not in (None, 0) and t.state != "stopped")]
+    if trouble:
+        lines += [f"failed or not answering ({len(trouble)}{f', the first {FAILED_SHOWN}' if len(trouble) > FAILED_SHOWN else ''}):",
+                  _tasks_table(trouble[:FAILED_SHOWN], bar_width)]
+    behind = sorted((t for t in view.tasks if t.alive and ProgressRecord.from_dict(t.progress) is not None),
+                    key=lambda t: _done(t.progress))
+    if behind:
+        lines += [f"slowest ({min(SHOWN, len(behind))} of {len(behind)} with progress):", _tasks_table(behind[:SHOWN], bar_width)]
+    return lines + [f"`tfl status {view.run_id} --all` shows all {len(view.tasks)} tasks"]
+
+
+def _done(progress: dict[str, Any] | None) -> tuple[float, int]:
+    record = ProgressRecord.from_dict(progress)
+    if record is None:
+        return (2.0, 0)
+    return (record.fraction if record.fraction is not None else 1.0, record.global_step)
 
 
 NETWORK_TEXT = {"private": "private (the tasks' own network namespace: their ports are reachable only by each other)",
@@ -118,11 +163,12 @@ def watch(draw: Callable[[], tuple[str, bool]], out: TextIO, interval: float = 1
         time.sleep(interval)
 
 
-def watch_run(view_of: Callable[[], RunView], out: TextIO, interval: float = 1.0, *, clear: bool = True) -> None:
+def watch_run(view_of: Callable[[], RunView], out: TextIO, interval: float = 1.0, *, clear: bool = True,
+              every: bool = False) -> None:
     """Redraw the run's table with a progress bar per task until the run has ended."""
     def draw() -> tuple[str, bool]:
         view = view_of()
-        return run_detail(view, bar_width=20), view.state not in ("starting", "running", "restarting", "stopping")
+        return run_detail(view, bar_width=20, every=every), view.state not in ("starting", "running", "restarting", "stopping")
 
     watch(draw, out, interval, clear=clear)
 

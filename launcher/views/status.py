@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from launcher.engines import registry
-from launcher.engines.base import GroupBackend, TaskLive
+from launcher.engines.base import NO_ANSWER, GroupBackend, TaskLive
 from launcher.records.identity import launcher_identity
 from launcher.records.states import RunState
 from launcher.records.store import RunRecord, RunStore, TaskRecord, UnreadableRun
@@ -59,6 +59,9 @@ class RunView:
     lost_hosts: dict[str, str] = field(default_factory=dict)
     resizes: list[dict[str, Any]] = field(default_factory=list)
     network: str = "host"  # who can reach the task ports: private (a namespace of the run's own) | host
+    launcher_pid: int | None = None
+    from_launcher: bool = False  # the tasks as the live launcher knows them: their hosts were not asked
+    silent_hosts: list[str] = field(default_factory=list)  # hosts asked that did not answer in time
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,6 +112,8 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
         full_training_tasks=sum(TaskId.parse(t["task"]).is_training for t in record.plan.get("tasks", [])),
         lost_hosts=dict(record.lost_hosts), resizes=[asdict(r) for r in record.resizes],
         network=str(record.plan.get("network", "host")),
+        launcher_pid=record.launcher_pid, from_launcher=any(t.source == "launcher" for t in live.values()),
+        silent_hosts=sorted({t.host for t in tasks if t.state == NO_ANSWER}),
     )
 
 

@@ -5,18 +5,26 @@ other processes (``tfl status RUN``, ``tfl stop`` when the launcher is gone). Ea
 runs one agent request (``info`` or ``signal``) for all its recorded tasks. A pid counts
 as the task only if its create time matches the recorded one, since pids get reused.
 fabric is imported only when a host is actually asked.
+
+``tfl status RUN`` of a run whose launcher is alive here asks no host once the run has more
+than ``ASK_UP_TO`` of them: the launcher hears every agent every 2 s and records each task it
+sees end, so its record is the truth at any size, and connecting to hundreds of hosts is not
+(about 35 ms of CPU each, seconds at 256 hosts). A smaller run, or one whose launcher is
+gone, is asked host by host, all at once, for at most ``STATUS_WAIT`` s: a host that has not
+answered by then is shown as such (``NO_ANSWER``), never waited for.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, Callable
 
 from launcher.contract import PROGRESS_FILE, RUN_DIR
 from launcher.describe.hosts import HOST_CACHE, SSHTarget
-from launcher.engines.base import Cleanup, TaskLive
+from launcher.engines.base import NO_ANSWER, Cleanup, TaskLive
 from launcher.engines.parallel import parallel
 from launcher.engines.ssh.connect import connect
 from launcher.engines.ssh.firewall import unfence
@@ -29,6 +37,9 @@ from launcher.records.states import TaskState
 from launcher.records.store import RunRecord
 
 HostTasks = dict[str, tuple[SSHTarget, str, list[dict[str, Any]]]]
+ASK_UP_TO = 8  # hosts: a run this small is asked (cpu, memory) even while its launcher runs
+STATUS_WAIT = 5.0  # seconds `tfl status RUN` waits for the hosts it asks (once fabric is imported)
+ASKERS = 32  # hosts asked at once
 
 
 def _recorded(record: RunRecord) -> HostTasks:
@@ -47,7 +58,9 @@ def _recorded(record: RunRecord) -> HostTasks:
     return hosts
 
 
-def _ask_hosts(record: RunRecord, request: dict[str, Any]) -> dict[str, Any]:
+def _ask_hosts(record: RunRecord, request: dict[str, Any], wait: float | None = None) -> dict[str, Any]:
+    """task -> its host's answer, ``{"error": ...}``, or (``wait``: the hosts not answered by then)
+    ``{"no_answer": wait}``."""
     hosts = _recorded(record)
 
     def ask(host: str) -> dict[str, Any]:
@@ -59,20 +72,58 @@ def _ask_hosts(record: RunRecord, request: dict[str, Any]) -> dict[str, Any]:
         finally:
             conn.close()
 
+    if wait is None:
+        results = dict(zip(hosts, parallel(ask, list(hosts)), strict=True))
+    else:
+        import fabric  # noqa: F401  # its import (a second or more on a loaded machine) is ours, not the hosts' wait
+        results = ask_within(ask, list(hosts), wait)
     answers: dict[str, Any] = {}
-    results = parallel(ask, list(hosts))
-    if fault := next((f for r in results if isinstance(r, Exception) and (f := own_fault(r))), None):
+    if fault := next((f for r in results.values() if isinstance(r, Exception) and (f := own_fault(r))), None):
         raise limit_error(fault, "asking the hosts")  # the launcher's own limit: no host is unreachable for it
-    for host, result in zip(hosts, results, strict=True):
-        for task in hosts[host][2]:
-            answers[task["name"]] = {"error": str(result)} if isinstance(result, Exception) else result[task["name"]]
+    for host, (_, _, tasks) in hosts.items():
+        result = results.get(host)
+        for task in tasks:
+            answers[task["name"]] = ({"no_answer": wait} if result is None else {"error": str(result)}
+                                     if isinstance(result, Exception) else result[task["name"]])
     return answers
 
 
-def remote_task_info(record: RunRecord) -> dict[str, dict[str, Any]]:
+def ask_within(ask: Callable[[str], dict[str, Any]], hosts: list[str], wait: float,
+               workers: int = ASKERS) -> dict[str, dict[str, Any] | Exception]:
+    """host -> ``ask(host)``'s answer or exception, for the hosts that answered within ``wait`` s.
+    The askers are daemon threads: one stuck on a silent host never holds the command up."""
+    results: dict[str, dict[str, Any] | Exception] = {}
+    queue, lock, done = list(reversed(hosts)), threading.Lock(), threading.Event()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                host = queue.pop()
+            try:
+                result: dict[str, Any] | Exception = ask(host)
+            except Exception as exc:  # reported per host
+                result = exc
+            with lock:
+                results[host] = result
+                if len(results) == len(hosts):
+                    done.set()
+
+    if not hosts:
+        return {}
+    for _ in range(min(workers, len(hosts))):
+        threading.Thread(target=worker, name="status-ask", daemon=True).start()
+    done.wait(wait)
+    with lock:
+        return dict(results)
+
+
+def remote_task_info(record: RunRecord, wait: float | None = None) -> dict[str, dict[str, Any]]:
     """Each SSH task of the run with a pid: ``{"alive", "cpu_percent", "rss_mb", "progress"}``,
-    asked on its host (all hosts at once), or ``{"error": "..."}`` when the host cannot be asked."""
-    return _ask_hosts(record, {"mode": "info"})
+    asked on its host (all hosts at once), or ``{"error": "..."}`` when the host cannot be asked,
+    or ``{"no_answer": wait}`` when it has not answered within ``wait`` s."""
+    return _ask_hosts(record, {"mode": "info"}, wait)
 
 
 def remote_signal(record: RunRecord, signum: int) -> dict[str, str]:
@@ -86,12 +137,19 @@ def inspect(record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
     running = {t.task: t for t in record.tasks if t.state == TaskState.RUNNING}
     if not running:
         return {}
-    if not ask:  # its agent kills a task whose launcher is gone
-        alive = launcher_identity(record).find() is not None
-        return {name: TaskLive(alive=alive) for name in running}
+    launcher_alive = launcher_identity(record).find() is not None
+    if not ask or (launcher_alive and len({t.host for t in record.tasks}) > ASK_UP_TO):
+        # Its agent kills a task whose launcher is gone; a live launcher records each task it sees end.
+        now = time.time()
+        return {name: TaskLive(alive=launcher_alive, source="launcher" if launcher_alive else None,
+                               uptime_s=round(now - t.create_time, 1) if launcher_alive and t.create_time else None)
+                for name, t in running.items()}
     live = {}
-    for name, info in remote_task_info(record).items():
+    for name, info in remote_task_info(record, wait=STATUS_WAIT).items():
         if name not in running:
+            continue
+        if "no_answer" in info:  # alive as far as a live launcher knows: it hears the task's agent every 2 s
+            live[name] = TaskLive(alive=launcher_alive, state=NO_ANSWER)
             continue
         if "error" in info:
             live[name] = TaskLive(alive=False, state="unreachable")
