@@ -63,13 +63,13 @@ class Config:
                    local_ns=(1, 4), ssh_ns=(1, 2), train_job=FAKE_TRAIN,
                    epochs=2, steps_per_epoch=10, global_batch=64, train_workers=(1, 2),
                    backup_every=5, crash_step=12, train_rounds=2, throughput_epochs=3, chaos_trials=3,
-                   lost_host_trials=1, tfl_preemption_trials=0, elastic_reps=1, elastic_intervals=())
+                   lost_host_trials=1, tfl_preemption_trials=0, elastic_reps=1, elastic_intervals=(),
+                   many_hosts=(4,), many_wide=(2, 2), many_idle_s=3.0)
 
     def with_trials(self, trials: int) -> Config:
         """``--trials N``: N trials or repetitions of each trial-based phase (hosts, tfl-preemption, elastic)."""
         return replace(self, lost_host_trials=trials, tfl_preemption_trials=trials,
                        elastic_reps=trials, chaos_trials=trials)
-                   lost_host_trials=1, many_hosts=(4,), many_wide=(2, 2), many_idle_s=3.0)
 
     @property
     def uses_mnist(self) -> bool:
