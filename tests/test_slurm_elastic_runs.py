@@ -1,7 +1,7 @@
 """Elastic runs on Slurm (issue 21, item 7), end to end on a private two-node cluster of this
 module's own (tests/slurm_cluster.py): one slurmd is killed by pid mid-run, as a node lost
 for good. The job, submitted with --no-kill, keeps its allocation; Slurm takes the silent node
-out of the job (SlurmdTimeout = 20 s here) and srun ends the training step; the batch script
+out of the job (SlurmdTimeout = 10 s on this module's cluster) and srun ends the training step; the batch script
 starts the next attempt on the node left (--min-tasks 1), or ends naming the lost node
 (--min-tasks 2).
 
@@ -25,7 +25,16 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.procs import tfl_processes
-from tests.slurm_cluster import SBIN, SlurmCluster, _daemon, _nodes_idle, missing_packages, start_cluster, stop_cluster
+from tests.slurm_cluster import (
+    LOST_NODE_SLURMD_TIMEOUT,
+    SBIN,
+    SlurmCluster,
+    _daemon,
+    _nodes_idle,
+    missing_packages,
+    start_cluster,
+    stop_cluster,
+)
 from tests.test_slurm_cluster import assert_job_gone
 from tests.test_slurm_runs import EPOCH_LINE, MNIST, TF_ENV, epochs_in, job_id_of, mnist_data, only_run, status
 
@@ -61,7 +70,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     missing = missing_packages()
     if missing:
         pytest.skip(f"Slurm not installed ({', '.join(missing)})")
-    own = start_cluster(tmp_path_factory.mktemp("slurm-elastic"))
+    own = start_cluster(tmp_path_factory.mktemp("slurm-elastic"), slurmd_timeout=LOST_NODE_SLURMD_TIMEOUT)
     yield own
     stop_cluster(own)
 
@@ -82,7 +91,7 @@ def kill_n2_when(cluster: SlurmCluster, launcher: subprocess.Popen[str], ready: 
                  down: bool = False) -> tuple[str, str]:
     """Kill n2's slurmd by pid once ``ready()``; the launcher's output once it has ended.
     ``down``: also set n2 DOWN at once (as a node health check would), instead of waiting for
-    slurmctld to find its slurmd silent (SlurmdTimeout, up to ~40 s here)."""
+    slurmctld to find its slurmd silent (SlurmdTimeout, up to ~1.5 x that)."""
     try:
         cluster.wait_for(what, lambda: launcher.poll() is not None or ready(), timeout=240)
         assert launcher.poll() is None, f"the run ended before {what}: {launcher.communicate()[1][-3000:]}"
