@@ -106,6 +106,8 @@ GPUS_PER_NODE = 2  # fake ones (see fake_gpus); 0 when they cannot be made
 PARTITION = "debug"
 URGENT = "urgent"  # with preemption: a partition of a higher PriorityTier whose jobs preempt debug's
 PREEMPT_GRACE = 20
+SLURMD_TIMEOUT = 20  # a node whose slurmd is gone is noticed (DOWN, Not responding) within this, not 300 s
+LOST_NODE_SLURMD_TIMEOUT = 10  # the clusters of the tests that kill a slurmd: they wait this out (up to ~1.5 x)
 REQUEUE_DELAY = 5  # a requeued job waits the credential lifetime (+1 s) before it may start again (120 s by default)  # GraceTime of the debug partition (seconds from the notice to SIGKILL)
 
 
@@ -240,7 +242,7 @@ def fake_gpus(directory: Path) -> str:
 
 
 def slurm_conf(directory: Path, host: str, user: str, ctld_port: int, node_ports: dict[str, int], gpus: bool,
-               preemption: bool = False) -> str:
+               preemption: bool = False, slurmd_timeout: int = SLURMD_TIMEOUT) -> str:
     """The slurm.conf of the test cluster (see the module docstring for why each line)."""
     d = directory
     partitions = [f"PartitionName={PARTITION} Nodes={','.join(node_ports)} Default=YES MaxTime=INFINITE State=UP"]
@@ -274,7 +276,7 @@ def slurm_conf(directory: Path, host: str, user: str, ctld_port: int, node_ports
         "JobCompType=jobcomp/none",
         "ReturnToService=2",
         "KillWait=5",
-        "SlurmdTimeout=20",  # a node whose slurmd is gone is noticed (DOWN, Not responding) within this, not 300 s
+        f"SlurmdTimeout={slurmd_timeout}",
         f"StateSaveLocation={d}/state",
         f"SlurmdSpoolDir={d}/spool/%n",
         f"SlurmctldPidFile={d}/run/slurmctld.pid",
@@ -289,9 +291,10 @@ def slurm_conf(directory: Path, host: str, user: str, ctld_port: int, node_ports
     ])
 
 
-def start_cluster(directory: Path, preemption: bool = False) -> SlurmCluster:
+def start_cluster(directory: Path, preemption: bool = False, slurmd_timeout: int = SLURMD_TIMEOUT) -> SlurmCluster:
     """``preemption``: a second partition (URGENT) whose jobs preempt the default one's, which
-    are requeued (see the module docstring)."""
+    are requeued (see the module docstring). ``slurmd_timeout``: how long slurmctld waits on a
+    silent slurmd before it takes the node down (slurmctld pings every third of it)."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     for sub in ("state", "run", "log", *(f"spool/{n}" for n in NODES)):
         (directory / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -302,7 +305,7 @@ def start_cluster(directory: Path, preemption: bool = False) -> SlurmCluster:
     gres = fake_gpus(directory)
     (directory / "gres.conf").write_text(gres)
     conf.write_text(slurm_conf(directory, host, pwd.getpwuid(os.getuid()).pw_name, ctld_port, node_ports, bool(gres),
-                               preemption))
+                               preemption, slurmd_timeout))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     cluster = SlurmCluster(directory, conf, env, host, ctld_port, node_ports, gpus_per_node=GPUS_PER_NODE if gres else 0)
     try:
@@ -371,16 +374,22 @@ def stop_cluster(cluster: SlurmCluster, grace: float = 15.0) -> None:
 
 
 def _stop_daemons(cluster: SlurmCluster, grace: float) -> None:
-    for proc in cluster.procs.values():
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+    """The slurmd first, then slurmctld: a slurmd that still owes the controller a message (a
+    job's epilog completion, after its node was lost and came back) retries it for ~10 s at
+    shutdown when the controller has already gone."""
     deadline = time.monotonic() + grace
-    for proc in cluster.procs.values():
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    nodes = [p for name, p in cluster.procs.items() if name != "slurmctld"]
+    controller = [p for name, p in cluster.procs.items() if name == "slurmctld"]
+    for group in (nodes, controller):
+        for proc in group:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in group:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
 
 
 def _describe(proc: psutil.Process) -> str:

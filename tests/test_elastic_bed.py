@@ -8,6 +8,11 @@ The job here is tiny and TensorFlow-free: it counts steps, the chief keeps a che
 step in the shared model dir every 5 steps, and on the notice (SIGTERM) the chief saves the
 exact step and every task exits 170, as the job kit does. Each "up" line says the task's
 identity, the size of its cluster (from TF_CONFIG) and the step it starts from.
+
+The job holds at its last step until the test writes ``release`` in the shared dir (``release``
+below), once it has seen what it waits for (a resize, a host taken back): a run cannot end
+before the fault it is there to meet, however slow the machine, and need not count for
+long to make that likely.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import pytest
 
 from launcher.describe.spec import free_port
 from tests.netbed import NetBed
-from tests.procs import tfl_processes
+from tests.procs import pid_alive, tfl_processes
 from tests.test_ssh import only_run, wait_for, write_job
 
 pytestmark = pytest.mark.ssh
@@ -32,6 +37,7 @@ pytestmark = pytest.mark.ssh
 STEPS = """
     import json, os, signal, sys, time
     TOTAL, EVERY = {total}, 0.1
+    release = os.path.join(sys.argv[1], "release")
     task, config = os.environ["TFL_TASK"], json.loads(os.environ["TF_CONFIG"])
     size = len(config["cluster"].get("chief", [])) + len(config["cluster"].get("worker", []))
     lead = config["task"]["type"] == "chief"
@@ -55,11 +61,14 @@ STEPS = """
             print("preempted", task, "at", step, flush=True)
             sys.exit(170)
         time.sleep(EVERY)
+        if step + 1 == TOTAL and not os.path.exists(release):
+            continue  # the last step waits for the test's word
         step += 1
         if lead and step % 5 == 0:
             save(step)
     print("done", task, "size", size, "at", step, flush=True)
 """
+TOTAL = 60  # steps of 0.1 s; the last one waits for ``release``
 UP = re.compile(r"up (\S+) (\d+) size (\d+) from (\d+) batch (\S+)")
 
 
@@ -72,12 +81,24 @@ def cluster(tmp_path: Path, bed: NetBed, **elastic: Any) -> Path:
                             storage={"path": str(shared)}, elastic={"min_tasks": 2, "global_batch": 6, **elastic})
 
 
-def start(tmp_path: Path, bed: NetBed, env: dict[str, str], *args: str, total: int = 300,
+def start(tmp_path: Path, bed: NetBed, env: dict[str, str], *args: str, total: int = TOTAL,
           **elastic: Any) -> subprocess.Popen[str]:
     job = write_job(tmp_path / "src", STEPS.format(total=total))
     return subprocess.Popen([sys.executable, "-m", "launcher", "launch", str(job), "--cluster",
                              str(cluster(tmp_path, bed, **elastic)), "--probe-interval", "2", "--grace-period", "10",
-                             *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             *args, "--", str(tmp_path / "shared")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def release(tmp_path: Path) -> None:
+    """Let the job's tasks take their last step (they hold before it until now)."""
+    (tmp_path / "shared" / "release").touch()
+
+
+def fenced(home: Path, task: str, size: int) -> bool:
+    """Whether every start of ``task`` in a cluster of ``size`` has ended (a cut host's agent
+    stops its task when the launcher has been silent for ``fence_after`` s)."""
+    return not any(pid_alive(u[1]) for u in ups(home) if u[0] == task and u[2] == size)
 
 
 def record(home: Path) -> dict[str, Any]:
@@ -128,6 +149,8 @@ def test_a_cut_workers_host_the_run_goes_on_with_two_from_the_checkpoint_and_end
     try:
         training(tmp_path, tfl_home, launcher)
         netbed.cut(h3)
+        wait_for(lambda: len(record(tfl_home).get("resizes", [])) == 1, timeout=120)
+        release(tmp_path)
         out, err = finish(launcher, tfl_home)
     finally:
         netbed.join(h3)
@@ -139,7 +162,7 @@ def test_a_cut_workers_host_the_run_goes_on_with_two_from_the_checkpoint_and_end
     assert [(r["from_tasks"], r["to_tasks"], r["hosts"]) for r in rec["resizes"]] == [(3, 2, [h3])]
     assert list(rec["lost_hosts"]) == [h3] and rec["restarts"] == []
     assert f"tfl: resize: 3 -> 2 training tasks; lost: {h3}" in err
-    assert "done chief:0 size 2 at 300" in out
+    assert f"done chief:0 size 2 at {TOTAL}" in out
 
 
 def test_a_cut_chiefs_host_a_worker_becomes_chief_and_the_run_ends_0(
@@ -149,6 +172,8 @@ def test_a_cut_chiefs_host_a_worker_becomes_chief_and_the_run_ends_0(
     try:
         training(tmp_path, tfl_home, launcher)
         netbed.cut(h1)
+        wait_for(lambda: len(record(tfl_home).get("resizes", [])) == 1, timeout=120)
+        release(tmp_path)
         out, err = finish(launcher, tfl_home)
     finally:
         netbed.join(h1)
@@ -157,20 +182,22 @@ def test_a_cut_chiefs_host_a_worker_becomes_chief_and_the_run_ends_0(
     assert [t["task"] for t in rec["tasks"]] == ["chief:0", "worker:0"] and [t["host"] for t in rec["tasks"]] == [h2, h3]
     assert rec["resizes"][0]["notes"] == [f"worker:0 on {h2} is now chief:0", f"worker:1 on {h3} is now worker:0"]
     assert all(u[3] >= 10 for u in ups(tfl_home) if u[2] == 2)
-    assert "done chief:0 size 2 at 300" in out
+    assert f"done chief:0 size 2 at {TOTAL}" in out
 
 
 def test_a_joined_host_is_taken_back_at_an_agreed_checkpoint_and_the_run_ends_with_three(
         netbed: NetBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
     h1, h2, h3 = netbed.addresses
-    launcher = start(tmp_path, netbed, child_env, total=400)
+    launcher = start(tmp_path, netbed, child_env)
     try:
         training(tmp_path, tfl_home, launcher)
         netbed.cut(h3)
         wait_for(lambda: len(record(tfl_home).get("resizes", [])) == 1 and len(ups(tfl_home)) >= 5, timeout=120)
-        time.sleep(8)  # the cut host's agent fences its task (fence_after 6 s) while it is still cut
+        wait_for(lambda: fenced(tfl_home, "worker:1", 3), timeout=60)  # the cut host's agent, while it is still cut
     finally:
         netbed.join(h3)
+    wait_for(lambda: len(record(tfl_home).get("resizes", [])) == 2, timeout=120)
+    release(tmp_path)
     out, err = finish(launcher, tfl_home)
     assert launcher.returncode == 0, err[-3000:]
     rec = record(tfl_home)
@@ -183,7 +210,7 @@ def test_a_joined_host_is_taken_back_at_an_agreed_checkpoint_and_the_run_ends_wi
     saved = [int(m) for m in re.findall(r"preempted chief:0 at (\d+)", out)]
     back = [u for u in ups(tfl_home) if u[2] == 3 and u[3] > 0]
     assert len(back) == 3 and {u[3] for u in back if u[0] != "worker:1"} == {saved[-1]}, (saved, back)
-    assert re.search(r"done chief:0 size 3 at 400", out)
+    assert f"done chief:0 size 3 at {TOTAL}" in out
 
 
 def test_below_the_minimum_the_run_waits_then_fails_naming_the_host(
@@ -212,13 +239,15 @@ def test_below_the_minimum_a_host_back_within_the_wait_goes_on_with_three(
         training(tmp_path, tfl_home, launcher)
         netbed.cut(h3)
         wait_for(lambda: any(f["host"] == h3 for f in record(tfl_home).get("failures", [])), timeout=120)
-        time.sleep(8)  # in the wait, and the cut host's task fenced
+        wait_for(lambda: fenced(tfl_home, "worker:1", 3), timeout=60)  # in the wait, and the cut host's task fenced
     finally:
         netbed.join(h3)
+    wait_for(lambda: len(record(tfl_home).get("resizes", [])) == 1, timeout=120)
+    release(tmp_path)
     out, err = finish(launcher, tfl_home)
     assert launcher.returncode == 0, err[-3000:]
     rec = record(tfl_home)
     assert [(r["from_tasks"], r["to_tasks"]) for r in rec["resizes"]] == [(3, 3)] and rec["lost_hosts"] == {}
     starts = ups(tfl_home)
     assert len(starts) == 6 and sum(u[3] >= 10 and u[2] == 3 for u in starts) == 3  # from the checkpoint, at 3
-    assert "done chief:0 size 3 at 300" in out
+    assert f"done chief:0 size 3 at {TOTAL}" in out

@@ -109,7 +109,9 @@ def test_a_bad_evaluator_moves_to_is_one_line_naming_the_field(moves_to: Any, cl
 # --- on the bed ------------------------------------------------------------------------------
 # Each task binds its own address from TF_CONFIG, which only works on the host that has that
 # address: "at" says where the task really runs. The chief keeps a step checkpoint in the shared
-# model dir and the evaluator waits for the chief's "done" file, so it outlives training.
+# model dir and the evaluator waits for the chief's "done" file, so it outlives training. The
+# training tasks hold before their last step until the test writes "release" there: the run
+# cannot end before the evaluator has moved, however slow the machine.
 WHERE = """
     import json, os, signal, socket, sys, time
     TOTAL = {total}
@@ -122,13 +124,15 @@ WHERE = """
     print("at", task, me, flush=True)
     model = os.environ["TFL_MODEL_DIR"]
     os.makedirs(model, exist_ok=True)
-    ckpt, done = os.path.join(model, "step.json"), os.path.join(model, "done")
+    ckpt, done, release = (os.path.join(model, name) for name in ("step.json", "done", "release"))
     step = json.load(open(ckpt))["step"] if os.path.exists(ckpt) else 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(170))
     while task.startswith("evaluator") and not os.path.exists(done):
         time.sleep(0.2)
     while step < TOTAL and not task.startswith("evaluator"):
         time.sleep(0.1)
+        if step + 1 == TOTAL and not os.path.exists(release):
+            continue
         step += 1
         if task == "chief:0" and step % 5 == 0:
             with open(ckpt + ".tmp", "w") as f:
@@ -151,7 +155,7 @@ def test_a_cut_evaluator_host_its_evaluator_runs_on_the_host_it_may_move_to(
     spec = netbed.cluster_file(tmp_path / "cluster.json", tasks, sys.executable, ssh={"fence_after": 6},
                                storage={"path": str(tmp_path / "shared")},
                                elastic={"min_tasks": 2, "global_batch": 6, "evaluator_moves_to": [h2]})
-    job = write_job(tmp_path / "src", WHERE.format(total=400))
+    job = write_job(tmp_path / "src", WHERE.format(total=40))
     launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", str(job), "--cluster", str(spec),
                                  "--probe-interval", "600", "--grace-period", "10"],
                                 env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -163,6 +167,8 @@ def test_a_cut_evaluator_host_its_evaluator_runs_on_the_host_it_may_move_to(
     try:
         wait_for(lambda: evaluator_at() == [f"{h3}:{port}"] and launcher.poll() is None, timeout=120)
         netbed.cut(h3)
+        wait_for(lambda: len(evaluator_at()) == 2, timeout=120)
+        (next((tmp_path / "shared").glob("*/model")) / "release").touch()
         out, err = launcher.communicate(timeout=240)
     finally:
         launcher.kill()

@@ -161,7 +161,7 @@ def test_an_elastic_run_a_lost_hosts_table_goes_with_it_and_comes_back_with_it(
         netbed: NetBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
     """A cut host's agent removes its table with its task (the fence); taken back, the host gets the
     run's table again before its task starts, and the others kept admitting it meanwhile."""
-    from tests.test_elastic_bed import STEPS, finish, record, training, ups
+    from tests.test_elastic_bed import STEPS, TOTAL, finish, record, release, training, ups
 
     h1, h2, h3 = netbed.addresses
     tasks = {"chief": [f"{h1}:{free_port()}"], "worker": [f"{h2}:{free_port()}", f"{h3}:{free_port()}"]}
@@ -169,9 +169,9 @@ def test_an_elastic_run_a_lost_hosts_table_goes_with_it_and_comes_back_with_it(
     cluster = netbed.cluster_file(tmp_path / "cluster.json", tasks, sys.executable,
                                   ssh={"fence_after": FENCE, "firewall": True}, storage={"path": str(tmp_path / "shared")},
                                   elastic={"min_tasks": 2, "global_batch": 6})
-    job = write_job(tmp_path / "src", STEPS.format(total=400))
+    job = write_job(tmp_path / "src", STEPS.format(total=TOTAL))  # the last step waits for ``release``
     launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", str(job), "--cluster", str(cluster),
-                                 "--probe-interval", "2", "--grace-period", "10"],
+                                 "--probe-interval", "2", "--grace-period", "10", "--", str(tmp_path / "shared")],
                                 env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         training(tmp_path, tfl_home, launcher)
@@ -193,6 +193,7 @@ def test_an_elastic_run_a_lost_hosts_table_goes_with_it_and_comes_back_with_it(
         assert f"ip saddr {{ {h1}, {h2}, {h3} }} tcp dport {port} accept" in rules, rules  # the run's hosts, its port
         assert f"tcp dport {port} drop" in rules, rules
     finally:
+        release(tmp_path)
         out, err = finish(launcher, tfl_home)
     assert launcher.returncode == 0, err[-3000:]
     assert run_tables(netbed) == {h1: [], h2: [], h3: []}

@@ -143,7 +143,9 @@ def test_launcher_sigterm_saves_and_says_how_to_resume_then_resume_finishes(save
 
 
 def test_stop_then_resume_detached_and_the_refusals(saver: str, child_env: dict[str, str], tfl_home: Path) -> None:
-    started = tfl(["launch", saver, "--local", "2", "--detach", "--", "400"], child_env)
+    # Steps enough that neither attempt ends by itself (400 did: the resumed one finished before
+    # the second `tfl stop` under load): only the stops end them.
+    started = tfl(["launch", saver, "--local", "2", "--detach", "--", "100000"], child_env)
     run = started.stdout.strip()
     assert started.returncode == 0, started.stderr
     wait_for(lambda: running(tfl_home))

@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.jobkit_helpers import FASHION_RECORDS_JOB, assert_trained_on_the_shards
 from tests.procs import tfl_processes
-from tests.slurm_cluster import SlurmCluster, start_cluster, stop_cluster
+from tests.slurm_cluster import LOST_NODE_SLURMD_TIMEOUT, SlurmCluster, start_cluster, stop_cluster
 from tests.test_slurm_cluster import assert_job_gone
 
 pytestmark = pytest.mark.slurm
@@ -331,7 +331,7 @@ def test_a_node_whose_slurmd_dies_is_named_with_when_slurm_noticed_and_its_task_
     slurmd (a partition); once n2's slurmd is back, Slurm ends what is left of the job there."""
     from tests.slurm_cluster import SBIN, _daemon
 
-    cluster = start_cluster(tmp_path / "slurm")
+    cluster = start_cluster(tmp_path / "slurm", slurmd_timeout=LOST_NODE_SLURMD_TIMEOUT)
     env = {**cluster.env, "TFL_HOME": str(tfl_home)}
     try:
         launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", sleeper(tmp_path), "--cluster",
@@ -349,9 +349,10 @@ def test_a_node_whose_slurmd_dies_is_named_with_when_slurm_noticed_and_its_task_
         assert launcher.returncode == 1, err
         job_id = job_id_of(only_run(tfl_home))
         assert f"worker:0 on n2 failed: node n2 failed: Slurm ended job {job_id} (NODE_FAIL)" in err, err
-        assert re.search(r"Slurm (marked n2 down at \d\d:\d\d:\d\d \(Not responding, at most SlurmdTimeout = 20 sec "
-                         r"after its slurmd fell silent\)|found n2 not responding at \d\d:\d\d:\d\d \(its slurmd "
-                         r"silent for SlurmdTimeout = 20 sec\))", err), err
+        timeout = f"SlurmdTimeout = {LOST_NODE_SLURMD_TIMEOUT} sec"
+        assert re.search(rf"Slurm (marked n2 down at \d\d:\d\d:\d\d \(Not responding, at most {timeout} "
+                         rf"after its slurmd fell silent\)|found n2 not responding at \d\d:\d\d:\d\d \(its slurmd "
+                         rf"silent for {timeout}\))", err), err
         cluster.procs["n2"] = _daemon(cluster, "slurmd-n2", [str(SBIN / "slurmd"), "-D", "-N", "n2"])
         cluster.wait_for("the lost node's task ended by Slurm", lambda: tfl_processes(run_id=only_run(tfl_home).name) == [],
                          timeout=120)

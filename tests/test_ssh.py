@@ -299,7 +299,9 @@ def test_detach_checks_hosts_before_returning_then_runs(sshd: Sshd, tmp_path: Pa
     started = tfl(["launch", str(job), "--cluster", str(good), "--detach"], child_env)
     assert started.returncode == 0, started.stderr
     run = started.stdout.strip()
-    wait_for(lambda: json.loads(tfl(["status", run, "--json"], child_env).stdout)["state"] == "succeeded")
+    # The record, read here (a `tfl status` per poll would start a Python each 50 ms), then `tfl status` once.
+    wait_for(lambda: RunStore(tfl_home).load(run).state.is_terminal, timeout=90)
+    assert json.loads(tfl(["status", run, "--json"], child_env).stdout)["state"] == "succeeded"
     log = (tfl_home / "runs" / run / "logs" / "worker-0.log").read_text()
     assert log.startswith("info ") and json.loads(log.split(" ", 1)[1])["cwd"].endswith("$(touch x); `id`")
     wait_for(lambda: tfl_processes(home=str(tfl_home)) == [])
