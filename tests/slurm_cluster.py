@@ -241,6 +241,16 @@ def fake_gpus(directory: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def first_job_id() -> int:
+    """Each pytest-xdist worker's clusters number their jobs from another point. A task's port follows
+    its job id (launcher/engines/slurm/node/nodes.py: 711 blocks of 32 ports): two workers' clusters
+    on this one machine, both numbering from 1, gave their jobs the same ports ("port 127.0.0.1:10321
+    is taken"). Half the blocks apart, they collide only past 355 jobs in one worker."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    return 1 + (index * 355) % 711
+
+
 def slurm_conf(directory: Path, host: str, user: str, ctld_port: int, node_ports: dict[str, int], gpus: bool,
                preemption: bool = False, slurmd_timeout: int = SLURMD_TIMEOUT) -> str:
     """The slurm.conf of the test cluster (see the module docstring for why each line)."""
@@ -275,6 +285,7 @@ def slurm_conf(directory: Path, host: str, user: str, ctld_port: int, node_ports
         "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/none",
         "ReturnToService=2",
+        f"FirstJobId={first_job_id()}",
         "KillWait=5",
         f"SlurmdTimeout={slurmd_timeout}",
         f"StateSaveLocation={d}/state",
