@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.netbed import _ip, _kill, _running, netbed_available
+from tests.netbed import Host, _ip, _kill, _running, netbed_available  # a Host here: its link is on the bastion's bridge
 from tests.sshd import Sshd, start_sshd
 
 LAUNCHER_ADDRESS, BASTION_ADDRESS = "198.51.100.1", "198.51.100.2"
@@ -45,27 +45,13 @@ def host_address(index: int) -> str:
 
 
 @dataclass
-class JumpHost:
-    name: str
-    address: str
-    netns: str
-    link: str  # its veth's end on the bastion's bridge (in the bastion's namespace)
-    sshd: Sshd | None = None
-
-    @property
-    def home(self) -> Path:
-        assert self.sshd is not None
-        return self.sshd.home(self.address)
-
-
-@dataclass
 class JumpBed:
     token: str
     dir: Path
     launcher_ns: str
     bastion_ns: str
     bastion: Sshd | None = None
-    hosts: list[JumpHost] = field(default_factory=list)
+    hosts: list[Host] = field(default_factory=list)
     known_hosts: Path | None = None
     client_key: Path | None = None
 
@@ -73,7 +59,7 @@ class JumpBed:
     def addresses(self) -> list[str]:
         return [h.address for h in self.hosts]
 
-    def host(self, address: str) -> JumpHost:
+    def host(self, address: str) -> Host:
         return next(h for h in self.hosts if h.address == address)
 
     def launcher_argv(self, *args: str) -> list[str]:
@@ -155,7 +141,7 @@ def _make_network(bed: JumpBed, count: int) -> None:
             "addr add 198.18.0.1/16 dev br0", "link set lo up", "link set eth0 up", "link set br0 up"],
     }
     for i in range(1, count + 1):
-        host = JumpHost(f"h{i}", host_address(i), netns=f"tfl-{t}-h{i}", link=f"tv{t}h{i}")
+        host = Host(f"h{i}", host_address(i), netns=f"tfl-{t}-h{i}", link=f"tv{t}h{i}")
         bed.hosts.append(host)
         root += [f"netns add {host.netns}", f"link add {host.link} netns {B} type veth peer name tp{t}h{i} netns {host.netns}"]
         inside[B] += [f"link set {host.link} master br0", f"link set {host.link} up"]
