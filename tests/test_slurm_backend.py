@@ -208,6 +208,22 @@ def test_start_submits_once_and_records_the_job(tmp_path: Path, monkeypatch: pyt
     assert backend.restarted(1) is False  # max_restarts 1: the script will not start attempt 2
 
 
+def test_a_teardown_of_every_task_stops_the_shared_unit_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tasks share one unit: the graceful stop goes out once (inside an allocation each one was a
+    SIGINT to the batch script, which passed SIGTERM on again); SIGKILL still goes out."""
+    fake_path(tmp_path, monkeypatch, "sbatch", "squeue", "scontrol", "scancel")
+    fake = FakeSlurm(sbatch=CommandResult(0, "42\n", ""))
+    plan = slurm_plan(tmp_path)
+    backend = SlurmBackend(run=fake)
+    backend.prepare(plan)
+    procs = [backend.start(t, 0) for t in plan.tasks if t.task.is_training]
+    for proc in procs:
+        backend.signal(proc, signal.SIGUSR2)
+    assert [a for a in fake.asked if a[0] == "scancel"] == [["scancel", "42"]]
+    backend.signal(procs[0], signal.SIGKILL)
+    assert [a for a in fake.asked if a[0] == "scancel"][1:] == [["scancel", "--signal=KILL", "--full", "42"], ["scancel", "42"]]
+
+
 def test_sbatch_refusing_at_submission_is_one_line(tmp_path: Path) -> None:
     backend = SlurmBackend(run=FakeSlurm(sbatch=CommandResult(1, "", "sbatch: error: Batch job submission failed: "
                                                                         "Job violates accounting/QOS policy\n")))

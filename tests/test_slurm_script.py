@@ -127,6 +127,9 @@ exit 0
 FAKE_SQUEUE = """#!/bin/bash
 case "$*" in *%T*) echo "${JOB_STATE:-RUNNING}"; exit 0 ;; esac  # the job's state (job_running)
 case "$*" in *%L*) echo "${TIME_LEFT:-UNLIMITED}"; exit 0 ;; esac  # its time left (time_left)
+if [ -n "${SQUEUE_GATE:-}" ]; then  # hold the listing until the test opens the gate
+  echo listing >> "$FAKE/squeue.calls"; while [ ! -e "$SQUEUE_GATE" ]; do sleep 0.02; done
+fi
 echo "7.0 training.mnist-1"; echo "7.1 evaluator.mnist-1"; echo "7.2 training.other-run"
 """
 FAKE_SCONTROL = '#!/bin/bash\necho "JobId=7 JobState=RUNNING PreemptTime=${PREEMPT_TIME:-None} SuspendTime=None"\n'
@@ -224,6 +227,40 @@ def test_script_sigint_stops_the_steps_and_does_not_restart(tmp_path: Path) -> N
         pid = int((tmp_path / pid_file).read_text())
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_signals_while_one_is_passed_on_each_step_gets_one_sigterm(tmp_path: Path) -> None:
+    """A teardown stops each of a run's tasks, so the script may get SIGINT twice (and a notice) while
+    its trap is still listing the steps. bash then ran the trap inside the running one, which broke its
+    loop: steps skipped or signalled again, and once a step ended 130 instead of 143 (a flaky
+    test_slurm_runs test). Now each signal is noted, and one pass at a time passes it on."""
+    gate = tmp_path / "gate"
+    b = BatchJob(**{**batch(str(tmp_path), restarts=3, evaluator=True).__dict__, "python": str(tmp_path / "bin" / "python"),
+                    "cwd": str(tmp_path)})
+    script = subprocess.Popen(["bash", "-c", render_batch_script(b)], env=fake_slurm(tmp_path, HANG="1", SQUEUE_GATE=str(gate)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not ((tmp_path / "training.pid").exists() and (tmp_path / "evaluator.pid").exists()):
+            assert time.monotonic() < deadline and script.poll() is None, script.communicate()
+            time.sleep(0.05)
+        script.send_signal(signal.SIGINT)
+        while not (tmp_path / "squeue.calls").exists():  # the first pass is listing the steps, held at the gate
+            assert time.monotonic() < deadline and script.poll() is None, script.communicate()
+            time.sleep(0.02)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):
+            script.send_signal(signum)
+            time.sleep(0.1)  # time for bash to take each one (the outcome must not depend on it)
+        gate.touch()
+        _, err = script.communicate(timeout=120)
+    finally:
+        if script.poll() is None:
+            script.kill()
+    assert script.returncode == 143, (err, events(tmp_path))
+    assert sorted((tmp_path / "scancel").read_text().splitlines()) == ["--signal=TERM 7.0", "--signal=TERM 7.1"], err
+    assert (tmp_path / "squeue.calls").read_text().splitlines() == ["listing"]  # one pass: the stop; a notice after it is moot
+    assert [e for e in events(tmp_path) if e.startswith("training")] == ["training 0 start", "training 0 exit 143"]
+    assert "unexpected EOF" not in err
 
 
 def test_parse_events_leaves_a_line_being_written() -> None:

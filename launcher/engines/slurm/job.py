@@ -259,6 +259,10 @@ class SlurmJob:
         return ""
 
     def stop(self, signum: int) -> None:
+        """Stop the unit. Its tasks share it, so a teardown asks once per task: the graceful stop goes
+        out once (inside an allocation each SIGINT would make the batch script pass SIGTERM on again)."""
+        if self.stopped and signum != signal.SIGKILL:
+            return
         self.stopped = True
         stop_job(self.ref, self._run, signum)
         self._state_at = float("-inf")  # look again at once
