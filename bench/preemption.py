@@ -199,8 +199,9 @@ def preemption_section(cfg: Config, runs: PreemptionRuns) -> Section:
         verdict(ok) if not cfg.quick else "n/a",
         notes=["jobs/mnist.py on Fashion-MNIST (global batch 128), started directly as the launcher's plan starts it. "
                "Nothing is added per step but a check of a flag after each call of the train function; the input "
-               "position costs nothing while training (it follows from the backup's epoch and step) and one pass of "
-               "the input pipeline over the skipped batches when an attempt resumes.",
+               "position costs nothing while training (it follows from the backup's epoch and step), and a resumed "
+               "attempt seeks its batch by position instead of replaying the ones before it (jobs/mnist.py's "
+               "addressed input, §17).",
                "The notice is taken at the end of the call running when it comes; the tasks then train one more call "
                "and save there (TensorFlow's PreemptionCheckpointHandler), so the time is about two calls (~0.2 s "
                "each) plus the save." + (f" {runs.skipped}." if runs.skipped else "")],
