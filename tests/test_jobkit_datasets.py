@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +95,19 @@ def test_mnist_has_no_debian_source_and_falls_back_to_digits(
     assert "mnist download failed: no network here" in out
     assert "falling back to scikit-learn's 8x8 digits" in out
     assert fill_of(load_mnist(write_npz(tmp_path / "m.npz", 4), dataset="mnist")) == 4
+
+
+def test_without_scikit_learn_the_last_fallback_is_one_clear_error(
+    tmp_path: Path, no_network: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interpreter of the user's (hosts.<h>.python) with TensorFlow only, offline: no traceback
+    from deep in the kit, but what to do."""
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # `import sklearn` raises ImportError
+    with pytest.raises(JobKitError) as err:
+        load_mnist(None, dataset="mnist", debian_dir=tmp_path / "none", download_timeout_s=5)
+    assert str(err.value).startswith(f"mnist is not available to {sys.executable} (")
+    assert "scikit-learn, the offline fallback, is not installed there; pass --data FILE.npz" in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 def test_bad_inputs_are_one_clear_error(tmp_path: Path, no_network: list[str]) -> None:

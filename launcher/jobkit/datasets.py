@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +55,14 @@ def load_mnist(path: Path | None = None, download_timeout_s: float = 20.0, *,
     if downloaded is not None:
         print(f"jobkit: {dataset} from a download through keras", flush=True)
         return downloaded
+    try:
+        import sklearn  # noqa: F401  (the last fallback; an interpreter of the user's may lack it)
+    except ImportError:
+        raise JobKitError(
+            f"{dataset} is not available to {sys.executable} (no keras cache, no --data, no Debian package, the download "
+            "failed) and scikit-learn, the offline fallback, is not installed there; pass --data FILE.npz, or use "
+            "--dataset fashion_mnist with Debian's dataset-fashion-mnist, or install scikit-learn in that "
+            "interpreter") from None
     print(f"jobkit: {dataset} not available (no keras cache, no --data, no Debian package, download failed); "
           "falling back to scikit-learn's 8x8 digits upscaled to 28x28", flush=True)
     return load_digits_as_mnist()
