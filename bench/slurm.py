@@ -291,6 +291,15 @@ def slurm_section(cfg: Config, samples: dict[str, list[float]] | str) -> Section
         "from the batch script's events file and srun's stderr (its poll is 0.5 s) and waits for the job to leave the "
         "queue before it exits.",
     ]
+    if samples.get("trained_teardown"):
+        section.notes.append(
+            f"The training job's teardown ({TRAINED_TEARDOWNS} trials: `tfl launch jobs/mnist.py`, 2 nodes × 1 task, "
+            "--max-restarts 0, 50 epochs × 40 steps, the worker killed with SIGKILL once the chief's log shows epoch 1): "
+            "srun's --kill-on-bad-exit SIGTERM reaches the chief, whose job kit tries a connect to the worker's "
+            "TF_CONFIG address, is refused and ends at once (before, it took that SIGTERM for a preemption notice and "
+            "waited 2 s or more for an agreement the dead worker could never join). In some trials the chief's own "
+            "collective fails on the dead peer first (\"Connection reset by peer\") and it ends with exit 1 before "
+            "srun's SIGTERM comes.")
     if samples.get("noticed"):
         section.notes.append(
             "Notice: `scancel --signal=TERM --batch` (what `preemption_notice` makes Slurm send before the time limit) "
