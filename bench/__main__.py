@@ -94,7 +94,7 @@ def phase_chaos(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
 
 
 def phase_slurm(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
-    return [slurm.slurm_section(cfg, slurm.slurm_runs(cfg, ws))]
+    return [slurm.slurm_section(cfg, slurm.slurm_runs(cfg, ws, data))]
 
 
 def phase_hosts(cfg: Config, ws: Workspace, data: Path | None) -> list[Section]:
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         sections, history = {}, []
     measured: list[int] = []
     try:
-        data = make_data(ws) if cfg.uses_mnist and {"launch", "failures", "chaos"} & set(phases) else None
+        data = make_data(ws) if cfg.uses_mnist and {"launch", "failures", "chaos", "slurm"} & set(phases) else None
         for name in PHASES:
             if name in phases:
                 fresh = run_phase(name, cfg, ws, data)

@@ -17,6 +17,7 @@ spread of both sides is Slurm's more than tfl's.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import time
@@ -25,7 +26,20 @@ from pathlib import Path
 
 import psutil
 
-from bench.common import PYTHON, ROOT, TINY, BenchError, Section, Stats, Workspace, assert_none_left, ratio_stats, tfl_command, verdict
+from bench.common import (
+    MNIST,
+    PYTHON,
+    ROOT,
+    TINY,
+    BenchError,
+    Section,
+    Stats,
+    Workspace,
+    assert_none_left,
+    ratio_stats,
+    tfl_command,
+    verdict,
+)
 from bench.config import Config
 from bench.procs import kill_and_time, kill_group, run_tasks, spawn, wait_for
 from bench.runs import STARTED
@@ -56,6 +70,9 @@ signal.signal(signal.SIGTERM, lambda *_: (note("noticed"), sys.exit(170)))
 note("waiting")
 time.sleep(300)
 """
+TRAINED_TEARDOWNS = 3  # the training job's teardown trials: TensorFlow starts in 3-25 s on the shared machine
+TRAIN_ENV = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+EPOCH_1 = re.compile(r"^epoch 1/", re.M)
 TASK = ('export TF_CONFIG="{\\"cluster\\": {\\"worker\\": [\\"$HOSTS\\"]}, '
         '\\"task\\": {\\"type\\": \\"worker\\", \\"index\\": $SLURM_PROCID}}"; exec PYTHON -u TINY --sleep 0.5')
 
@@ -65,8 +82,9 @@ def availability() -> str | None:
     return f"not measured: Slurm is not installed ({', '.join(missing)})" if missing else None
 
 
-def slurm_runs(cfg: Config, ws: Workspace) -> dict[str, list[float]] | str:
-    """Samples per measure, or why they could not be taken."""
+def slurm_runs(cfg: Config, ws: Workspace, data: Path | None = None) -> dict[str, list[float]] | str:
+    """Samples per measure, or why they could not be taken. ``data``: the training job's (§3's
+    trial on Slurm: jobs/mnist.py on both nodes, a worker killed after epoch 1); None: not run."""
     why = availability()
     if why:
         return why
@@ -87,6 +105,8 @@ def slurm_runs(cfg: Config, ws: Workspace) -> dict[str, list[float]] | str:
             noticed, again = _notice(cluster, ws, rep)
             samples["noticed"].append(noticed)
             samples["again"].append(again)
+        if data is not None and cfg.uses_mnist:
+            samples["trained_teardown"] = [_trained_teardown(cluster, ws, rep, data) for rep in range(TRAINED_TEARDOWNS)]
     finally:
         stop_cluster(cluster)
     return samples
@@ -157,6 +177,36 @@ def _teardown(cluster: SlurmCluster, ws: Workspace, rep: int) -> tuple[float, fl
     return gone, recorded
 
 
+def _trained_teardown(cluster: SlurmCluster, ws: Workspace, rep: int, data: Path) -> float:
+    """The training job on both nodes, the worker killed with SIGKILL after epoch 1: to the chief gone.
+    srun --kill-on-bad-exit ends the chief with SIGTERM, which the job kit must not take for a notice."""
+    home = ws.home(f"slurm-trained-teardown-{rep}")
+    desc = home / "slurm.json"
+    desc.write_text(json.dumps({"slurm": {"nodes": NODES, "tasks_per_node": 1}, "env": TRAIN_ENV}))
+    launcher = spawn([*tfl_command(), "launch", str(MNIST), "--cluster", str(desc), "--max-restarts", "0", "--",
+                      "--epochs", "50", "--steps-per-epoch", "40", "--data", str(data)],
+                     ws.env(home, SLURM_CONF=str(cluster.conf)))
+    try:
+        tasks = wait_for(partial(_after_epoch_1, home), 300, "epoch 1 of the training job on Slurm", interval=0.1)
+        gone = kill_and_time(tasks, "worker:0", 60)
+        code = launcher.wait(120)
+    finally:
+        if launcher.poll() is None:
+            kill_group(launcher)
+    assert_none_left(home)
+    if gone is None or code != 1:
+        raise BenchError(f"Slurm training teardown run {rep}: the chief was not gone within 60 s (tfl exited {code})")
+    return gone
+
+
+def _after_epoch_1(home: Path) -> dict[str, psutil.Process] | None:
+    logs = list(home.glob("runs/*/logs/chief-0.log"))
+    if not logs or not EPOCH_1.search(logs[0].read_text()):
+        return None
+    tasks = run_tasks(home)
+    return tasks if len(tasks) == NODES else None
+
+
 def _notice(cluster: SlurmCluster, ws: Workspace, rep: int) -> tuple[float, float]:
     """The notice to the batch script: to every training task's handler, and to the group running again."""
     home = ws.home(f"slurm-notice-{rep}")
@@ -216,6 +266,7 @@ def slurm_section(cfg: Config, samples: dict[str, list[float]] | str) -> Section
         ["a worker's SIGKILL → the other task gone (srun --kill-on-bad-exit)", "", gone.fmt(1000, 0, " ms"), "", "",
          "report"],
         ["a worker's SIGKILL → tfl has recorded the failure and exited", "", recorded.fmt(unit=" s"), "", "", "report"],
+        *_trained_rows(samples),
         *_notice_rows(samples),
     ]
     section.headline = (f"{ratio.median:.2f}× ({extra.median * 1000:.0f} ms more than plain sbatch); "
@@ -240,6 +291,15 @@ def slurm_section(cfg: Config, samples: dict[str, list[float]] | str) -> Section
         "from the batch script's events file and srun's stderr (its poll is 0.5 s) and waits for the job to leave the "
         "queue before it exits.",
     ]
+    if samples.get("trained_teardown"):
+        section.notes.append(
+            f"The training job's teardown ({TRAINED_TEARDOWNS} trials: `tfl launch jobs/mnist.py`, 2 nodes × 1 task, "
+            "--max-restarts 0, 50 epochs × 40 steps, the worker killed with SIGKILL once the chief's log shows epoch 1): "
+            "srun's --kill-on-bad-exit SIGTERM reaches the chief, whose job kit tries a connect to the worker's "
+            "TF_CONFIG address, is refused and ends at once (before, it took that SIGTERM for a preemption notice and "
+            "waited 2 s or more for an agreement the dead worker could never join). In some trials the chief's own "
+            "collective fails on the dead peer first (\"Connection reset by peer\") and it ends with exit 1 before "
+            "srun's SIGTERM comes.")
     if samples.get("noticed"):
         section.notes.append(
             "Notice: `scancel --signal=TERM --batch` (what `preemption_notice` makes Slurm send before the time limit) "
@@ -249,6 +309,14 @@ def slurm_section(cfg: Config, samples: dict[str, list[float]] | str) -> Section
             "again in the allocation, not counted against --max-restarts.")
     section.raw = samples
     return section
+
+
+def _trained_rows(samples: dict[str, list[float]]) -> list[list[str]]:
+    if not samples.get("trained_teardown"):
+        return []
+    return [["the training job (jobs/mnist.py): a worker's SIGKILL after epoch 1 → the chief gone (srun's SIGTERM, "
+             "which the kit tells from a notice: its peer is gone)", "",
+             Stats.of(samples["trained_teardown"]).fmt(1000, 0, " ms"), "", "", "report (Slurm's own path: the tiny task's row)"]]
 
 
 def _notice_rows(samples: dict[str, list[float]]) -> list[list[str]]:

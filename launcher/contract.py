@@ -64,7 +64,8 @@ PREEMPTION_SIGNAL: Final = "SIGTERM"
 # The teardown after a failure elsewhere (a peer died or stalled): not a notice, as no agreement
 # can include a dead peer, so nothing is saved. A signal whose default action ends the task at
 # once, which the kit and TensorFlow leave alone (a job without the kit stops just the same);
-# then SIGKILL after the grace, as for the notice.
+# then SIGKILL after the grace, as for the notice. Slurm's --kill-on-bad-exit can only send SIGTERM:
+# the kit then tells a teardown from a notice by a peer that is gone (jobkit/notice.py).
 TEARDOWN_SIGNAL: Final = "SIGUSR2"
 # Barrier the training tasks meet at after the agreed checkpoint, before leaving (chief last).
 PREEMPTED_BARRIER: Final = "tfl-jobkit-preempted"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -25,7 +26,7 @@ sys.path.insert(0, {root!r})
 from launcher.jobkit import notice
 from launcher.jobkit.context import TaskContext
 notice.STALL_FLOOR_S = 0.5
-context = TaskContext(task_type={kind!r}, task_index=0, cluster={{"chief": ["a:1"], "worker": ["b:1"]}})
+context = TaskContext(task_type={kind!r}, task_index=0, cluster={{"chief": ["a:1"], "worker": [{worker!r}]}})
 notice.exit_on_notice(context, "before training began")
 {setup}
 print("ready", flush=True)
@@ -35,10 +36,11 @@ print("never", flush=True)
 """
 
 
-def run_with_notice(tmp_path: Path, kind: str = "chief", setup: str = "") -> tuple[int, str, float]:
-    """Start the script, send SIGTERM once it is ready: (exit code, output, seconds to exit)."""
+def run_with_notice(tmp_path: Path, kind: str = "chief", setup: str = "", worker: str = "b:1") -> tuple[int, str, float]:
+    """Start the script, send SIGTERM once it is ready: (exit code, output, seconds to exit).
+    ``worker``: the peer's TF_CONFIG address ("b" does not resolve: no evidence either way)."""
     script = tmp_path / "task.py"
-    script.write_text(SCRIPT.format(root=str(ROOT), kind=kind, setup=textwrap.dedent(setup)))
+    script.write_text(SCRIPT.format(root=str(ROOT), kind=kind, setup=textwrap.dedent(setup), worker=worker))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert proc.stdout is not None
@@ -97,6 +99,39 @@ def test_inside_training_the_notice_is_recorded_and_the_save_is_never_cut_short(
         threading.Thread(target=agreed_save, daemon=True).start()
     """)
     assert code == PREEMPTED_EXIT_CODE and "saved" in out and "without a checkpoint" not in out
+
+
+AGREED_SAVE = """
+    import threading
+    notice.training_begins()
+    notice.step_done(); notice.step_done(); notice.epoch_done()
+    def agreed_save():
+        while not notice.received():
+            time.sleep(0.01)
+        notice.saving()
+        print("saved", flush=True)
+        notice.leave_now(170)
+    threading.Thread(target=agreed_save, daemon=True).start()
+"""
+
+
+def test_inside_training_a_sigterm_while_a_peer_is_gone_is_a_teardown_not_a_notice(tmp_path: Path) -> None:
+    # The peer's port is bound but not listening, as a task's port is once its process has ended:
+    # connections are refused. (Slurm's --kill-on-bad-exit ends the survivors with SIGTERM.)
+    with socket.socket() as gone:
+        gone.bind(("127.0.0.1", 0))
+        peer = f"127.0.0.1:{gone.getsockname()[1]}"
+        code, out, _ = run_with_notice(tmp_path, setup=AGREED_SAVE, worker=peer)
+    assert code == -signal.SIGTERM, out  # "Terminated", as Slurm's outcome reading expects of a survivor
+    assert f"SIGTERM while the training task at {peer} is gone: a teardown" in out
+    assert "jobkit: preemption notice" not in out and "saved" not in out
+
+
+def test_inside_training_a_sigterm_while_every_peer_answers_stays_a_notice(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as alive:
+        code, out, _ = run_with_notice(tmp_path, setup=AGREED_SAVE, worker=f"127.0.0.1:{alive.getsockname()[1]}")
+    assert code == PREEMPTED_EXIT_CODE and "saved" in out and "preemption notice (SIGTERM); every training task" in out
+    assert "teardown" not in out
 
 
 def test_the_evaluator_keeps_sigterms_default_action(tmp_path: Path) -> None:

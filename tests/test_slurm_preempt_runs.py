@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
+from tests.procs import tfl_processes
 from tests.slurm_cluster import URGENT, SlurmCluster, start_cluster, stop_cluster
 from tests.test_slurm_runs import MNIST, TF_ENV, assert_all_gone, epochs, job_id_of, mnist_data, only_run, status
 
@@ -47,9 +48,39 @@ sys.exit(1)
 """
 
 
-def launch(env: dict[str, str], tmp_path: Path, **slurm: Any) -> subprocess.Popen[str]:
+# The job kit's notice watch without TensorFlow: a training task inside `fit` (its TF_CONFIG port
+# listens, as TensorFlow's server does, and steps end every 20 ms). When the kit records a notice the
+# task "saves", meets the others at a barrier (files in the run dir) and exits 170, as the kit does
+# after the agreed checkpoint: no task leaves before every task has its notice. A teardown the kit
+# ends itself.
+KIT_STAND_IN = """\
+import glob, os, socket, sys, time
+from launcher.jobkit import notice
+from launcher.jobkit.context import task_context
+context = task_context(os.environ)
+if context.attempt:
+    sys.exit(0)
+host, _, port = context.cluster[context.task_type][context.task_index].rpartition(":")
+server = socket.create_server((host, int(port)))
+notice.exit_on_notice(context, "before training began")
+notice.training_begins()
+run_dir, slug = os.environ["TFL_RUN_DIR"], f"{context.task_type}-{context.task_index}"
+open(os.path.join(run_dir, f"waiting-{slug}"), "w").close()
+while not notice.received():
+    time.sleep(0.02)
+    notice.step_done()
+notice.saving()
+print(f"{context.label}: the agreed checkpoint is saved", flush=True)
+open(os.path.join(run_dir, f"saved-{slug}"), "w").close()
+while len(glob.glob(os.path.join(run_dir, "saved-*"))) < context.num_training_tasks:
+    time.sleep(0.02)
+notice.leave_now(170)
+"""
+
+
+def launch(env: dict[str, str], tmp_path: Path, job_text: str = NOTICED, **slurm: Any) -> subprocess.Popen[str]:
     job = tmp_path / "noticed.py"
-    job.write_text(NOTICED)
+    job.write_text(job_text)
     desc = tmp_path / "slurm.json"
     desc.write_text(json.dumps({"slurm": {"nodes": 2, "tasks_per_node": 1, **slurm}}))
     return subprocess.Popen([sys.executable, "-m", "launcher", "launch", str(job), "--cluster", str(desc),
@@ -100,6 +131,48 @@ def test_notice_to_the_batch_script_reaches_every_task_and_the_group_goes_on(
     restarts = json.loads((run / "state.json").read_text())["restarts"]
     assert [r["kind"] for r in restarts] == ["preemption"], restarts  # not counted against --max-restarts
     assert_all_gone(slurm_cluster, job_id)
+
+
+def test_a_failed_tasks_teardown_reaches_the_kit_as_a_teardown_not_a_notice(
+        slurm_cluster: SlurmCluster, tfl_home: Path, tmp_path: Path) -> None:
+    """srun --kill-on-bad-exit ends the survivor with SIGTERM, the signal of a notice: the kit sees
+    that its peer is gone and ends at once, instead of waiting for an agreement that cannot come."""
+    env = {**slurm_cluster.env, "TFL_HOME": str(tfl_home), "PYTHONUNBUFFERED": "1"}
+    launcher = launch(env, tmp_path, KIT_STAND_IN)
+    try:
+        run = wait_both_waiting(slurm_cluster, tfl_home, launcher)  # both inside "fit": the moment is the test's
+        (victim,) = [p for p in tfl_processes(home=str(tfl_home)) if p.environ().get("TFL_TASK") == "worker:0"]
+        victim.send_signal(signal.SIGKILL)
+    finally:
+        _, err = finish(launcher)
+    assert launcher.returncode == 1, err
+    chief = (run / "logs" / "chief-0.log").read_text()
+    assert re.search(r"jobkit: SIGTERM while the training task at \S+ is gone: a teardown", chief), chief
+    assert "jobkit: preemption notice" not in chief and "agreed checkpoint is saved" not in chief
+    srun_err = (run / "slurm" / "training-0.err").read_text()
+    assert "task 1: Killed" in srun_err and "task 0: Terminated" in srun_err, srun_err  # SIGTERM's own end: 143
+    assert "worker:0 on n2 failed: killed by SIGKILL" in err and "stopped because of it: chief:0" in err, err
+    assert (run / "slurm" / "events").read_text().splitlines()[:2] == ["training 0 start", "training 0 exit 143"]
+    assert_all_gone(slurm_cluster, job_id_of(run))
+
+
+def test_a_notice_reaches_the_kit_as_a_notice_while_every_peer_runs(
+        slurm_cluster: SlurmCluster, tfl_home: Path, tmp_path: Path) -> None:
+    env = {**slurm_cluster.env, "TFL_HOME": str(tfl_home), "PYTHONUNBUFFERED": "1"}
+    launcher = launch(env, tmp_path, KIT_STAND_IN, preemption_notice=60)
+    try:
+        run = wait_both_waiting(slurm_cluster, tfl_home, launcher)
+        slurm_cluster.run("scancel", "--signal=TERM", "--batch", job_id_of(run))
+    finally:
+        _, err = finish(launcher)
+    assert launcher.returncode == 0, err
+    for task in ("chief-0", "worker-0"):
+        log = (run / "logs" / f"{task}.log").read_text()
+        assert "jobkit: preemption notice (SIGTERM); every training task stops" in log and "teardown" not in log, log
+        assert "the agreed checkpoint is saved" in log
+    events = (run / "slurm" / "events").read_text().splitlines()
+    assert events[:4] == ["training 0 start", "training 0 exit 170", "training 1 start", "training 1 exit 0"]
+    assert_all_gone(slurm_cluster, job_id_of(run))
 
 
 @pytest.mark.slow

@@ -138,6 +138,9 @@ def test_mnist_on_two_nodes_with_an_evaluator_survives_a_killed_task(
     logs = run / "logs"
     first, second = (logs / "chief-0.log").read_text().split("--- tfl: attempt 1 of chief:0")
     reached = max(int(m[1]) for m in EPOCH_LINE.finditer(first))
+    # srun's --kill-on-bad-exit SIGTERM, if it came before the chief's collective failed on the dead peer,
+    # was the teardown it is, not a notice (jobkit/notice.py: the gone peer)
+    assert "jobkit: preemption notice" not in first, first[-3000:]
     resumed = [int(m[1]) for m in EPOCH_LINE.finditer(second)]
     assert resumed and resumed[0] >= max(2, reached) and resumed[-1] == 3  # from the shared model dir, not epoch 1
     worker_second = (logs / "worker-0.log").read_text().split("--- tfl: attempt 1 of worker:0")[1]

@@ -18,26 +18,37 @@ reads it. What the thread does depends on where the task is:
 Pure: no TensorFlow. The evaluator is not a training task: its SIGTERM is left alone.
 tfl's teardown after a failure elsewhere is another signal (contract.TEARDOWN_SIGNAL),
 which the kit leaves to its default action: the task ends at once, as nothing can be
-agreed with a dead peer.
+agreed with a dead peer. Where the teardown is SIGTERM all the same (Slurm: srun's
+``--kill-on-bad-exit`` ends a failed task's step that way, and Slurm's own preemption
+notice is SIGTERM straight to the tasks, so no signal tells them apart), a SIGTERM inside
+`fit` first asks whether a peer is gone: each other training task's TF_CONFIG address
+gets a TCP connect (PEER_PROBE_S at most). A refused connection means that peer's
+process has ended (a live task's server listens there for the whole of training, and no
+peer leaves a real notice before this task has saved: they meet at a barrier after the
+agreed checkpoint), so the SIGTERM is a teardown and the task ends at once, as SIGTERM's
+default action would. A peer that answers, or cannot be reached in time, changes nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import queue
 import signal
+import socket
 import sys
 import threading
 import time
 from types import FrameType
 from typing import NoReturn
 
-from launcher.contract import PREEMPTED_EXIT_CODE
+from launcher.contract import PREEMPTED_EXIT_CODE, TRAINING_TYPES
 from launcher.jobkit.context import TaskContext
 
 STALL_FLOOR_S = 2.0  # inside training: no progress for this long after a notice ends the task,
 STALL_FACTOR = 3.0  # or for this many times the longest gap between calls seen so far,
 FIRST_CALLS_S = 60.0  # or this long before two calls and an epoch's end (first saves) have been seen
+PEER_PROBE_S = 0.5  # a SIGTERM inside training: how long the kit looks for a gone peer before taking it as a notice
 
 
 class _Notice:
@@ -52,6 +63,7 @@ class _Notice:
         self.steps = 0  # calls ended since training began
         self.epoch_ended = False  # an epoch's end (its checkpoint and backup) seen since training began
         self.installed = False
+        self.peers: tuple[str, ...] = ()  # the other training tasks' TF_CONFIG addresses ("host:port")
         self.lock = threading.Lock()
 
 
@@ -66,6 +78,7 @@ def exit_on_notice(context: TaskContext, when: str) -> None:
     """
     if context.is_evaluator:
         return
+    _NOTICE.peers = _peers(context)
     _NOTICE.outside = when
     _install()
 
@@ -133,8 +146,56 @@ def _watch(read_fd: int) -> None:
     while True:
         data = os.read(read_fd, 64)
         if signal.SIGTERM in data and not _NOTICE.received.is_set():
+            at = time.monotonic()
+            if _NOTICE.outside is None:
+                _end_if_torn_down()
             _NOTICE.received.set()
-            _act(time.monotonic())
+            _act(at)
+
+
+def _peers(context: TaskContext) -> tuple[str, ...]:
+    mine = context.cluster.get(context.task_type, ())[context.task_index:context.task_index + 1]
+    return tuple(a for kind in TRAINING_TYPES for a in context.cluster.get(kind, ()) if a not in mine)
+
+
+def _end_if_torn_down() -> None:
+    """A SIGTERM while a peer is gone is the teardown after its failure, not a notice: end at once."""
+    gone = gone_peer(_NOTICE.peers, PEER_PROBE_S)
+    if gone is not None and not _NOTICE.saving:
+        print(f"jobkit: SIGTERM while the training task at {gone} is gone: a teardown after its failure, not a "
+              "preemption notice (no agreement can include it); stopping at once without a checkpoint", flush=True)
+        _die_by_sigterm()
+
+
+def gone_peer(addresses: tuple[str, ...], timeout: float) -> str | None:
+    """The first address ("host:port") that refuses a connection within ``timeout`` s, else None.
+
+    One thread per address, so that a peer whose name does not resolve or whose host does not
+    answer costs no more than ``timeout``; they are daemons, left to finish on their own."""
+    answers: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+    for address in addresses:
+        threading.Thread(target=_probe, args=(address, timeout, answers), name="tfl-peer-probe", daemon=True).start()
+    deadline = time.monotonic() + timeout
+    for _ in addresses:
+        try:
+            gone = answers.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            return None
+        if gone is not None:
+            return gone
+    return None
+
+
+def _probe(address: str, timeout: float, answers: queue.SimpleQueue[str | None]) -> None:
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except ConnectionRefusedError:
+        answers.put(address)  # nothing listens there: that task's process has ended
+        return
+    except (OSError, ValueError):
+        pass  # unresolved, unreachable, slow: no evidence either way
+    answers.put(None)
 
 
 def _act(at: float) -> None:
