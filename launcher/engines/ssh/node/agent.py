@@ -22,6 +22,10 @@ Modes of a request:
     Liveness, cpu, memory and progress of recorded tasks / signal their groups, a pid only
     if its start matches the recorded one (pids get reused; also how a restart stops a lost
     attempt first: ``launcher.engines.ssh.restart``).
+``stop``
+    SIGTERM to each recorded task still alive, ``grace`` s for them to go, then SIGKILL and
+    ``kill_wait`` s more (``tfl stop`` of a run whose launcher is gone): the wait happens here,
+    on every host at once, over one session each.
 ``probe``
     What ``tfl doctor`` checks: python, package versions, ports, disk, GPUs, and the job
     kit sent along imported as a task would (with ``quick``: python and ports only, what
@@ -316,6 +320,26 @@ def signal_tasks(request: dict[str, Any]) -> dict[str, str]:
     return result
 
 
+def stop_tasks(request: dict[str, Any]) -> dict[str, str]:
+    """task -> "stopped" (gone within the grace), "killed", "left" (alive even so) or "gone" (before)."""
+    alive = {t["name"]: t for t in request["tasks"] if _find(t) is not None}
+    result = {t["name"]: "gone" for t in request["tasks"] if t["name"] not in alive}
+    for signum, budget, outcome in ((signal.SIGTERM, float(request["grace"]), "stopped"),
+                                    (signal.SIGKILL, float(request["kill_wait"]), "killed")):
+        for task in alive.values():
+            _killpg(int(task["pid"]), signum)
+        deadline = time.monotonic() + budget
+        while alive:
+            for name in [n for n, t in alive.items() if _find(t) is None]:
+                result[name] = outcome
+                del alive[name]
+            if not alive or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+    result.update({name: "left" for name in alive})
+    return result
+
+
 def probe(request: dict[str, Any]) -> dict[str, Any]:
     """Facts for ``tfl doctor``; the launcher judges them (this side only reports)."""
     ipv6 = bool(request.get("ipv6"))
@@ -359,7 +383,7 @@ def _gpus() -> list[str] | None:
 
 
 def main() -> None:
-    handlers = {"info": info, "signal": signal_tasks, "probe": probe, "unpack": files.unpack, "storage": files.storage,
+    handlers = {"info": info, "signal": signal_tasks, "stop": stop_tasks, "probe": probe, "unpack": files.unpack, "storage": files.storage,
                 "cleanup": files.cleanup, "remove": files.remove, "unfence": firewall.drop}
     while True:
         line = sys.stdin.readline()
