@@ -181,7 +181,7 @@ def test_getting_hosts_ready_reads_the_plan_s_tasks_a_few_times_not_once_per_hos
 
     hosts = [f"198.51.100.{i}" for i in range(1, 41)]
     addresses = [f"{h}:{31000 + k}" for h in hosts for k in range(2)]
-    cluster = cluster_file(tmp_path / "c.json", _Settings(), {"chief": addresses[:1], "worker": addresses[1:]},  # type: ignore[arg-type]
+    cluster = cluster_file(tmp_path / "c.json", _Settings(), {"chief": addresses[:1], "worker": addresses[1:]},
                            {h: None for h in hosts})
     job = tmp_path / "job.py"
     job.write_text("print('hi')\n")

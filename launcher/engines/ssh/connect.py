@@ -151,11 +151,11 @@ def _wake(transport: Any) -> None:
     wakes its reader (closing it does not). A bastion's channel wakes its reader when closed."""
     sock = getattr(transport, "sock", None)
     if isinstance(sock, socket.socket):
-        # Closed first, the packetizer makes the thread's next read an orderly EOF, whatever the
-        # read gets (an end, or a reset): never a "Socket exception" logged by paramiko.
-        transport.packetizer.close()
+        # The read side only: the thread's read gets an end at once (an EOF, logged by paramiko at
+        # DEBUG), and nothing goes to the sshd before the close, so no reset comes back to be read
+        # (which paramiko would log as an error).
         try:
-            sock.shutdown(socket.SHUT_RDWR)
+            sock.shutdown(socket.SHUT_RD)
         except OSError:
             pass  # never connected, or already closed
 
