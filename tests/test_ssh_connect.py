@@ -224,3 +224,28 @@ def test_failed_opens_leave_no_fd_or_thread_and_a_throttled_host_is_named_in_one
 
 def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+def _wakeups(thread: threading.Thread) -> int:
+    """How often ``thread`` has slept and woken (the kernel's count of its voluntary switches)."""
+    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("voluntary_ctxt_switches")))
+
+
+@pytest.mark.parametrize("jump", [False, True], ids=["direct", "bastion"])
+def test_an_idle_connection_sleeps_and_its_close_ends_its_thread_at_once(sshd: Sshd, jump: bool) -> None:
+    # paramiko's transport thread woke every 0.1 s for as long as its connection was open: 20 times
+    # in 2 s, per host; the launcher's idle CPU at 256 hosts. Its close must still end it at once.
+    conn = connect(target(sshd, "127.0.0.3", **({"jump": f"127.0.0.2:{sshd.port}"} if jump else {})))
+    transport = conn.client.get_transport()
+    try:
+        assert exec_command(conn, "echo ok")[1] == b"ok\n"
+        time.sleep(0.2)  # the reply's last packets read
+        before = _wakeups(transport)
+        time.sleep(2.0)
+        assert _wakeups(transport) - before <= 3
+    finally:
+        conn.close()
+    transport.join(5.0)  # a hang guard: the thread's next poll would come IDLE_POLL (10) s later
+    assert not transport.is_alive()
+    assert connect_mod._BASTIONS._open == {}

@@ -4,21 +4,24 @@ of file descriptors that says so in one line and never calls a reachable host lo
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
 from launcher.describe.hosts import RemoteOptions
 from launcher.describe.kinds import load_description
-from launcher.engines.ssh import wire
+from launcher.engines.ssh import recorded, wire
 from launcher.records.store import RunStore
 from launcher.runs import launch as core
-from tests.procs import tfl_processes
+from tests.procs import pid_alive, tfl_processes
 from tests.sshd import SSHD, Sshd, cluster_file, start_sshd, stop_sshd
 
 pytestmark = pytest.mark.ssh
@@ -41,11 +44,11 @@ def many(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     stop_sshd(server)
 
 
-def many_tasks(tmp_path: Path, server: Sshd, hosts: int, per_host: int, port: int = 31000) -> Path:
+def many_tasks(tmp_path: Path, server: Sshd, hosts: int, per_host: int, port: int = 31000, **extra: Any) -> Path:
     names = HOSTS[:hosts]
     addresses = [f"{h}:{port + k}" for h in names for k in range(per_host)]
     return cluster_file(tmp_path / "c.json", server, {"chief": addresses[:1], "worker": addresses[1:]},
-                        {h: None for h in names})
+                        {h: None for h in names}, **extra)
 
 
 def test_the_job_tarball_is_built_once_for_every_host(many: Sshd, tmp_path: Path, tfl_home: Path,
@@ -107,3 +110,102 @@ def test_too_few_fds_fail_at_once_in_one_line_naming_the_limit_not_a_host(many: 
     assert "lost" not in said[0] and "unreachable" not in said[0]
     assert "Traceback" not in done.stderr
     assert tfl_processes(home=str(tfl_home)) == []
+
+
+DEAF_JOB = """
+    import os, signal, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only the SIGKILL after the grace ends it
+    print("ready", os.environ["TFL_TASK"], flush=True)
+    time.sleep(600)
+"""
+
+
+def _wait(check: Any, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout  # a hang guard
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_stop_of_a_run_whose_launcher_is_gone_asks_each_host_once_and_all_wait_together(
+        many: Sshd, tmp_path: Path, tfl_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tfl stop` once asked every host again for each look at whether its tasks had gone (a
+    connection per host per look, minutes at 256 hosts): now one session per host runs the whole
+    SIGTERM, grace, SIGKILL there, every host at once."""
+    hosts = 6
+    job = tmp_path / "src" / "job.py"
+    job.parent.mkdir()
+    job.write_text(textwrap.dedent(DEAF_JOB))
+    cluster = many_tasks(tmp_path, many, hosts, 1, ssh={"fence_after": 300})  # frozen, the launcher's agents wait
+    env = {"PATH": "/usr/bin:/bin", "TFL_HOME": str(tfl_home), "HOME": str(tmp_path)}
+    launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", "--cluster", str(cluster), str(job)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    store = RunStore(tfl_home)
+    try:
+        _wait(lambda: len(runs := store.list()) == 1 and len(runs[0].tasks) == hosts and all(t.pid for t in runs[0].tasks))
+        os.kill(launcher.pid, signal.SIGSTOP)  # as good as gone: it pings no more, and its connections stay open
+        record = store.list()[0]
+        pids = [t.pid for t in record.tasks if t.pid]
+        connects: list[str] = []
+        real = recorded.connect
+        monkeypatch.setattr(recorded, "connect", lambda target: connects.append(target.host) or real(target))
+        assert recorded.stop(record, grace=1.0) == hosts
+        assert not any(pid_alive(pid) for pid in pids)  # SIGTERM ignored: the SIGKILL after the grace ended them
+        assert sorted(connects) == sorted(HOSTS[:hosts] * 2), connects  # the stop's and the cleanup's, once per host
+    finally:
+        launcher.kill()
+        launcher.wait(30)
+    _wait(lambda: tfl_processes(home=str(tfl_home)) == [])  # the agents left with the launcher's connections
+
+
+class _Settings:
+    def ssh_settings(self, **override: Any) -> dict[str, Any]:
+        return {"user": "nobody", "port": 22, "known_hosts": "/dev/null", **override}
+
+
+class _CountedTasks(tuple):  # type: ignore[type-arg]
+    scans = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        _CountedTasks.scans += 1
+        return super().__iter__()
+
+
+def test_getting_hosts_ready_reads_the_plan_s_tasks_a_few_times_not_once_per_host(
+        tmp_path: Path, tfl_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``prepare_hosts`` looked for each host's tasks in every task of the plan, twice per host:
+    hosts × tasks. No host is reached here: the pool, the agents' answers and the firewall are stand-ins."""
+    import dataclasses
+
+    from launcher.engines.ssh import prepare
+
+    hosts = [f"198.51.100.{i}" for i in range(1, 41)]
+    addresses = [f"{h}:{31000 + k}" for h in hosts for k in range(2)]
+    cluster = cluster_file(tmp_path / "c.json", _Settings(), {"chief": addresses[:1], "worker": addresses[1:]},
+                           {h: None for h in hosts})
+    job = tmp_path / "job.py"
+    job.write_text("print('hi')\n")
+    plan = core.make_plan(str(job), (), load_description(cluster), RunStore(tfl_home), RemoteOptions())
+    plan = dataclasses.replace(plan, tasks=_CountedTasks(plan.tasks))
+    started: list[str] = []
+
+    class Pool:
+        def start_agent_ahead(self, launch: Any) -> str:
+            started.append(launch.name)
+            return launch.host
+
+    class Firewalls:
+        def ensure(self, plan: Any, host: str) -> None:
+            return None
+
+    def answer(chan: str, request: dict[str, Any], host: str, python: str) -> dict[str, Any]:
+        return {"python": "3.11", "executable": python, "ports": {}, "tfl_cache": f"/cache/{host}"} if request["mode"] == "probe" else {}
+
+    monkeypatch.setattr(prepare, "converse", answer)
+    monkeypatch.setattr(wire, "_KIT", wire.Tarballs())
+    _CountedTasks.scans = 0
+    caches: dict[str, str] = {}
+    checks = prepare.prepare_hosts(plan, Pool(), caches, Firewalls())  # type: ignore[arg-type]
+    assert not [c for c in checks if c.status == "fail"] and sorted(caches) == sorted(hosts)
+    assert sorted(started) == sorted(t.name for t in plan.tasks)  # every task's agent started ahead, once
+    assert _CountedTasks.scans <= 4, _CountedTasks.scans  # was 2 per host and more: 80+ for 40 hosts

@@ -148,7 +148,8 @@ class RunRecord:
 
     def to_json(self) -> str:
         # Compact: the record is rewritten on every change of the run, and its size is what a large run pays.
-        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+        # Not dataclasses.asdict: it deep-copied the whole plan on every save (0.2 s of CPU at 64 tasks).
+        return json.dumps(self, default=_fields, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> RunRecord:
@@ -393,3 +394,7 @@ def _created_of(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
+
+
+def _fields(value: Any) -> dict[str, Any]:
+    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}

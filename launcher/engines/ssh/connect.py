@@ -42,6 +42,12 @@ if TYPE_CHECKING:
 TRIES = 5  # opens of one connection that an sshd dropped before its greeting
 BACKOFF = 0.3  # s before the second try; doubled for each next one, at most BACKOFF_CAP, jittered
 BACKOFF_CAP = 4.0
+# paramiko's transport thread polls its socket every 0.1 s (``Transport._active_check_timeout``) only
+# to notice a close: ten wakeups a second per idle connection, most of an idle launcher's CPU at
+# hundreds of hosts. Once a connection is open it polls this seldom instead; ``close`` shuts the
+# socket down first, which wakes the thread at once. (No keepalives are sent; a rekey the far side
+# asks for is read like any packet, one we owe waits at most this long.)
+IDLE_POLL = 10.0
 _sleep = time.sleep  # the tests' hook
 
 
@@ -83,6 +89,7 @@ def _open(target: SSHTarget, jump: Jump | None) -> Connection:
             conn.connect_kwargs["sock"] = conn._sock
         give_keys(conn.client, target.known_hosts_file, conn.host if conn.port == 22 else f"[{conn.host}]:{conn.port}")
         conn.open()
+        conn.client.get_transport().sock.settimeout(IDLE_POLL)
     except BaseException:
         conn.close()
         raise
@@ -124,6 +131,7 @@ def _connection_class() -> Any:
 
             def close(self) -> None:
                 try:
+                    _wake(self.client.get_transport())
                     super().close()
                     self.client.close()  # a transport left by a failed open (fabric skips it)
                 finally:
@@ -136,6 +144,20 @@ def _connection_class() -> Any:
 
         _CLASS.append(TflConnection)
     return _CLASS[0]
+
+
+def _wake(transport: Any) -> None:
+    """Ends ``transport``'s thread now, not at its next poll (``IDLE_POLL``): a socket shut down
+    wakes its reader (closing it does not). A bastion's channel wakes its reader when closed."""
+    sock = getattr(transport, "sock", None)
+    if isinstance(sock, socket.socket):
+        # The read side only: the thread's read gets an end at once (an EOF, logged by paramiko at
+        # DEBUG), and nothing goes to the sshd before the close, so no reset comes back to be read
+        # (which paramiko would log as an error).
+        try:
+            sock.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass  # never connected, or already closed
 
 
 def _forward(hold: _Hold, host: str, dest: tuple[str, int], timeout: float) -> Channel:
@@ -310,10 +332,26 @@ def _explain(target: SSHTarget, exc: Exception, jump: Jump | None) -> SSHError:
 
 def exec_command(conn: Connection, command: str, stdin: bytes = b"", timeout: float = 60.0) -> tuple[int, bytes, bytes]:
     """Run ``command`` on the host with ``stdin``; (exit status, stdout, stderr)."""
+    return finish_command(conn, start_command(conn, command, stdin, timeout), command, timeout)
+
+
+def start_command(conn: Connection, command: str, stdin: bytes, timeout: float) -> Channel:
+    """``command`` started on the host with all of ``stdin`` sent; ``finish_command`` reads its end.
+    Many hosts' commands can so run at once while one thread waits for them."""
     chan = open_channel(conn, command, timeout)
     try:
         chan.sendall(stdin)
         chan.shutdown_write()
+    except OSError as exc:
+        chan.close()
+        raise SSHError(conn.host, f"`{command[:60]}` did not take its input within {timeout:g} s ({exc})") from None
+    return chan
+
+
+def finish_command(conn: Connection, chan: Channel, command: str, timeout: float) -> tuple[int, bytes, bytes]:
+    """The (exit status, stdout, stderr) of a ``start_command``, waited for up to ``timeout`` s."""
+    try:
+        chan.settimeout(timeout)
         out, err = bytearray(), bytearray()
         while True:
             data = chan.recv(65536)

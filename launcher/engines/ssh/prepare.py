@@ -20,7 +20,7 @@ from launcher.engines.parallel import first_error, parallel
 from launcher.engines.preflight import Check, HostTasks, host_tasks, judge, judge_setup, probe_request
 from launcher.engines.ssh.connect import SSHError
 from launcher.engines.ssh.wire import Tarballs, agent_request, archives, cleanup_request, converse, kit_archive
-from launcher.plan.launch_plan import LaunchPlan
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
 
 if TYPE_CHECKING:
     from launcher.engines.ssh.firewall import Firewalls
@@ -33,16 +33,17 @@ def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str], fire
     with ``ssh.firewall`` gets the run's table (``firewall``) last, once all else passed.
     The code's tarballs are built once for the launch and sent to every host (``Tarballs``)."""
     tarballs = Tarballs()
+    by_host = tasks_by_host(plan)  # once: a scan of every task per host cost hosts × tasks
 
     def reach(host: HostTasks) -> list[Check]:
-        first, *rest = [t for t in plan.tasks if t.host == host.host]
+        first, *rest = by_host[host.host]
         chan = pool.start_agent_ahead(first)
         facts = converse(chan, probe_request(host, quick=True), host.host, host.python)
         checks = judge(host, facts, quick=True)
         if _failed(checks):
             return checks
         cache = facts["tfl_cache"]
-        done = converse(chan, unpack_request(plan, host.host, cache, tarballs), host.host, host.python)
+        done = converse(chan, unpack_request(by_host[host.host], cache, tarballs), host.host, host.python)
         if "error" in done:
             raise SSHError(host.host, f"could not unpack the code there ({done['error']}); check hosts.{host.host}.workdir "
                                       "and free disk there, or use --no-sync if the code is already on the host")
@@ -62,10 +63,18 @@ def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str], fire
     return [c for r in results if isinstance(r, list) for c in r]
 
 
-def unpack_request(plan: LaunchPlan, host: str, cache: str, tarballs: Tarballs | None = None) -> dict[str, Any]:
-    """The run's dirs on ``host`` (a configured workdir first, then the run dir, parents first),
-    the code shipped there and the job kit."""
-    tasks = [t.on_host(cache) for t in plan.tasks if t.host == host]
+def tasks_by_host(plan: LaunchPlan) -> dict[str, list[TaskLaunch]]:
+    """host -> its tasks, in plan order."""
+    hosts: dict[str, list[TaskLaunch]] = {}
+    for task in plan.tasks:
+        hosts.setdefault(task.host, []).append(task)
+    return hosts
+
+
+def unpack_request(host_tasks: list[TaskLaunch], cache: str, tarballs: Tarballs | None = None) -> dict[str, Any]:
+    """The run's dirs on the host of ``host_tasks`` (a configured workdir first, then the run dir,
+    parents first), the code shipped there and the job kit."""
+    tasks = [t.on_host(cache) for t in host_tasks]
     copies = sorted({copy for task in tasks for copy in task.sync})
     dirs = tasks[0].dirs
     if dirs is None:  # a plan recorded by a tfl that shipped no kit
@@ -78,8 +87,10 @@ def unpack_request(plan: LaunchPlan, host: str, cache: str, tarballs: Tarballs |
 def cleanup_hosts(plan: LaunchPlan, pool: HostPool, hosts: list[str]) -> None:
     """Remove what the run shipped to ``hosts`` (``plan`` on their real paths), all at once.
     Best effort: a host that cannot be reached now keeps its copy."""
+    by_host = tasks_by_host(plan)
+
     def tidy(host: str) -> None:
-        tasks = [t for t in plan.tasks if t.host == host]
+        tasks = by_host[host]
         request = cleanup_request(tasks)
         if request is not None and tasks[0].ssh is not None:
             agent_request(pool.get(tasks[0].ssh), tasks[0].python, request, timeout=30.0)

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import PurePosixPath
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from launcher.contract import PROGRESS_FILE, RUN_DIR
 from launcher.describe.hosts import HOST_CACHE, SSHTarget
@@ -28,18 +28,22 @@ from launcher.engines.base import NO_ANSWER, Cleanup, TaskLive
 from launcher.engines.parallel import parallel
 from launcher.engines.ssh.connect import connect
 from launcher.engines.ssh.firewall import unfence
-from launcher.engines.ssh.wire import agent_request, cleanup_request
-from launcher.engines.teardown import teardown
+from launcher.engines.ssh.wire import agent_answer, agent_request, agent_start, cleanup_request
 from launcher.limits import limit_error, own_fault
 from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
 from launcher.records.identity import launcher_identity
 from launcher.records.states import TaskState
 from launcher.records.store import RunRecord
 
+if TYPE_CHECKING:
+    from fabric import Connection
+    from paramiko import Channel
+
 HostTasks = dict[str, tuple[SSHTarget, str, list[dict[str, Any]]]]
 ASK_UP_TO = 8  # hosts: a run this small is asked (cpu, memory) even while its launcher runs
 STATUS_WAIT = 5.0  # seconds `tfl status RUN` waits for the hosts it asks (once fabric is imported)
 ASKERS = 32  # hosts asked at once
+KILL_WAIT = 5.0  # `tfl stop`: after SIGKILL, how long a host waits for its tasks to go
 
 
 def _recorded(record: RunRecord) -> HostTasks:
@@ -162,27 +166,57 @@ def inspect(record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
     return live
 
 
-def _signal_hosts(record: RunRecord, signum: int) -> None:
-    remote_signal(record, signum)
-
-
 def stop(record: RunRecord, grace: float) -> int:
-    """SIGTERM, grace, SIGKILL (``launcher.engines.teardown``) to the run's SSH tasks still alive on
-    their hosts, every host at once per step. Their agents also kill them on their own once
-    the launcher's connection is gone; this makes it immediate. Returns how many were alive.
-    A run whose launcher is gone had no one to remove the code it shipped: that is done here.
+    """SIGTERM, grace, SIGKILL to the run's SSH tasks still alive on their hosts (the agent's
+    ``stop``: the same steps as ``launcher.engines.teardown``, waited for on the hosts). Every host
+    gets one connection and one agent session, opened ``ASKERS`` at a time; then all of them run
+    their stop at once and are waited for together, for the grace and the kill's wait at most.
+    Their agents also kill them on their own once the launcher's connection is gone; this makes
+    it immediate. Returns how many were alive. A run whose launcher is gone had no one to remove
+    the code it shipped: that is done here.
     """
-    if not any(t.pid for t in record.tasks):
+    hosts = _recorded(record)
+    if not hosts:
         return 0
-    alive = [name for name, info in remote_task_info(record).items() if info.get("alive")]
-    if alive:
-        teardown([record], signal=_signal_hosts, grace=grace, kill_wait=5.0,
-                 alive=lambda r: any(info.get("alive") for info in remote_task_info(r).values()),
-                 wait=lambda s: time.sleep(max(s, 0.2)))
+    results = _stop_hosts(hosts, grace)
+    if fault := next((f for r in results.values() if isinstance(r, Exception) and (f := own_fault(r))), None):
+        raise limit_error(fault, "stopping the tasks")  # the launcher's own limit: no host is unreachable for it
+    alive = sum(1 for r in results.values() if not isinstance(r, Exception) for outcome in r.values() if outcome != "gone")
     if not record.state.is_terminal:
         cleanup(record)
         unfence(record)  # its agents removed the tables when they lost the launcher: this makes sure
-    return len(alive)
+    return alive
+
+
+def _stop_hosts(hosts: HostTasks, grace: float) -> dict[str, dict[str, str] | Exception]:
+    """host -> its agent's ``stop`` answer (task -> outcome), or why there is none."""
+    def begin(host: str) -> tuple[Connection, Channel]:
+        target, python, tasks = hosts[host]
+        conn = connect(target)
+        try:
+            request = {"mode": "stop", "tasks": tasks, "grace": grace, "kill_wait": KILL_WAIT}
+            return conn, agent_start(conn, python, request, timeout=STATUS_WAIT)
+        except BaseException:
+            conn.close()
+            raise
+
+    started = dict(zip(hosts, parallel(begin, list(hosts), workers=ASKERS), strict=True))
+    deadline = time.monotonic() + grace + KILL_WAIT + STATUS_WAIT  # the hosts stop their tasks at once
+    results: dict[str, dict[str, str] | Exception] = {}
+    try:
+        for host, begun in started.items():
+            if isinstance(begun, Exception):
+                results[host] = begun
+                continue
+            try:
+                results[host] = agent_answer(begun[0], hosts[host][1], begun[1], max(0.1, deadline - time.monotonic()))
+            except Exception as exc:  # reported per host
+                results[host] = exc
+    finally:
+        for begun in started.values():
+            if not isinstance(begun, Exception):
+                begun[0].close()
+    return results
 
 
 def run_dirs_there(record: RunRecord) -> dict[str, tuple[SSHTarget, str, list[str]]]:

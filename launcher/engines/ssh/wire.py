@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.engines.ssh.connect import SSHError, exec_command
+from launcher.engines.ssh.connect import SSHError, finish_command, start_command
 
 if TYPE_CHECKING:
     from fabric import Connection
@@ -60,7 +60,17 @@ def agent_input(request: dict[str, Any] | None) -> bytes:
 
 def agent_request(conn: Connection, python: str, request: dict[str, Any], timeout: float = 60.0) -> Any:
     """Run one non-``run`` agent request (probe, info, signal) and return its JSON answer."""
-    code, out, err = exec_command(conn, agent_command(python), agent_input(request), timeout)
+    return agent_answer(conn, python, agent_start(conn, python, request, timeout), timeout)
+
+
+def agent_start(conn: Connection, python: str, request: dict[str, Any], timeout: float = 60.0) -> Channel:
+    """An agent started on the host with ``request``; ``agent_answer`` waits for its answer."""
+    return start_command(conn, agent_command(python), agent_input(request), timeout)
+
+
+def agent_answer(conn: Connection, python: str, chan: Channel, timeout: float = 60.0) -> Any:
+    """The JSON answer of an ``agent_start``, waited for up to ``timeout`` s."""
+    code, out, err = finish_command(conn, chan, "the tfl agent", timeout)
     if code != 0 or MARK not in out:
         raise SSHError(conn.host, python_failure(python, code, err, conn.host))
     return reply(out)

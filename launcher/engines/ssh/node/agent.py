@@ -18,8 +18,9 @@ Modes of a request:
     pid on the first control frame, relay its output, obey ``{"signal": N}`` lines.
     Stdin reaching EOF or heartbeats stopping (the launcher or the connection is lost)
     kills the job's whole process group: a remote task never outlives its launcher.
-``info`` / ``signal``
-    Liveness, cpu, memory and progress of recorded tasks / signal their groups, a pid only
+``info`` / ``signal`` / ``stop``
+    Liveness, cpu, memory and progress of recorded tasks / signal their groups / SIGTERM, the
+    grace, SIGKILL, waited for here (``tfl stop``: every host at once), a pid only
     if its start matches the recorded one (pids get reused; also how a restart stops a lost
     attempt first: ``launcher.engines.ssh.restart``).
 ``probe``
@@ -307,12 +308,21 @@ def info(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def signal_tasks(request: dict[str, Any]) -> dict[str, str]:
-    result = {}
-    for task in request["tasks"]:
-        hit = _find(task)
-        if hit is not None:
-            _killpg(hit[0], int(request["signal"]))
-        result[task["name"]] = "signalled" if hit else "gone"
+    """``signal``: each recorded task still alive signalled ("signalled", else "gone"). ``stop``: SIGTERM, up to
+    ``grace`` s for them to go, SIGKILL, up to ``kill_wait`` s ("stopped", "killed", "left": alive even so, "gone")."""
+    stop = request["mode"] == "stop"
+    alive = {t["name"]: t for t in request["tasks"] if _find(t) is not None}
+    result = {t["name"]: "gone" if t["name"] not in alive else "left" if stop else "signalled" for t in request["tasks"]}
+    steps = [(signal.SIGTERM, "grace", "stopped"), (signal.SIGKILL, "kill_wait", "killed")] if stop else [(request["signal"], "", "")]
+    for signum, budget, outcome in steps:
+        deadline = time.monotonic() + float(request.get(budget, 0))
+        for task in alive.values():
+            _killpg(int(task["pid"]), int(signum))
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+            for name in [n for n, t in alive.items() if _find(t) is None]:
+                result[name] = outcome
+                del alive[name]
     return result
 
 
@@ -359,8 +369,8 @@ def _gpus() -> list[str] | None:
 
 
 def main() -> None:
-    handlers = {"info": info, "signal": signal_tasks, "probe": probe, "unpack": files.unpack, "storage": files.storage,
-                "cleanup": files.cleanup, "remove": files.remove, "unfence": firewall.drop}
+    handlers = {"info": info, "signal": signal_tasks, "stop": signal_tasks, "probe": probe, "unpack": files.unpack,
+                "storage": files.storage, "cleanup": files.cleanup, "remove": files.remove, "unfence": firewall.drop}
     while True:
         line = sys.stdin.readline()
         if not line:
