@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import compileall
 import os
 import sys
 from pathlib import Path
@@ -18,6 +19,22 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 WORKERS = 2  # pytest-xdist workers for `-n auto` (pyproject's addopts)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The project's own modules compiled once, by the first process (the xdist workers find the
+    ``.pyc`` there): where PYTHONDONTWRITEBYTECODE=1 is set, as on this team's machines, Python
+    never writes them, and each of the suite's thousand-odd ``tfl`` processes compiled every
+    launcher module it imports again (~0.2 s of CPU each; docs/development.md).
+
+    The inner loop (``-m "not slow"``) fuzzes the cluster file with a quarter of the examples
+    (tests/test_cluster_fuzz.py); the full suite, CI's, with all of them. TFL_FUZZ_SCALE set by
+    hand wins."""
+    if not hasattr(config, "workerinput"):
+        for package in ("launcher", "jobs", "bench", "tests"):
+            compileall.compile_dir(ROOT / package, quiet=1, workers=1)
+    if "not slow" in (config.option.markexpr or ""):
+        os.environ.setdefault("TFL_FUZZ_SCALE", "0.25")
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -61,6 +78,21 @@ def _in_group(item: pytest.Item, group: str) -> None:
         item._id = type(item._id).parse(f"{item.nodeid}@{group}")
     else:
         item._nodeid = f"{item.nodeid}@{group}"
+
+
+BED_WATCH = {"TFL_TEST_SILENT_AFTER": "3", "TFL_TEST_PROBE_TIMEOUT": "2"}
+
+
+@pytest.fixture(autouse=True)
+def _bed_watch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the netns bed, the launchers the test starts watch their hosts with shorter waits
+    (launcher/engines/ssh/watch.py): silence after 3 s instead of 5 (agents ping every 2 s), and
+    2 s for the sshd port's answer instead of 4 (a bed host's kernel answers in milliseconds;
+    a cut one never). A lost host is then named ~4 s sooner; what is asserted is unchanged.
+    Autouse, so it is set before ``child_env`` copies ``os.environ``."""
+    if "netbed" in request.fixturenames:
+        for name, value in BED_WATCH.items():
+            monkeypatch.setenv(name, value)
 
 
 @pytest.fixture

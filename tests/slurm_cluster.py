@@ -107,7 +107,7 @@ PARTITION = "debug"
 URGENT = "urgent"  # with preemption: a partition of a higher PriorityTier whose jobs preempt debug's
 PREEMPT_GRACE = 20
 SLURMD_TIMEOUT = 20  # a node whose slurmd is gone is noticed (DOWN, Not responding) within this, not 300 s
-LOST_NODE_SLURMD_TIMEOUT = 10  # the clusters of the tests that kill a slurmd: they wait this out (up to ~1.5 x)
+LOST_NODE_SLURMD_TIMEOUT = 6  # the clusters of the tests that kill a slurmd: they wait this out (up to ~1.7 x: pinged every 2 s)
 REQUEUE_DELAY = 5  # a requeued job waits the credential lifetime (+1 s) before it may start again (120 s by default)  # GraceTime of the debug partition (seconds from the notice to SIGKILL)
 
 
@@ -245,10 +245,12 @@ def first_job_id() -> int:
     """Each pytest-xdist worker's clusters number their jobs from another point. A task's port follows
     its job id (launcher/engines/slurm/node/nodes.py: 711 blocks of 32 ports): two workers' clusters
     on this one machine, both numbering from 1, gave their jobs the same ports ("port 127.0.0.1:10321
-    is taken"). Half the blocks apart, they collide only past 355 jobs in one worker."""
+    is taken"). Spread evenly over the blocks (two workers: 355 apart, four: 177), they collide only
+    once one worker has started that many jobs."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     index = int(worker[2:]) if worker[2:].isdigit() else 0
-    return 1 + (index * 355) % 711
+    workers = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "2") or 2), index + 1)
+    return 1 + index * (711 // workers)
 
 
 def slurm_conf(directory: Path, host: str, user: str, ctld_port: int, node_ports: dict[str, int], gpus: bool,
