@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import compileall
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -30,6 +31,12 @@ def pytest_configure(config: pytest.Config) -> None:
     The inner loop (``-m "not slow"``) fuzzes the cluster file with a quarter of the examples
     (tests/test_cluster_fuzz.py); the full suite, CI's, with all of them. TFL_FUZZ_SCALE set by
     hand wins."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Started as a background job of a non-interactive shell (`cmd &` in a script, nohup), this
+        # process and every child would ignore SIGINT, which no child can then trap or take: the
+        # tests of Ctrl-C and of tfl's stop (SIGINT to a batch script) would hang. A handler here
+        # becomes SIG_DFL in each child at exec.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if not hasattr(config, "workerinput"):
         for package in ("launcher", "jobs", "bench", "tests"):
             compileall.compile_dir(ROOT / package, quiet=1, workers=1)
