@@ -202,17 +202,25 @@ def test_script_stops_the_evaluator_after_its_time(tmp_path: Path) -> None:
     assert (tmp_path / "scancel").read_text().splitlines() == ["--signal=TERM 7.1"]  # its step only, SIGTERM first
 
 
-def test_script_sigint_stops_the_steps_and_does_not_restart(tmp_path: Path) -> None:
-    """SIGINT is tfl's stop (SIGTERM is a preemption notice: tests/test_slurm_preemption.py)."""
+def start_with_both_steps(tmp_path: Path, **env: str) -> subprocess.Popen[str]:
+    """The script (restarts allowed, an evaluator), its steps hanging, once both have started."""
     b = BatchJob(**{**batch(str(tmp_path), restarts=3, evaluator=True).__dict__, "python": str(tmp_path / "bin" / "python"),
                     "cwd": str(tmp_path)})
-    script = subprocess.Popen(["bash", "-c", render_batch_script(b)], env=fake_slurm(tmp_path, HANG="1"),
+    script = subprocess.Popen(["bash", "-c", render_batch_script(b)], env=fake_slurm(tmp_path, 0, HANG="1", **env),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not ((tmp_path / "training.pid").exists() and (tmp_path / "evaluator.pid").exists()):
+        if time.monotonic() > deadline or script.poll() is not None:
+            script.kill()
+            raise AssertionError(script.communicate())
+        time.sleep(0.05)
+    return script
+
+
+def test_script_sigint_stops_the_steps_and_does_not_restart(tmp_path: Path) -> None:
+    """SIGINT is tfl's stop (SIGTERM is a preemption notice: tests/test_slurm_preemption.py)."""
+    script = start_with_both_steps(tmp_path)
     try:
-        deadline = time.monotonic() + 20
-        while not ((tmp_path / "training.pid").exists() and (tmp_path / "evaluator.pid").exists()):
-            assert time.monotonic() < deadline and script.poll() is None, script.communicate()
-            time.sleep(0.05)
         script.send_signal(signal.SIGINT)
         _, err = script.communicate(timeout=120)
     finally:
@@ -235,15 +243,9 @@ def test_signals_while_one_is_passed_on_each_step_gets_one_sigterm(tmp_path: Pat
     loop: steps skipped or signalled again, and once a step ended 130 instead of 143 (a flaky
     test_slurm_runs test). Now each signal is noted, and one pass at a time passes it on."""
     gate = tmp_path / "gate"
-    b = BatchJob(**{**batch(str(tmp_path), restarts=3, evaluator=True).__dict__, "python": str(tmp_path / "bin" / "python"),
-                    "cwd": str(tmp_path)})
-    script = subprocess.Popen(["bash", "-c", render_batch_script(b)], env=fake_slurm(tmp_path, HANG="1", SQUEUE_GATE=str(gate)),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    script = start_with_both_steps(tmp_path, SQUEUE_GATE=str(gate))
     try:
         deadline = time.monotonic() + 20
-        while not ((tmp_path / "training.pid").exists() and (tmp_path / "evaluator.pid").exists()):
-            assert time.monotonic() < deadline and script.poll() is None, script.communicate()
-            time.sleep(0.05)
         script.send_signal(signal.SIGINT)
         while not (tmp_path / "squeue.calls").exists():  # the first pass is listing the steps, held at the gate
             assert time.monotonic() < deadline and script.poll() is None, script.communicate()
