@@ -116,3 +116,25 @@ def test_the_ssh_agent_knows_its_tasks_by_ticks_across_a_clock_step() -> None:
     assert agent._find(stepped) is not None  # the recorded create time is off by a clock step; the ticks match
     assert agent._find({**stepped, "start_ticks": me.start_ticks - 1}) is None
     assert agent._find({**stepped, "start_ticks": None}) is None  # an old record: create time alone
+
+
+def test_a_run_of_the_same_id_in_another_store_is_not_this_runs(tmp_path: Path) -> None:
+    """`tfl stop` finds a run's unnamed processes by their TFL_RUN_ID marker; one that names
+    another run dir (the same id in another store: a copied record resumed there) is left alone.
+    Two tests resuming the same recorded run in two stores at once once stopped each other's."""
+    from launcher.contract import RUN_DIR, RUN_ID
+    from launcher.records.identity import marked_processes
+
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    procs = {name: subprocess.Popen(sleep, env={**os.environ, RUN_ID: "r1", RUN_DIR: str(tmp_path / name / "runs" / "r1")})
+             for name in ("mine", "other")}
+    unmarked = subprocess.Popen(sleep, env={k: v for k, v in os.environ.items() if k != RUN_DIR} | {RUN_ID: "r1"})
+    try:
+        found = {p.pid for p in marked_processes("r1", {}, str(tmp_path / "mine" / "runs" / "r1"))}
+        assert procs["mine"].pid in found and unmarked.pid in found  # no run dir named: the marker decides
+        assert procs["other"].pid not in found
+        assert {procs["mine"].pid, procs["other"].pid} <= {p.pid for p in marked_processes("r1", {})}
+    finally:
+        for proc in (*procs.values(), unmarked):
+            proc.kill()
+            proc.wait()

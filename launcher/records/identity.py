@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from launcher.contract import RUN_ID
+from launcher.contract import RUN_DIR, RUN_ID
 
 if TYPE_CHECKING:
     from launcher.records.store import RunRecord, TaskRecord
@@ -101,15 +101,20 @@ def find_process(pid: int | None, create_time: float | None, ticks: int | None =
         return None
 
 
-def marked_processes(run_id: str, known: dict[int, psutil.Process]) -> list[psutil.Process]:
+def marked_processes(run_id: str, known: dict[int, psutil.Process], run_dir: str | None = None) -> list[psutil.Process]:
     """``known`` plus every live process whose environment carries the run's marker
-    (``TFL_RUN_ID``): children a task started, a task the record never got to name."""
+    (``TFL_RUN_ID``): children a task started, a task the record never got to name. With
+    ``run_dir``, a process that names another run dir (``TFL_RUN_DIR``) is not this run's: a run
+    of the same id in another store (a copied record, resumed there) is left alone."""
     found = dict(known)
     for proc in psutil.process_iter():
         if proc.pid in found or proc.pid == os.getpid():
             continue
         try:
-            if proc.environ().get(RUN_ID) == run_id and proc.status() != psutil.STATUS_ZOMBIE:
+            env = proc.environ()
+            if env.get(RUN_ID) != run_id or (run_dir is not None and env.get(RUN_DIR, run_dir) != run_dir):
+                continue
+            if proc.status() != psutil.STATUS_ZOMBIE:
                 found[proc.pid] = proc
         except psutil.Error:
             continue

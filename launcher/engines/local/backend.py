@@ -203,7 +203,7 @@ class LocalBackend:
         """Every process of the run: the recorded tasks (pid and create time) and anything
         carrying its ``TFL_RUN_ID`` marker, by process group."""
         known = {p.pid: p for t in record.tasks if (p := identity.task_identity(record, t).find())}
-        found = identity.marked_processes(record.run_id, known)
+        found = identity.marked_processes(record.run_id, known, record.run_dir)
         teardown(found, signal=identity.signal_group, alive=identity.is_running, grace=grace, kill_wait=5.0)
         return len(found)
 
