@@ -193,7 +193,9 @@ def test_failed_opens_leave_no_fd_or_thread_and_a_throttled_host_is_named_in_one
     waits: list[float] = []
     monkeypatch.setattr(connect_mod, "_sleep", waits.append)
     connect(target(sshd, "127.0.0.2")).close()  # paramiko imported, its lasting state made
-    fds, threads = _fds(), threading.active_count()
+    # What this test opens, by identity: other tests' leftovers on this worker (the job kit's
+    # watcher threads) may end meanwhile, so counts alone would not tell.
+    fds, threads = _fds(), set(threading.enumerate())
     empty = tmp_path / "empty_known_hosts"
     empty.write_text("")
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "stranger")], check=True)
@@ -215,15 +217,26 @@ def test_failed_opens_leave_no_fd_or_thread_and_a_throttled_host_is_named_in_one
     assert messages[0].startswith("127.0.0.2: sshd on [127.0.0.2]") and "MaxStartups" in messages[0]
     assert len(waits) == 2 * (connect_mod.TRIES - 1)
     deadline = time.monotonic() + 30  # paramiko's transport threads end just after their close
-    while threading.active_count() > threads and time.monotonic() < deadline:
+    while _new_threads(threads) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert threading.active_count() == threads, [t.name for t in threading.enumerate()]
-    assert _fds() == fds
+    assert _new_threads(threads) == []
+    assert _fds() - fds == set()
     assert connect_mod._BASTIONS._open == {}
 
 
-def _fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _fds() -> set[tuple[str, str]]:
+    """This process's open fds with what each points to (a reused number with a new socket differs)."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found.add((fd, os.readlink(f"/proc/self/fd/{fd}")))
+        except OSError:  # the listing's own fd, closed by now
+            pass
+    return found
+
+
+def _new_threads(before: set[threading.Thread]) -> list[str]:
+    return [t.name for t in threading.enumerate() if t not in before]
 
 
 def _wakeups(thread: threading.Thread) -> int:
