@@ -28,7 +28,7 @@ from bench.common import (
     verdict,
 )
 from bench.config import Config
-from bench.procs import kill_and_time, kill_group, run_tasks, spawn, wait_for
+from bench.procs import kill_and_time, kill_group, run_tasks, spawn, tasks_named, teardown_trial, wait_for
 from bench.restart import RestartSample, crash_args, reached_step
 from bench.runs import STARTED, free_ports
 
@@ -42,16 +42,10 @@ def tiny_teardowns(cfg: Config, ws: Workspace) -> list[float]:
     samples = []
     for rep in range(cfg.teardown_reps):
         home = ws.home(f"teardown-{rep}")
-        launcher = spawn([*tfl_command(), "launch", str(TINY), "--local", str(TINY_TASKS), "--", "--sleep", "120"],
-                          ws.env(home))
-        try:
-            tasks = wait_for(partial(_all_started, home), 60, f"{TINY_TASKS} tiny tasks to start")
-            took = kill_and_time(tasks, "worker:0", 30)
-            code = launcher.wait(30)
-        finally:
-            if launcher.poll() is None:
-                kill_group(launcher)
-        assert_none_left(home)
+        trial = teardown_trial([*tfl_command(), "launch", str(TINY), "--local", str(TINY_TASKS), "--", "--sleep", "120"],
+                               ws.env(home), home, partial(_all_started, home), start_wait=60,
+                               what=f"{TINY_TASKS} tiny tasks to start", kill_wait=30, exit_wait=30)
+        took, code = trial.gone, trial.exit_code
         if took is None or code != 1:
             raise BenchError(f"teardown run {rep}: tasks not gone within 30 s (launcher exit {code})")
         samples.append(took)
@@ -84,7 +78,7 @@ def tf_alone(cfg: Config, ws: Workspace, data: Path | None) -> list[AloneSample]
                         ws.env(home, TFL_PROGRESS_LOG=str(log)))
         try:
             wait_for(partial(reached_step, log, cfg.crash_step), 600, f"the plain run's chief to reach step {cfg.crash_step}")
-            noticed = kill_and_time(run_tasks(home), "worker:0", TF_ALONE_CAP_S)
+            noticed = kill_and_time(tasks_named(home, "worker:0"), "worker:0", TF_ALONE_CAP_S)
             samples.append(AloneSample(noticed, _how_noticed(run_dir / "logs" / "chief-0.log")))
         finally:
             kill_group(script)

@@ -31,7 +31,7 @@ from typing import Any
 from bench import ssh
 from bench.common import MNIST, BenchError, Section, Stats, Workspace, assert_none_left, tfl_command
 from bench.config import Config
-from bench.procs import kill_group, run_tasks, spawn, wait_for
+from bench.procs import kill_group, spawn, tasks_named, wait_for
 
 NOTICE_STEP = 35  # after the kit's step-time line (the median of the first 30 steps), in epoch 1
 JOB_ARGS = ["--epochs", "2", "--steps-per-epoch", "40", "--batch-size", "32", "--dtype", "float64", "--seed", "7",
@@ -72,7 +72,7 @@ def one_trial(ws: Workspace, transport: str, rep: int, cluster: Path | None, sto
     try:
         wait_for(lambda: _chief_progress(home).get("attempt") == 0 and int(_chief_progress(home).get("global_step", 0)) >= NOTICE_STEP,
                  900, f"the chief to reach step {NOTICE_STEP}", interval=0.05)
-        os.kill(run_tasks(home)["worker:0"].pid, signal.SIGTERM)
+        os.kill(tasks_named(home, "worker:0")["worker:0"].pid, signal.SIGTERM)
         noticed = time.time()
         saved_file = wait_for(partial(_preempted_file, home, storage), 300, "the agreed checkpoint (preempted.json)",
                               interval=0.005)

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import psutil
 
-from bench.common import ROOT, BenchError
+from bench.common import ROOT, BenchError, assert_none_left
 from tests.procs import tfl_processes
 
 
@@ -180,6 +180,17 @@ def run_tasks(home: Path) -> dict[str, psutil.Process]:
     return found
 
 
+def tasks_named(home: Path, *names: str, timeout: float = 30.0) -> dict[str, psutil.Process]:
+    """The run's tasks once every one of ``names`` is seen: a task just reached may not be listed at
+    once (its environ unreadable for an instant under load; a bench run of load 38 met that)."""
+    def seen() -> dict[str, psutil.Process] | None:
+        found = run_tasks(home)
+        return found if all(n in found for n in names) else None
+
+    found: dict[str, psutil.Process] = wait_for(seen, timeout, f"tasks {', '.join(names)} to be seen")
+    return found
+
+
 def kill_and_time(tasks: dict[str, psutil.Process], victim: str, timeout: float) -> float | None:
     """SIGKILL ``victim``; seconds from its death to the last other task gone (None: not within timeout)."""
     watcher = ExitWatcher([p.pid for p in tasks.values()])
@@ -192,3 +203,31 @@ def kill_and_time(tasks: dict[str, psutil.Process], victim: str, timeout: float)
     if any(t is None for t in others) or tasks[victim].pid not in exits:
         return None
     return max(t for t in others if t is not None) - exits[tasks[victim].pid]
+
+
+@dataclass(frozen=True)
+class Teardown:
+    """One kill-a-worker trial: death → last other task gone (None: not within the wait), tfl's exit."""
+
+    gone: float | None
+    exit_code: int | None
+    recorded: float  # seconds from the kill to tfl's exit
+
+
+def teardown_trial(argv: Sequence[str], env: dict[str, str], home: Path,
+                   started: Callable[[], dict[str, psutil.Process] | None], *, start_wait: float, what: str,
+                   kill_wait: float, exit_wait: float, interval: float = 0.02) -> Teardown:
+    """Launch ``argv``, wait until ``started`` names the tasks, SIGKILL ``worker:0`` and time the rest
+    going; the launcher is killed if it is still there, and no process of the run may be left."""
+    launcher = spawn(list(argv), env)
+    try:
+        tasks = wait_for(started, start_wait, what, interval=interval)
+        killed = time.monotonic()
+        gone = kill_and_time(tasks, "worker:0", kill_wait)
+        code = launcher.wait(exit_wait)
+        recorded = time.monotonic() - killed
+    finally:
+        if launcher.poll() is None:
+            kill_group(launcher)
+    assert_none_left(home)
+    return Teardown(gone, code, recorded)

@@ -16,7 +16,7 @@ from typing import Any
 
 from bench.common import BenchError, Section, Stats, Workspace, assert_none_left, tfl_command, verdict
 from bench.config import Config
-from bench.procs import kill_and_time, kill_group, run_tasks, spawn, wait_for
+from bench.procs import kill_and_time, kill_group, spawn, tasks_named, wait_for
 
 
 def crash_args(cfg: Config, data: Path | None) -> list[str]:
@@ -48,7 +48,7 @@ def restart_runs(cfg: Config, ws: Workspace, data: Path | None) -> list[RestartS
             wait_for(partial(reached_step, log, cfg.crash_step), 600,
                      f"the chief to reach step {cfg.crash_step}")
             killed = time.time()
-            teardown = kill_and_time(run_tasks(home), "worker:0", 30)
+            teardown = kill_and_time(tasks_named(home, "worker:0"), "worker:0", 30)
             code = launcher.wait(900)
         finally:
             if launcher.poll() is None:

@@ -41,7 +41,7 @@ from bench.common import (
     verdict,
 )
 from bench.config import Config
-from bench.procs import kill_and_time, kill_group, run_tasks, spawn, wait_for
+from bench.procs import kill_group, run_tasks, spawn, teardown_trial, wait_for
 from bench.runs import STARTED
 from tests.slurm_cluster import SlurmCluster, missing_packages, start_cluster, stop_cluster
 
@@ -160,21 +160,12 @@ def _plain_started(cluster: SlurmCluster, ws: Workspace, rep: int, phases: dict[
 def _teardown(cluster: SlurmCluster, ws: Workspace, rep: int) -> tuple[float, float]:
     """A worker killed with SIGKILL: to the chief gone (srun's --kill-on-bad-exit), and to tfl's exit."""
     home = ws.home(f"slurm-teardown-{rep}")
-    launcher = spawn([*tfl_command(), "launch", str(TINY), "--cluster", str(_description(ws)), "--", "--sleep", "120"],
-                     ws.env(home, SLURM_CONF=str(cluster.conf)))
-    try:
-        tasks = wait_for(partial(_both_started, home), 120, "both tiny tasks on Slurm")
-        killed = time.monotonic()
-        gone = kill_and_time(tasks, "worker:0", 60)
-        code = launcher.wait(60)
-        recorded = time.monotonic() - killed
-    finally:
-        if launcher.poll() is None:
-            kill_group(launcher)
-    assert_none_left(home)
-    if gone is None or code != 1:
-        raise BenchError(f"Slurm teardown run {rep}: the chief was not gone within 60 s (tfl exited {code})")
-    return gone, recorded
+    trial = teardown_trial([*tfl_command(), "launch", str(TINY), "--cluster", str(_description(ws)), "--", "--sleep", "120"],
+                           ws.env(home, SLURM_CONF=str(cluster.conf)), home, partial(_both_started, home),
+                           start_wait=120, what="both tiny tasks on Slurm", kill_wait=60, exit_wait=60)
+    if trial.gone is None or trial.exit_code != 1:
+        raise BenchError(f"Slurm teardown run {rep}: the chief was not gone within 60 s (tfl exited {trial.exit_code})")
+    return trial.gone, trial.recorded
 
 
 def _trained_teardown(cluster: SlurmCluster, ws: Workspace, rep: int, data: Path) -> float:
@@ -183,20 +174,15 @@ def _trained_teardown(cluster: SlurmCluster, ws: Workspace, rep: int, data: Path
     home = ws.home(f"slurm-trained-teardown-{rep}")
     desc = home / "slurm.json"
     desc.write_text(json.dumps({"slurm": {"nodes": NODES, "tasks_per_node": 1}, "env": TRAIN_ENV}))
-    launcher = spawn([*tfl_command(), "launch", str(MNIST), "--cluster", str(desc), "--max-restarts", "0", "--",
-                      "--epochs", "50", "--steps-per-epoch", "40", "--data", str(data)],
-                     ws.env(home, SLURM_CONF=str(cluster.conf)))
-    try:
-        tasks = wait_for(partial(_after_epoch_1, home), 300, "epoch 1 of the training job on Slurm", interval=0.1)
-        gone = kill_and_time(tasks, "worker:0", 60)
-        code = launcher.wait(120)
-    finally:
-        if launcher.poll() is None:
-            kill_group(launcher)
-    assert_none_left(home)
-    if gone is None or code != 1:
-        raise BenchError(f"Slurm training teardown run {rep}: the chief was not gone within 60 s (tfl exited {code})")
-    return gone
+    trial = teardown_trial([*tfl_command(), "launch", str(MNIST), "--cluster", str(desc), "--max-restarts", "0", "--",
+                            "--epochs", "50", "--steps-per-epoch", "40", "--data", str(data)],
+                           ws.env(home, SLURM_CONF=str(cluster.conf)), home, partial(_after_epoch_1, home),
+                           start_wait=300, what="epoch 1 of the training job on Slurm", kill_wait=60, exit_wait=120,
+                           interval=0.1)
+    if trial.gone is None or trial.exit_code != 1:
+        raise BenchError(f"Slurm training teardown run {rep}: the chief was not gone within 60 s "
+                         f"(tfl exited {trial.exit_code})")
+    return trial.gone
 
 
 def _after_epoch_1(home: Path) -> dict[str, psutil.Process] | None:

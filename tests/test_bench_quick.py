@@ -45,6 +45,7 @@ def tables_by_section(report: str) -> dict[str, list[list[str]]]:
     return sections
 
 
+@pytest.mark.timeout(1300)  # the subprocess's own 1,200 s guard comes first (the suite's 600 s did, at load 11)
 def test_quick_mode_writes_every_section_with_numbers(tmp_path: Path) -> None:
     out = tmp_path / "bench.md"
     result = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(out)], cwd=ROOT,
