@@ -20,7 +20,12 @@ from tests.sshd import sshd  # noqa: F401  (session fixture: a real sshd on 127.
 ROOT = Path(__file__).resolve().parent.parent
 
 
-WORKERS = 2  # pytest-xdist workers for `-n auto` (pyproject's addopts)
+# pytest-xdist workers for `-n auto` (pyproject's addopts), per core, at most MAX_WORKERS. The inner
+# loop's tests mostly wait (sshd, the netns bed, Slurm noticing a lost node, a grace period): two a
+# core overlap their waits. The full suite adds the real-TensorFlow trainings, which compute: one
+# more than the cores. Measured on the 2-core machine: docs/development.md#keeping-the-suite-fast.
+WORKERS_PER_CORE_INNER = 2
+MAX_WORKERS = 4  # the per-worker resources (ports, beds, Slurm job-id blocks, netns names) were checked up to here
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -63,12 +68,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """Two workers (CI has 2 cores; more made the real-TensorFlow tests crowd each other); none (the tests run in this process, quick to start) when the command line
-    names one test file, or tests of one file: `pytest tests/test_spec.py`."""
+    """``-n auto``: none (the tests run in this process, quick to start) when the command line names
+    one test file, or tests of one file (`pytest tests/test_spec.py`); with ``-m "not slow"``
+    two a core (4 on CI's 2 cores); otherwise one more than the cores (3); never over MAX_WORKERS."""
     files = {str(arg).split("::", 1)[0] for arg in config.args}
     if len(files) == 1 and os.path.isfile(next(iter(files))):
         return 0
-    return WORKERS
+    return workers(os.cpu_count() or 1, inner_loop="not slow" in (config.option.markexpr or ""))
+
+
+def workers(cores: int, inner_loop: bool) -> int:
+    return min(MAX_WORKERS, cores * WORKERS_PER_CORE_INNER if inner_loop else cores + 1)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook
@@ -101,20 +111,20 @@ LONG_FIXTURES = {"netbed", "slurm_cluster"}  # a bed of namespaces with sshds; a
 
 
 def _expected_cost(item: pytest.Item) -> int:
-    """A rank, longest first: real TensorFlow (``slow``); the netns bed or Slurm (real waits:
-    a cut host, a lost node); the loopback sshd; the rest (most take well under a second); last
+    """A rank, longest first: real TensorFlow (``slow``), the netns bed and Slurm (real waits: a
+    cut host, a lost node) together, so that trainings that compute and tests that wait share
+    the workers; then the loopback sshd; the rest (most take well under a second); last
     test_mypy_strict, which only collects the result of the mypy the session started in the
     background (tests/mypy_background.py): the later it asks, the less it waits.
     Order only: a test's outcome never depends on it."""
     if item.name == "test_mypy_strict":
-        return 4
-    if item.get_closest_marker("slow"):
+        return 3
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if item.get_closest_marker("slow") or item.get_closest_marker("slurm") or LONG_FIXTURES & fixtures:
         return 0
-    if LONG_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("slurm"):
+    if item.get_closest_marker("ssh") or "sshd" in fixtures:
         return 1
-    if item.get_closest_marker("ssh") or "sshd" in getattr(item, "fixturenames", ()):
-        return 2
-    return 3
+    return 2
 
 
 def _in_group(item: pytest.Item, group: str) -> None:

@@ -53,7 +53,7 @@ def wanted(config: pytest.Config) -> bool:
     expression but ``not slow``), over paths that include tests/test_architecture.py."""
     if config.option.keyword or (config.option.markexpr or "") not in ("", "not slow"):
         return False
-    paths = [str(arg).split("::", 1)[0] for arg in config.args] or ["tests"]
+    paths = [str(arg).split("::", 1)[0] for arg in config.args] or [str(ROOT / "tests")]
     for path in paths:
         target = (Path(config.invocation_params.dir) / path).resolve()
         if target == ARCHITECTURE or (target.is_dir() and ARCHITECTURE.is_relative_to(target)):
