@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -26,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.procs import kill_group
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHITECTURE = ROOT / "tests" / "test_architecture.py"
@@ -105,11 +106,7 @@ def stop(config: pytest.Config) -> None:
     started = config.stash.get(_STARTED, None)
     if started is None:
         return
-    if started.proc.poll() is None:
-        try:
-            os.killpg(started.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_group(started.proc)
     started.reaper.join(timeout=30)
     shutil.rmtree(started.dir, ignore_errors=True)
     del config.stash[_STARTED]

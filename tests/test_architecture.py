@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from tests import mypy_background
+from tests.procs import pid_alive
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -42,7 +43,7 @@ def test_mypy_strict(pytestconfig: pytest.Config) -> None:
     result = mypy_background.wait_for_result(directory, timeout=600)
     assert result.returncode == 0, result.output[-6000:]
     reaped_at = (directory / "returncode").stat().st_mtime
-    assert not psutil.pid_exists(result.pid) or psutil.Process(result.pid).create_time() > reaped_at, \
+    assert not pid_alive(result.pid) or psutil.Process(result.pid).create_time() > reaped_at, \
         f"the background mypy (pid {result.pid}) outlived its result"
 
 
