@@ -74,7 +74,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     files = {str(arg).split("::", 1)[0] for arg in config.args}
     if len(files) == 1 and os.path.isfile(next(iter(files))):
         return 0
-    return workers(os.cpu_count() or 1, inner_loop="not slow" in (config.option.markexpr or ""))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # the CPUs we may use
+    return workers(cores, inner_loop="not slow" in (config.option.markexpr or ""))
 
 
 def workers(cores: int, inner_loop: bool) -> int:

@@ -33,20 +33,58 @@ ARCHITECTURE = ROOT / "tests" / "test_architecture.py"
 KEY = "tfl_mypy_dir"  # the result dir, in an xdist worker's workerinput
 
 
-@dataclass
-class Started:
-    proc: subprocess.Popen[bytes]
-    dir: Path
-    reaper: threading.Thread
-
-
-_STARTED = pytest.StashKey[Started]()
-
 @dataclass(frozen=True)
 class Result:
     returncode: int
     output: str
     pid: int
+
+
+@dataclass
+class Background:
+    """A command started in a new process group, its stdout and stderr in a private file; a
+    thread reaps it and then writes its exit code, so a result on disk means the process is gone."""
+
+    proc: subprocess.Popen[bytes]
+    dir: Path
+    reaper: threading.Thread
+
+    @classmethod
+    def start(cls, argv: list[str]) -> Background:
+        directory = Path(tempfile.mkdtemp(prefix="tfl-mypy-"))
+        with open(directory / "output", "wb") as out:
+            proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        (directory / "pid").write_text(str(proc.pid))
+
+        def reap() -> None:
+            code = proc.wait()
+            (directory / "returncode.tmp").write_text(str(code))
+            os.replace(directory / "returncode.tmp", directory / "returncode")
+
+        reaper = threading.Thread(target=reap, name="mypy-reaper", daemon=True)
+        reaper.start()
+        return cls(proc, directory, reaper)
+
+    def stop(self) -> None:
+        """Its group killed if it still runs, reaped, the dir removed. Idempotent."""
+        kill_group(self.proc)
+        self.reaper.join(timeout=30)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def wait_for_result(directory: Path, timeout: float) -> Result:
+    """The exit code and output, once the process is reaped (hang guard: ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while not (directory / "returncode").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the background mypy (pid {(directory / 'pid').read_text()}) gave no result in {timeout:.0f} s")
+        time.sleep(0.5)
+    return Result(int((directory / "returncode").read_text()), (directory / "output").read_text(errors="replace"),
+                  int((directory / "pid").read_text()))
+
+
+_STARTED = pytest.StashKey[Background]()
 
 
 def wanted(config: pytest.Config) -> bool:
@@ -63,22 +101,7 @@ def wanted(config: pytest.Config) -> bool:
 
 
 def start(config: pytest.Config, mypy: Path) -> None:
-    """mypy in a new process group, its stdout and stderr in a private file; a thread reaps it
-    and then writes its exit code."""
-    directory = Path(tempfile.mkdtemp(prefix="tfl-mypy-"))
-    with open(directory / "output", "wb") as out:
-        proc = subprocess.Popen([str(mypy)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    (directory / "pid").write_text(str(proc.pid))
-
-    def reap() -> None:
-        code = proc.wait()
-        (directory / "returncode.tmp").write_text(str(code))
-        os.replace(directory / "returncode.tmp", directory / "returncode")
-
-    reaper = threading.Thread(target=reap, name="mypy-reaper", daemon=True)
-    reaper.start()
-    config.stash[_STARTED] = Started(proc, directory, reaper)
+    config.stash[_STARTED] = Background.start([str(mypy)])
 
 
 def result_dir(config: pytest.Config) -> Path | None:
@@ -90,24 +113,9 @@ def result_dir(config: pytest.Config) -> Path | None:
     return Path(found) if found else None
 
 
-def wait_for_result(directory: Path, timeout: float) -> Result:
-    """The exit code and output, once the process is reaped (hang guard: ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while not (directory / "returncode").exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the background mypy (pid {(directory / 'pid').read_text()}) gave no result in {timeout:.0f} s")
-        time.sleep(0.5)
-    return Result(int((directory / "returncode").read_text()), (directory / "output").read_text(errors="replace"),
-                  int((directory / "pid").read_text()))
-
-
 def stop(config: pytest.Config) -> None:
-    """At the session's end: mypy's group killed if it still runs, reaped, the dir removed. Idempotent."""
+    """At the session's end (pytest_unconfigure)."""
     started = config.stash.get(_STARTED, None)
-    if started is None:
-        return
-    kill_group(started.proc)
-    started.reaper.join(timeout=30)
-    shutil.rmtree(started.dir, ignore_errors=True)
-    del config.stash[_STARTED]
-
+    if started is not None:
+        started.stop()
+        del config.stash[_STARTED]
