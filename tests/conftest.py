@@ -45,6 +45,11 @@ def pytest_configure(config: pytest.Config) -> None:
         # tests of Ctrl-C and of tfl's stop (SIGINT to a batch script) would hang. A handler here
         # becomes SIG_DFL in each child at exec.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        # Likewise under nohup, for SIGHUP: every launcher the tests start would keep ignoring it
+        # (as tfl honours nohup), and test_sighup_without_nohup_still_stops_the_run fail. A handler
+        # that does nothing keeps this process as nohup asked; each child starts with SIG_DFL.
+        signal.signal(signal.SIGHUP, lambda signum, frame: None)
     if not hasattr(config, "workerinput"):
         mypy = Path(sys.executable).parent / "mypy"
         if mypy.exists() and mypy_background.wanted(config):
