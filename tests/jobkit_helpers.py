@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +15,8 @@ from typing import Any
 
 import psutil
 import pytest
+
+from tests.procs import kill_group
 
 REPO = Path(__file__).resolve().parents[1]
 MNIST_JOB = REPO / "jobs" / "mnist.py"
@@ -145,11 +146,7 @@ def wait_all(jobs: Iterable[JobProcess], timeout_s: float) -> dict[str, int]:
 def kill_all(jobs: Iterable[JobProcess]) -> None:
     """SIGKILL each job's process group; fine if it already exited."""
     for job in jobs:
-        if job.popen.poll() is None:
-            try:
-                os.killpg(job.popen.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_group(job.popen)
         job.popen.wait(timeout=30)
 
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -14,6 +19,13 @@ def pid_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def kill_group(popen: subprocess.Popen[Any]) -> None:
+    """SIGKILL a process started in a session of its own, and its group; fine if it already exited."""
+    if popen.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGKILL)
 
 
 def tfl_processes(run_id: str | None = None, home: str | None = None) -> list[psutil.Process]:
