@@ -117,18 +117,14 @@ def _connection(target: SSHTarget, jump: Jump | None) -> Connection:
 
 
 _CLASS: list[Any] = []
-_CONFIGS: dict[int, tuple[Any, Any]] = {}  # id of a parsed ssh config -> (it, fabric's Config over it)
 
 
 def _config(path: str | None) -> Any:
-    """fabric's Config over the ssh config, built once per parsed config (connections only read it)."""
+    """fabric's Config over the ssh config: one per connection (fabric's Connection writes into its
+    Config, so connections opened from several threads at once cannot share one)."""
     from fabric import Config
 
-    parsed = ssh_config(path)
-    found = _CONFIGS.get(id(parsed))
-    if found is None or found[0] is not parsed:
-        found = _CONFIGS[id(parsed)] = (parsed, Config(ssh_config=parsed))
-    return found[1]
+    return Config(ssh_config=ssh_config(path))
 
 
 def _connection_class() -> Any:
