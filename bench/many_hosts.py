@@ -275,8 +275,8 @@ def many_hosts_section(cfg: Config, runs: list[ManyRun] | str) -> Section:
         "one launch each, `--detach`, every task tests/jobs/loops.py (no TensorFlow).",
         "Launch: from spawning `tfl launch --detach` until every task had printed its first line; (recorded): until "
         "the run's record said `running` (the launcher records each start once the task's agent has reported it, "
-        "rewriting the whole record each time). Launch CPU: the foreground `tfl launch --detach` (preflight: every host "
-        "probed on a connection of its own) plus the "
+        "rewriting the whole record each time). Launch CPU: the foreground `tfl launch --detach` (it reaches no host: "
+        "the background launcher checks them on the connections the run keeps) plus the "
         "background launcher until every task had printed its first line. Idle: the background launcher's CPU over the "
         "window, its most threads and fds (sampled every second), and the bytes it wrote (/proc/PID/io `wchar`, every "
         "write call; `write_bytes`, what reached the disk).",

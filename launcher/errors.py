@@ -5,6 +5,8 @@ problems of the launcher itself or of its input. Every message is one line that 
 what was wrong and how to fix it; the CLI prints it and exits non-zero, never a traceback.
 """
 
+ERROR_PREFIX = "tfl: error: "  # how the CLI says one (a detached launcher's refusal is read back by it)
+
 
 class TflError(Exception):
     """Base of every error the CLI reports as a one-line message."""

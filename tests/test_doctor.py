@@ -74,7 +74,7 @@ def test_disk_gpus_psutil_and_the_quick_subset() -> None:
     assert checks["gpus"].status == "warn" and checks["psutil"].status == "warn"
     quick = {k: v for k, v in facts().items() if k in ("python", "executable", "ports")}
     assert set(by_name(judge(HOST, quick, quick=True))) == {"python", "port 2000", "port 2001"}
-    with_kit = {**quick, "kit": {"ok": True}, "packages": facts()["packages"]}  # --detach's preflight ships the kit
+    with_kit = {**quick, "kit": {"ok": True}, "packages": facts()["packages"]}  # a quick probe ships the kit too
     assert set(by_name(judge(HOST, with_kit, quick=True))) == {"python", "port 2000", "port 2001", "job kit", "packages"}
 
 

@@ -6,6 +6,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from launcher.engines.ssh.backend import ping_every, pings_due
 from launcher.engines.ssh.watch import SILENT_AFTER, HostWatch
 
 
@@ -73,3 +74,23 @@ def test_a_connection_closed_without_an_exit_is_confirmed_against_the_host() -> 
     watch.confirm(a)
     watch.confirm(b)
     assert not a.lost and b.lost and b.lost[0][1] == 20.0
+
+
+@dataclass
+class PingedTask:
+    ping_every: float
+    ping_due: float = 0.0
+    sent: list[float] = field(default_factory=list)
+
+
+def test_the_launcher_pings_each_agent_four_times_per_fence_and_every_2_s_at_most() -> None:
+    """The pinger's ticks (``watch.CHECK_EVERY``, 1 s) over a minute: an agent whose fence is 5 s is
+    pinged every 2 s, as always; a longer fence less often, yet at least three times per fence."""
+    tasks = {fence: PingedTask(ping_every(fence)) for fence in (5.0, 10.0, 30.0)}
+    for tick in range(61):
+        for task in pings_due(list(tasks.values()), float(tick)):
+            task.sent.append(float(tick))
+    for fence, task in tasks.items():
+        gaps = {b - a for a, b in zip(task.sent, task.sent[1:], strict=False)}
+        assert min(gaps) >= 2.0 and max(gaps) <= max(2.0, fence / 3), (fence, task.sent)
+    assert [len(t.sent) for t in tasks.values()] == [31, 21, 8]  # every 2 s would be 31 each

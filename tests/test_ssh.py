@@ -288,16 +288,21 @@ def test_tfl_stop_after_launcher_kill9_on_ssh_hosts(sshd: Sshd, tmp_path: Path, 
 
 def test_detach_checks_hosts_before_returning_then_runs(sshd: Sshd, tmp_path: Path, tfl_home: Path,
                                                         child_env: dict[str, str]) -> None:
-    """--detach keeps the preflight in the foreground (its own connections), so a bad host is
-    reported to the terminal; a good cluster runs to the end in the background."""
+    """--detach returns once the background launcher has checked the hosts and recorded the run: a
+    bad host is its one line on the terminal (no run dir left); a good cluster runs to the end in
+    the background. The hosts are reached once each, by the background launcher (no preflight
+    of the foreground's own on a second connection per host)."""
     job = write_job(tmp_path / "src", INFO_JOB)
     bad = two_hosts(tmp_path, sshd, tfl_home, hosts={"127.0.0.3": {"python": "/no/such/python3"}})
     failed = tfl(["launch", str(job), "--cluster", str(bad), "--detach"], child_env)
-    assert failed.returncode == 2 and "127.0.0.3: python '/no/such/python3' not found" in failed.stderr, failed.stderr
+    assert failed.returncode == 2 and failed.stderr.startswith("tfl: error: 127.0.0.3: python '/no/such/python3' not found")
+    assert "Traceback" not in failed.stderr and "detached launcher" not in failed.stderr, failed.stderr
     assert not (tfl_home / "runs").exists() or not list((tfl_home / "runs").iterdir())
     good = two_hosts(tmp_path, sshd, tfl_home)
+    logins = sshd.log().count("Accepted publickey")
     started = tfl(["launch", str(job), "--cluster", str(good), "--detach"], child_env)
     assert started.returncode == 0, started.stderr
+    assert sshd.log().count("Accepted publickey") - logins == 2  # one connection per host, the run's own
     run = started.stdout.strip()
     # The record, read here (a `tfl status` per poll would start a Python each 50 ms), then `tfl status` once.
     wait_for(lambda: RunStore(tfl_home).load(run).state.is_terminal, timeout=90)

@@ -16,7 +16,7 @@ import pytest
 
 from launcher.describe.hosts import SSHTarget
 from launcher.engines.ssh import connect as connect_mod
-from launcher.engines.ssh import hostkeys
+from launcher.engines.ssh import hostkeys, identity
 from launcher.engines.ssh.connect import SSHError, connect, exec_command, reach
 from tests.sshd import NOWHERE, Sshd, start_sshd, stop_sshd
 
@@ -78,6 +78,32 @@ def test_a_new_host_key_accepted_is_appended_once_and_known_from_then_on(sshd: S
     text = known.read_text()
     assert text.startswith(first) and text.count(f"[127.0.0.2]:{sshd.port}") == 1, text
 
+
+def test_the_identity_file_is_read_once_for_many_connections_and_again_when_replaced(sshd: Sshd, tmp_path: Path) -> None:
+    key = tmp_path / "id_ed25519"
+    key.write_bytes(sshd.client_key.read_bytes())
+    key.chmod(0o600)
+    before = identity.LOADS[0]
+    for _ in range(2):
+        for host in sshd.hosts:
+            conn = connect(target(sshd, host, identity_file=str(key)))
+            assert conn.connect_kwargs["pkey"] is not None and "key_filename" not in conn.connect_kwargs
+            assert exec_command(conn, "echo ok")[1] == b"ok\n"
+            conn.close()
+    assert identity.LOADS[0] - before == 1  # four connections, one read
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
+    os.replace(tmp_path / "other", key)  # another key now: read again, and refused by the sshd
+    with pytest.raises(SSHError, match="ssh authentication refused"):
+        connect(target(sshd, "127.0.0.2", identity_file=str(key)))
+    assert identity.LOADS[0] - before == 2
+
+
+def test_an_identity_file_that_needs_a_passphrase_is_left_to_paramiko(sshd: Sshd, tmp_path: Path) -> None:
+    key = tmp_path / "locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "secret", "-f", str(key)], check=True)
+    with pytest.raises(SSHError) as info:
+        connect(target(sshd, "127.0.0.2", identity_file=str(key)))
+    assert "\n" not in str(info.value) and str(info.value).startswith("127.0.0.2: ")
 
 def test_a_host_behind_a_bastion_rides_the_one_bastion_connection(sshd: Sshd, tmp_path: Path) -> None:
     jump = f"127.0.0.2:{sshd.port}"

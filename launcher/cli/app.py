@@ -10,7 +10,7 @@ from typing import Any, Callable, TypeVar
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from launcher.errors import TflError
+from launcher.errors import ERROR_PREFIX, TflError
 
 
 def _help_flag_false(option: Any) -> Any:
@@ -67,7 +67,7 @@ T = TypeVar("T")
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    typer.echo(f"tfl: error: {message}", err=True)
+    typer.echo(f"{ERROR_PREFIX}{message}", err=True)
     return typer.Exit(code)
 
 

@@ -130,13 +130,12 @@ def _note(note: str | None) -> None:
 
 
 def _detach(plan: Any, store: Any, config: Any, note: str | None) -> None:
-    """``--detach``: the quick checks here (their failures reach this terminal), then a
-    background launcher; prints the run id."""
+    """``--detach``: a background launcher, which checks the hosts (a refusal reaches this terminal
+    as its one line) and records the run; prints the run id."""
     from launcher.runs import launch as core
 
-    _core(lambda: core.preflight(plan))
-    _note(note)
     pid = _core(lambda: core.detach(plan, store, config))
+    _note(note)
     for note in core.launcher_notes(store, plan.run_id):
         typer.echo(note, err=True)
     typer.echo(plan.run_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,8 +20,8 @@ from launcher.contract import HOME
 from launcher.describe.hosts import RemoteOptions
 from launcher.engines import registry
 from launcher.engines.base import Backend
-from launcher.engines.preflight import host_tasks, raise_failures
-from launcher.errors import LaunchError, UsageError
+from launcher.engines.preflight import raise_failures
+from launcher.errors import ERROR_PREFIX, LaunchError, UsageError
 from launcher.files import open_private, write_atomic
 from launcher.plan.build import build_plan, job_name
 from launcher.plan.launch_plan import LaunchPlan
@@ -33,7 +34,6 @@ from launcher.records.store import RunRecord, RunStore
 from launcher.runs.resume import check_resumable, claim, recorded_plan
 from launcher.supervise.supervisor import Supervisor, initial_record
 from launcher.supervise.waker import Waker
-from launcher.tasklog import tail_lines
 from launcher.views.logs import LogFollower
 
 # SIGINT (Ctrl-C) and SIGHUP (the terminal closed) come from a terminal: an inherited SIG_IGN
@@ -124,16 +124,6 @@ def prepare(plan: LaunchPlan) -> Prepared:
     return Prepared(backend.resolve(plan), backend, wake)
 
 
-def preflight(plan: LaunchPlan) -> None:
-    """The same quick checks as ``prepare``, on connections of their own, for ``--detach``:
-    its failures reach the terminal before the command returns."""
-    backend = registry.get(registry.name_for_plan(plan))
-    try:
-        raise_failures(backend.probe(host_tasks(plan), quick=True))
-    finally:
-        backend.close()
-
-
 def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: TextIO | None, *,
             colour: bool = False, reserved: bool = False, verbose: bool = False) -> RunRecord:
     """Start the plan and supervise it to the end, streaming every task's output to ``out``
@@ -185,7 +175,10 @@ def supervise(prepared: Prepared, store: RunStore, record: RunRecord, config: Su
 def detach(plan: LaunchPlan, store: RunStore, config: SupervisorConfig) -> int:
     """Run the supervisor as a background process in its own session; returns its pid.
 
-    Returns once the run is recorded, so ``tfl status`` sees it at once.
+    Returns once the run is recorded, so ``tfl status`` sees it at once. The background launcher
+    records the run only once its ``prepare`` has passed (the hosts' checks, the code shipped), so
+    the checks are made once, there, on the connections the run keeps: a refusal is its one line,
+    said here as the foreground's own (``_spawn``), and leaves no run dir.
     """
     run_dir = Path(plan.run_dir)
     store.reserve(run_dir)  # 0700, never an existing dir; the launcher's store.create(reserved=True) fills it
@@ -211,10 +204,11 @@ def record_wait(plan: LaunchPlan) -> float:
 
 def _spawn(args: list[str], store: RunStore, run_id: str, timeout: float) -> int:
     """A background launcher (``tfl ARGS``) in its own session; returns its pid once the run's
-    record names it as its launcher (so ``tfl status`` sees it at once), or raises with the
-    launcher's last lines once it has exited without that."""
+    record names it as its launcher (so ``tfl status`` sees it at once). One that exits before
+    that: its refusal is raised here (``refusal``)."""
     run_dir = store.run_dir(run_id)
     with open_private(run_dir / "launcher.log") as log:
+        offset = os.fstat(log.fileno()).st_size  # a resumed run's log holds its earlier launchers' lines
         child = subprocess.Popen([sys.executable, "-m", "launcher", *args],
                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                  env={**os.environ, HOME: str(store.home)})
@@ -223,10 +217,29 @@ def _spawn(args: list[str], store: RunStore, run_id: str, timeout: float) -> int
         if (run_dir / "state.json").exists() and store.load(run_id).launcher_pid == child.pid:
             return child.pid
         if child.poll() is not None:
-            tail = " | ".join(tail_lines(run_dir / "launcher.log", 3))
-            raise LaunchError(f"the detached launcher exited with code {child.returncode}: {tail}")
+            raise refusal(run_dir, offset, child.returncode)
         time.sleep(0.05)
     return child.pid  # still preparing after the guard: it records the run when it can (`tfl status` shows it then)
+
+
+def refusal(run_dir: Path, offset: int, code: int) -> LaunchError:
+    """Why a background launcher exited before recording its run: its own one-line error and exit
+    code (a host's failed check, said as a foreground launch says it), and its run dir, holding no
+    record, removed (a resume's has one); else (a crash) the last lines it wrote from ``offset`` of
+    its log, which is kept."""
+    try:
+        with open(run_dir / "launcher.log", "rb") as f:
+            f.seek(offset)
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    said = [line.removeprefix(ERROR_PREFIX) for line in lines if line.startswith(ERROR_PREFIX)]
+    error = LaunchError(said[-1] if said else f"the detached launcher exited with code {code}: {' | '.join(lines[-3:])}")
+    if said:
+        error.exit_code = code if 0 < code < 256 else error.exit_code
+        if not (run_dir / "state.json").exists():
+            shutil.rmtree(run_dir, ignore_errors=True)
+    return error
 
 
 def launcher_notes(store: RunStore, run_id: str) -> list[str]:

@@ -73,8 +73,8 @@ class SlurmBackend:
 
     # --- before a run -------------------------------------------------------------------
     def probe(self, hosts: Sequence[HostTasks], *, quick: bool) -> list[Check]:
-        """Slurm's client commands (``tfl launch --detach`` in the foreground); the job itself is
-        tried by ``prepare``, in the launcher that submits it."""
+        """Slurm's client commands; the job itself is tried by ``prepare``, in the launcher that
+        submits it."""
         return command_checks(SUBMIT_COMMANDS)
 
     def resolve(self, plan: LaunchPlan) -> LaunchPlan:

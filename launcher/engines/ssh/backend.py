@@ -7,9 +7,11 @@ session, and sends back its pid, its output, progress updates and finally its ex
 Output goes into the task's local log file, where the usual follower prefixes it.
 
 Teardown: a signal becomes a ``{"signal": N}`` line, which the agent sends to the job's
-process group. Both sides ping every ``HEARTBEAT_EVERY`` seconds; the agent kills the group
-when its stdin ends or our pings stop (launcher killed, connection dropped), and we report
-the task as failed (exit code ``CONNECTION_LOST``) when the agent falls silent.
+process group. The agent pings every ``agent.PING_EVERY`` (2) s, which the lost-host watch
+times; we ping it four times per its fence (``ping_every``), every 2 s at least. The agent kills
+the group when its stdin ends or our pings stop for ``ssh.fence_after`` (launcher killed,
+connection dropped), and we report the task as failed (exit code ``CONNECTION_LOST``) when the
+agent falls silent.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
 from launcher.contract import ATTEMPT, PROGRESS_FILE
 from launcher.engines.base import Cleanup, TaskLive, TaskProcess
@@ -43,12 +45,17 @@ from launcher.tasklog import attempt_banner
 if TYPE_CHECKING:
     from paramiko import Channel
 
-HEARTBEAT_EVERY = 2.0
+HEARTBEAT_EVERY = 2.0  # s at least between two of our pings to an agent
+# Our pings per ``ssh.fence_after``: at the shortest fence (5 s) a ping every HEARTBEAT_EVERY, as
+# always; a longer fence is pinged less often (30 s: every 7.5 s), and an idle launcher of hundreds
+# of tasks sends as much fewer SSH messages (each costs it a packet encrypted, MACed and sent).
+PINGS_PER_FENCE = 4
 # The agent's SIGTERM -> SIGKILL delay when it has lost us or got SIGTERM itself (its sshd or
 # machine going away): the task's notice, so it gets the grace to save the agreed checkpoint.
 KILL_GRACE = DEFAULT_GRACE_S
 START_TIMEOUT = 60.0  # for the agent to report the job's pid (python startup on a busy host)
 CONNECTION_LOST = 255  # ssh's own exit status for "the connection failed"
+PING = {"ping": 1}
 
 
 class RemoteTask:
@@ -64,6 +71,7 @@ class RemoteTask:
         self.lost_since: float | None = None  # its host stopped answering then (wall time; ``watch``)
         self.host, self.port = launch.host, launch.ssh.port if launch.ssh else 22
         self.heard, self.heard_wall = time.monotonic(), time.time()
+        self.ping_due, self.ping_every = 0.0, ping_every(self.fence_after)  # monotonic; ``pings_due``
         self._cause: str | None = None
         self.started, self.closed = threading.Event(), threading.Event()
         self._send_lock = threading.Lock()
@@ -167,6 +175,27 @@ class RemoteTask:
     def _write(self, data: bytes) -> None:
         self._log.write(data)
         self._log.flush()
+
+
+def ping_every(fence_after: float) -> float:
+    """Seconds between our pings to an agent whose fence is ``fence_after``."""
+    return max(HEARTBEAT_EVERY, fence_after / PINGS_PER_FENCE)
+
+
+class Pinged(Protocol):
+    ping_due: float  # monotonic
+    ping_every: float
+
+
+P = TypeVar("P", bound=Pinged)
+
+
+def pings_due(tasks: Sequence[P], now: float) -> list[P]:
+    """The tasks to ping at ``now`` (monotonic), each then due again ``ping_every`` later."""
+    due = [t for t in tasks if now >= t.ping_due]
+    for task in due:
+        task.ping_due = now + task.ping_every
+    return due
 
 
 def write_atomic_quietly(path: str, text: str) -> None:
@@ -314,13 +343,10 @@ class SSHBackend:
                 self._pinger.start()
 
     def _ping(self) -> None:
-        pinged = 0.0
         while not self._closing.wait(CHECK_EVERY):
             live = [t for t in self._tasks if not t.closed.is_set()]
-            if time.monotonic() - pinged >= HEARTBEAT_EVERY:
-                pinged = time.monotonic()
-                for task in live:
-                    task.send({"ping": 1})
+            for task in pings_due(live, time.monotonic()):
+                task.send(PING)
             self._watch.check(live)
 
     # --- a recorded run -----------------------------------------------------------------

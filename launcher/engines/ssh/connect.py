@@ -4,10 +4,10 @@ fabric (and paramiko under it) is imported on first connect only, so nothing tha
 imports this module (``tfl status`` of a local run, ``--help``) pays for it.
 
 Host keys are checked against known_hosts, always (``hostkeys``: the file is read once per
-process). fabric's default would add any unknown host silently (AutoAddPolicy); here an
-unknown host is refused with the command that fixes it, unless the user opted in to
-accepting *new* keys. A changed key is never accepted. Every failure becomes an ``SSHError``
-naming the host, the cause and the fix.
+process, as is the private key, ``identity``). fabric's default would add any unknown host
+silently (AutoAddPolicy); here an unknown host is refused with the command that fixes it,
+unless the user opted in to accepting *new* keys. A changed key is never accepted. Every
+failure becomes an ``SSHError`` naming the host, the cause and the fix.
 
 A host behind a bastion (``jump``: ``ssh.jump`` or the ssh config's ProxyJump) is reached
 through a ``direct-tcpip`` channel of the one connection this process holds to that bastion
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.describe.hosts import SSHTarget
 from launcher.engines.ssh.hostkeys import UnknownHostKey, give_keys, policy
+from launcher.engines.ssh.identity import private_key
 from launcher.engines.ssh.jump import Jump, hostname, jump_for, ssh_config
 from launcher.engines.ssh.watch import PROBE_TIMEOUT, reachable
 from launcher.errors import LaunchError
@@ -97,25 +98,33 @@ def _open(target: SSHTarget, jump: Jump | None) -> Connection:
 
 
 def _connection(target: SSHTarget, jump: Jump | None) -> Connection:
-    from fabric import Config
-
     key = os.path.expanduser(target.identity_file) if target.identity_file else None
     timeout = target.connect_timeout
     # With an explicit key, only that key is offered (like ssh's IdentitiesOnly): no surprises
-    # from whatever an ssh-agent or ~/.ssh happens to hold.
+    # from whatever an ssh-agent or ~/.ssh happens to hold. Read once per process (``identity``).
     kwargs: dict[str, Any] = {"banner_timeout": timeout, "auth_timeout": timeout}
     if key:
-        kwargs.update(key_filename=[key], allow_agent=False, look_for_keys=False)
+        loaded = private_key(key)
+        kwargs.update({"pkey": loaded} if loaded is not None else {"key_filename": [key]})
+        kwargs.update(allow_agent=False, look_for_keys=False)
     # gateway=False: never fabric's own gateway (a ProxyJump would open one bastion connection
     # per host); None leaves a ProxyCommand of the ssh config to fabric, as before.
     gateway = False if jump is not None or target.jump == "none" else None
     conn = _connection_class()(target.host, user=target.user, port=target.port, connect_timeout=max(1, round(timeout)),
-                               connect_kwargs=kwargs, gateway=gateway, config=Config(ssh_config=ssh_config(target.config)))
+                               connect_kwargs=kwargs, gateway=gateway, config=_config(target.config))
     conn.client.set_missing_host_key_policy(policy(target.known_hosts_file, target.accept_new_host_keys))
     return conn
 
 
 _CLASS: list[Any] = []
+
+
+def _config(path: str | None) -> Any:
+    """fabric's Config over the ssh config: one per connection (fabric's Connection writes into its
+    Config, so connections opened from several threads at once cannot share one)."""
+    from fabric import Config
+
+    return Config(ssh_config=ssh_config(path))
 
 
 def _connection_class() -> Any:

@@ -1,5 +1,5 @@
-"""``tfl doctor`` (and ``--detach``'s preflight) over SSH: each host's facts, and the proof
-that the cluster's storage is shared.
+"""``tfl doctor`` (and an elastic run asking whether a lost host is back) over SSH: each host's
+facts, and the proof that the cluster's storage is shared.
 
 Per host one connection and one agent session, all hosts at once. The probe carries the
 job kit: the host's python imports it from a private temp dir, first on its path, as a task
