@@ -181,8 +181,9 @@ def test_peer_death_stops_the_chief_at_once_by_the_teardown_signal_not_as_a_noti
     assert launcher.returncode == 1 and "root cause: worker:0" in err
     log = (only_run(tfl_home) / "logs" / "chief-0.log").read_text()
     assert "preemption notice" not in log, log[-2000:]  # never taken for one: no wait for an agreement
-    # A hang guard, 20x the expected figure (bench §3: tens of ms), yet below the notice's 2 s stall floor.
-    assert gone and took < 1.5, took
+    # What tells a teardown from a notice is the log line above (the notice path prints it before its >= 2 s
+    # wait). The time is a hang guard only, 100x bench §3's figure (93 ms): it took 1.7 s once at load 30-50.
+    assert gone and took < 10, took
     view = json.loads(tfl(["status", only_run(tfl_home).name, "--json"], child_env).stdout)
     chief = next(t for t in view["tasks"] if t["task"] == "chief:0")
     # Stopped by tfl's teardown signal, or (as fast) by its collective failing on the dead peer first.

@@ -159,12 +159,15 @@ def test_tfl_stop_waits_for_a_launcher_with_a_longer_grace(sleeper: str, child_e
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """`tfl stop` waits for the launcher's own grace (recorded with the run), not its own,
     before it takes the launcher for wedged and kills it."""
-    monkeypatch.setattr(control, "LAUNCHER_EXTRA_GRACE", 2.0)
-    launcher = start_launcher(sleeper, child_env, tfl_home, "--grace-period", "3", tasks=1)
+    # The task ignores SIGTERM, so the launcher's teardown lasts its whole 6 s grace. A stop that waited
+    # its own 0.5 s + 5 would kill the launcher at 5.5 s, always; the launcher's 6 + 5 leaves it 5 s for
+    # its SIGKILL and last save (2 s were too few at load 30-50).
+    monkeypatch.setattr(control, "LAUNCHER_EXTRA_GRACE", 5.0)
+    launcher = start_launcher(sleeper, child_env, tfl_home, "--grace-period", "6", tasks=1)
     store = RunStore(tfl_home)
     said = control.stop_run(store, store.load(only_run(tfl_home)), grace=0.5)
     _, err = launcher.communicate(timeout=30)
     assert launcher.returncode == 130, f"the launcher was killed in its teardown ({launcher.returncode}): {err[-1000:]}"
     assert said == f"run {only_run(tfl_home)}: stopped"
     record = store.load(only_run(tfl_home))
-    assert record.grace_period == 3.0 and record.message == "stopped by the user"
+    assert record.grace_period == 6.0 and record.message == "stopped by the user"
