@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -83,10 +85,17 @@ def test_latest_run_is_the_newest_created(store: RunStore) -> None:
 
 def test_watch_redraws_the_list(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
     frames = []
+    real_sleep, tester = time.sleep, threading.current_thread()
 
     def sleep(seconds: float) -> None:
+        # The patch is the time module's own sleep, seen by every thread of this worker: another test's
+        # thread that sleeps meanwhile must neither count nor be stopped (it once took the second frame,
+        # and the watch then redrew forever, until the suite's timeout).
+        if threading.current_thread() is not tester:
+            real_sleep(seconds)
+            return
         frames.append(seconds)
-        if len(frames) == 2:
+        if len(frames) >= 2:
             raise KeyboardInterrupt
 
     monkeypatch.setattr("launcher.views.report.time.sleep", sleep)
