@@ -1,4 +1,9 @@
-"""jobs/mnist.py for real: by hand, as a 2-worker MWMS group with an evaluator, restarted.
+"""jobs/mnist.py for real: by hand, and as a 2-worker MWMS group with an evaluator.
+
+A restart from the last step backup is proven where it is also compared with an uninterrupted
+run: kill -9 mid-epoch, then the next attempt resumes at the last backup's step and trains like
+the control (tests/test_preemption_tf.py, the same job); the kit's step counting, in-process
+(tests/test_jobkit_training.py::test_backups_count_steps_not_calls).
 
 The group's numbers are compared with one process using the same global batch; with
 DATA sharding they must agree per epoch *and per step* (keras' raw per-step logs
@@ -7,17 +12,11 @@ under MWMS are num_workers times too large, which these comparisons would catch)
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import queue
 import re
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -179,69 +178,3 @@ def test_by_hand_run_needs_no_launcher(tmp_path: Path) -> None:
     assert list((model_dir / "tensorboard" / "train").glob("events.out.tfevents.*"))
     assert json.loads((model_dir / "training_done.json").read_text())["final_checkpoint"] == "ckpt-2"
     assert not job.progress_file.exists() and not job.progress_log.exists()
-
-
-class StepGate:
-    """Reads per-step records from a FIFO used as TFL_PROGRESS_LOG, one record per open.
-
-    The job opens the log once per step, and opening a FIFO blocks until a reader
-    opens it; once the gate stops reading, the job stalls at a known step, so the
-    test can kill it there without racing the training loop.
-    """
-
-    def __init__(self, path: Path) -> None:
-        os.mkfifo(path)
-        self.path = path
-        self.records: queue.Queue[dict[str, Any]] = queue.Queue()
-        self._stop_after: Callable[[dict[str, Any]], bool] = lambda _r: False
-
-    def read_until(self, stop_after: Callable[[dict[str, Any]], bool], timeout_s: float) -> dict[str, Any]:
-        self._stop_after = stop_after
-        threading.Thread(target=self._read, daemon=True).start()
-        deadline = time.monotonic() + timeout_s
-        while True:
-            record = self.records.get(timeout=max(0.1, deadline - time.monotonic()))
-            if stop_after(record):
-                return record
-
-    def _read(self) -> None:
-        while True:
-            with self.path.open() as fifo:
-                text = fifo.read()
-            for line in text.splitlines():
-                record = json.loads(line)
-                self.records.put(record)
-                if self._stop_after(record):
-                    return
-
-    def release(self) -> None:
-        """Unblock a reader still waiting in open() (a writer that never came)."""
-        with contextlib.suppress(OSError):
-            os.close(os.open(self.path, os.O_WRONLY | os.O_NONBLOCK))
-
-
-def test_restart_resumes_from_the_last_step_backup(tmp_path: Path) -> None:
-    """Killed after step 6 with backups every 4 steps: attempt 1 resumes at step 5."""
-    args = ["--epochs", "2", "--steps-per-epoch", "10", "--batch-size", "32",
-            "--backup-every-steps", "4", "--model-dir", str(tmp_path / "model")]
-    gate = StepGate(tmp_path / "steps.fifo")
-    first = start_job("chief:0", tmp_path / "attempt0", args,
-                      extra_env={"TFL_PROGRESS_LOG": str(gate.path)})
-    try:
-        gate.read_until(lambda r: r["global_step"] >= 6, timeout_s=120)
-        kill_all([first])  # it is stalled before logging step 7: backup holds step 4
-    finally:
-        gate.release()
-        kill_all([first])
-    assert_none_alive([first])
-    assert list((tmp_path / "model" / "backup").rglob("*.index")), "a step backup should exist"
-
-    second = start_job("chief:0", tmp_path / "attempt1", args, extra_env={"TFL_ATTEMPT": "1"})
-    code = run_to_end(second, timeout_s=180)
-    assert code == 0, second.output()[-3000:]
-    records = second.step_records()
-    first_step = {k: records[0][k] for k in ("attempt", "epoch", "step", "global_step")}
-    assert first_step == {"attempt": 1, "epoch": 1, "step": 5, "global_step": 5}
-    assert records[-1]["phase"] == "done" and records[-1]["global_step"] == 20
-    assert [epoch for epoch, _, _ in epoch_values(second, epochs=2)] == [1, 2]
-    assert not list((tmp_path / "model" / "backup").rglob("*.index"))  # cleaned up after success

@@ -1,13 +1,19 @@
-"""Preemption, stop and resume end to end: real TensorFlow (jobs/mnist.py) under `tfl launch`.
+"""Preemption end to end: real TensorFlow (jobs/mnist.py) under `tfl launch`.
 
 float64, seed 7, the offline digits; one uninterrupted run is the control (module-scoped).
-Every interrupted run must report, for each epoch after the interruption, the control's
+The interrupted run must report, for each epoch after the interruption, the control's
 loss within 1e-6, and end 0 with --max-restarts 0: a preemption is not a failure.
+
+`tfl stop` then `tfl resume` of a real-TensorFlow run, compared with an uninterrupted one the
+same way, is tests/test_input_records_tour_tf.py's (jobs/fashion_records.py: the stop's notices,
+the agreed checkpoint, the record, nothing left, the resume at the saved step, the losses). The
+launcher's part does not depend on the job, and mnist's resume after a notice is proven here
+and in tests/test_preemption_tf.py: a second stop-and-resume, of mnist, would prove nothing more
+for four TensorFlow start-ups.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -22,7 +28,7 @@ import pytest
 from launcher.records.store import RunStore
 from tests.conftest import ROOT
 from tests.jobkit_helpers import HELD_JOB, Hold
-from tests.procs import assert_none_left, tfl_processes
+from tests.procs import assert_none_left
 
 pytestmark = pytest.mark.slow
 MNIST = str(ROOT / "jobs" / "mnist.py")
@@ -138,32 +144,3 @@ def test_sigterm_to_the_evaluator_then_the_worker_ends_0_like_the_control(contro
     step = int(record.restarts[0].reason.rsplit(" ", 1)[1])
     assert step >= target and step < STEPS  # nothing before the notice lost; still epoch 1
     assert_like_the_control(tfl_home, control, after_epoch=1)
-
-
-def test_stop_then_resume_trains_like_the_control(control: dict[int, float], tfl_home: Path) -> None:
-    env = env_for(tfl_home)
-    hold = Hold(tfl_home.parent / "hold", 8)  # the moment: both hold at step 8 of 90 while `tfl stop` comes
-    started = tfl(["launch", str(HELD_JOB), "--local", "2", "--detach", "--", MNIST, *ARGS], {**env, **hold.env})
-    run = started.stdout.strip()
-    assert started.returncode == 0, started.stderr
-    held = hold.wait(["chief:0", "worker:0"], alive=lambda: True, timeout_s=TIMEOUT)
-    assert len(set(held.values())) == 1 and 8 <= held["chief:0"] <= 10, held  # calls of 1 or 5 steps
-    stopping = subprocess.Popen([sys.executable, "-m", "launcher", "stop", run], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-    wait_until(lambda: notice_taken(tfl_home, "chief:0") and notice_taken(tfl_home, "worker:0"), "the notices")
-    hold.release()
-    out, err = stopping.communicate(timeout=TIMEOUT)
-    stopped = subprocess.CompletedProcess(stopping.args, stopping.returncode, out, err)
-    assert stopped.returncode == 0 and stopped.stdout.strip() == f"run {run}: stopped", stopped.stdout + stopped.stderr
-    record = RunStore(tfl_home).load(run)
-    assert record.state.value == "stopped" and {t.state.value for t in record.tasks} == {"preempted"}, record.message
-    assert tfl_processes(home=str(tfl_home)) == []
-    model = tfl_home / "runs" / run / "model"
-    saved = json.loads((model / "preempted.json").read_text())
-    assert saved["global_step"] >= 8
-
-    resumed = tfl(["resume", run], env)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert f"resuming at global step {saved['global_step']}:" in resumed.stdout
-    assert_like_the_control(tfl_home, control, after_epoch=(saved["global_step"] - 1) // STEPS + 1)
-    assert json.loads((model / "training_done.json").read_text())["global_step"] == EPOCHS * STEPS

@@ -1,7 +1,9 @@
 """A local run's private network (``--network``), with real processes: the task ports are
 unreachable from an "outside" host (a network namespace on a bridge, ``tests.netbed``) and from
 this machine, reachable between the tasks; the tasks still download from an HTTP server
-outside; the fallback and the refusal; an ordinary user; nothing left afterwards."""
+outside; the fallback and the refusal; an ordinary user; nothing left afterwards. Real TensorFlow
+trains in a private network in tests/test_e2e_tf.py::test_local_cluster_with_evaluator (``--network
+auto`` chooses it here): one real-TensorFlow run proves both, at one run's start-up cost."""
 
 from __future__ import annotations
 
@@ -283,21 +285,7 @@ def test_restart_stop_and_a_killed_launcher_keep_working_privately(tmp_path: Pat
     assert json.loads(_tfl(["status", run_id, "--json"], child_env).stdout)["network"] == "private"
 
 
-@pytest.mark.slow
-def test_real_tensorflow_trains_to_the_end_privately(child_env: dict[str, str], tfl_home: Path) -> None:
-    result = _tfl(["launch", str(ROOT / "jobs" / "mnist.py"), "--local", "2", "--evaluator", "--",
-                   "--epochs", "2", "--steps-per-epoch", "10"], child_env, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    (run,) = (tfl_home / "runs").iterdir()
-    view = json.loads(_tfl(["status", run.name, "--json"], child_env).stdout)
-    assert view["state"] == "succeeded" and view["network"] == "private"
-    assert {t["task"]: t["exit_code"] for t in view["tasks"]} == {"chief:0": 0, "worker:0": 0, "evaluator:0": 0}
-    assert "epoch 2/2" in (run / "logs" / "chief-0.log").read_text()
-    assert "eval checkpoint=" in (run / "logs" / "evaluator-0.log").read_text()
-    assert _network_helpers(tfl_home) == []  # the holder and slirp4netns ended with the run
-
-
-def _network_helpers(home: Path) -> list[int]:
+def network_helpers(home: Path) -> list[int]:
     """Live namespace holders and slirp4netns processes started by a launcher of ``home``."""
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):

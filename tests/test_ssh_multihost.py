@@ -115,22 +115,6 @@ def test_a_remote_worker_killed_mid_training_and_restarted_resumes_with_the_chie
 
 
 
-@pytest.mark.slow
-def test_an_evaluator_on_the_workers_host_evaluates_the_chiefs_checkpoints(
-        netbed: NetBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str], hostenv: Path) -> None:
-    CHIEF_HOST, WORKER_HOST = netbed.addresses[:2]
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    path = cluster(tmp_path, netbed, hostenv, evaluator=WORKER_HOST, env=QUIET, storage={"path": str(shared)})
-    result = tfl(["launch", MNIST, "--cluster", str(path), "--", "--epochs", "2", "--steps-per-epoch", "5",
-                  "--batch-size", "32"], child_env, timeout=400)
-    assert result.returncode == 0, result.stderr[-3000:]
-    run = only_run(tfl_home)
-    evaluated = (tfl_home / "runs" / run / "logs" / "evaluator-0.log").read_text()
-    assert "eval checkpoint=ckpt-2" in evaluated, evaluated[-2000:]
-    assert list((shared / run / "model" / "tensorboard" / "eval").rglob("events.out.tfevents*"))
-
-
 @pytest.mark.parametrize("needs", ["restarts", "evaluator"])
 def test_per_host_disks_are_refused_before_anything_starts_with_the_fix(needs: str, netbed: NetBed, tmp_path: Path,
                                                                          tfl_home: Path, child_env: dict[str, str]) -> None:
@@ -279,13 +263,15 @@ def test_a_child_left_by_a_remote_job_is_gone_at_the_end_and_a_chatty_bashrc_bre
 
 
 @pytest.mark.slow
-def test_the_tfrecord_job_trains_from_shards_on_shared_storage(netbed: NetBed, tmp_path: Path, tfl_home: Path,
-                                                               child_env: dict[str, str], hostenv: Path,
-                                                               fashion_shards: Path) -> None:
-    """jobs/fashion_records.py unchanged on two hosts: the shards and the model dir on the storage both see."""
+def test_the_tfrecord_job_trains_from_shards_on_shared_storage_and_an_evaluator_on_the_workers_host_evaluates_it(
+        netbed: NetBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str], hostenv: Path, fashion_shards: Path) -> None:
+    """jobs/fashion_records.py unchanged on two hosts: the shards and the model dir on the storage both see.
+    An evaluator on the worker's host evaluates the chief's checkpoints there (one run proves both: two
+    TensorFlow start-ups and a bed fewer than a run of its own)."""
+    WORKER_HOST = netbed.addresses[1]
     shared = tmp_path / "shared"
     records = shutil.copytree(fashion_shards, shared / "fashion-records")
-    path = cluster(tmp_path, netbed, hostenv, env=QUIET, storage={"path": str(shared)})
+    path = cluster(tmp_path, netbed, hostenv, evaluator=WORKER_HOST, env=QUIET, storage={"path": str(shared)})
     result = tfl(["launch", str(FASHION_RECORDS_JOB), "--cluster", str(path), "--", "--records", str(records), "--epochs", "2",
                   "--steps-per-epoch", "5", "--batch-size", "8", "--window", "64"], child_env, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -293,3 +279,6 @@ def test_the_tfrecord_job_trains_from_shards_on_shared_storage(netbed: NetBed, t
     chief, worker = ((tfl_home / "runs" / run / "logs" / f"{t}-0.log").read_text() for t in ("chief", "worker"))
     assert_trained_on_the_shards(shared / run / "model", records, chief, worker, epochs=2)
     assert f"jobkit: model dir {shared / run / 'model'}" in chief
+    evaluated = (tfl_home / "runs" / run / "logs" / "evaluator-0.log").read_text()
+    assert "eval checkpoint=ckpt-2" in evaluated, evaluated[-2000:]
+    assert list((shared / run / "model" / "tensorboard" / "eval").rglob("events.out.tfevents*"))
