@@ -104,11 +104,13 @@ def test_background_launcher_parses_without_pydantic(tmp_path: Path) -> None:
 
 @pytest.fixture
 def running_ssh_run(tmp_path: Path) -> Any:
-    """A recorded SSH run of 12 hosts (more than `tfl status` asks) whose launcher is a live `sleep`."""
+    """A recorded SSH run of 12 hosts (more than `tfl status RUN` asks while the launcher lives) whose
+    launcher is a live `sleep`. The hosts are loopback addresses with ssh on port 1, where nothing
+    listens: a command that asked them by mistake would be refused at once, never reach a host."""
     home = tmp_path / "home"
-    hosts = [f"198.51.100.{i + 1}" for i in range(12)]
+    hosts = [f"127.0.1.{i + 1}" for i in range(12)]
     spec = parse_cluster({"cluster": {"chief": [f"{hosts[0]}:2222"], "worker": [f"{h}:2222" for h in hosts[1:]]},
-                          "hosts": {h: {"ssh": {"user": "u"}} for h in hosts}})
+                          "hosts": {h: {"ssh": {"user": "u", "port": 1}} for h in hosts}})
     store = RunStore(home)
     plan = build_plan(spec, "/w/job.py", (), run_id="r-ssh", run_dir=str(store.run_dir("r-ssh")), python="python3", cwd="/w")
     record = initial_record(plan, time.time(), 0, "ssh")
@@ -142,9 +144,11 @@ def test_status_of_a_large_ssh_run_imports_neither_psutil_nor_fabric(running_ssh
 
     sleeper.kill()
     sleeper.wait()
-    found = _modules_after("results = [runner.invoke(app, ['status', 'r-ssh'])]", home)
-    assert found["results"][0][0] == 0
-    assert "lost" in found["results"][0][1].splitlines()[0]  # the launcher is gone: /proc says so, no psutil
+    # The list (`tfl status RUN` would now ask the hosts): the launcher is gone, /proc says so, no psutil.
+    found = _modules_after("results = [runner.invoke(app, ['status'])]", home)
+    (listed, table, _, _), = found["results"]
+    assert listed == 0 and "lost" in next(line for line in table.splitlines() if "r-ssh" in line)
+    assert found["loaded"] == [], found["loaded"]
 
 
 def test_alive_agrees_with_find() -> None:
@@ -163,6 +167,7 @@ def test_alive_agrees_with_find() -> None:
             "create time only": (ProcessIdentity(running.pid, live.create_time), True),
             "other host": (ProcessIdentity(running.pid, live.create_time, live.start_ticks, live.boot_id, "elsewhere.invalid"), False),
             "no pid": (ProcessIdentity(None, None, None), False),
+            "gone": (ProcessIdentity(2**22 + 1, 1.0, 12345), False),  # above pid_max's default: no such process
         }
         for name, (ident, expected) in cases.items():
             assert ident.alive() is expected and (ident.find() is not None) is expected, name

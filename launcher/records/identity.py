@@ -90,9 +90,11 @@ class ProcessIdentity:
             return False
         if self.pid is not None and self.start_ticks is not None:
             stat = _proc_stat(self.pid)
-            if stat is not None:  # (state, start ticks); else no /proc here: psutil's create time decides
+            if stat is not None:  # (state, start ticks)
                 return stat[1] == self.start_ticks and stat[0] != "Z"
-        return self.find() is not None
+            if os.path.exists("/proc/self/stat"):
+                return False  # a /proc without the pid: gone
+        return self.find() is not None  # no /proc here: psutil's create time decides
 
 
 def launcher_identity(record: RunRecord) -> ProcessIdentity:
