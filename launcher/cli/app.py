@@ -10,6 +10,7 @@ from typing import Any, Callable, TypeVar
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from launcher.cli.coercion import plain_values
 from launcher.errors import ERROR_PREFIX, TflError
 
 
@@ -36,6 +37,10 @@ class _Group(TyperGroup):
 
 
 class _Command(TyperCommand):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        plain_values(self.params)  # no pydantic TypeAdapter for a plain value (launcher.cli.coercion)
+
     def get_help_option(self, ctx: Any) -> Any:
         return _help_flag_false(super().get_help_option(ctx))
 

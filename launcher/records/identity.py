@@ -5,6 +5,10 @@ clock ticks since boot (``/proc/<pid>/stat``, immune to clock steps) where there
 /proc, and psutil's wall-clock create time (the fallback, and what older records hold).
 A record also names the host and boot it was made in: a process recorded on another
 machine (a ``TFL_HOME`` shared over NFS) or before a reboot is never taken for one here.
+
+psutil is imported by the functions that use it, not here: `tfl status` asks only whether a
+launcher is alive (``ProcessIdentity.alive``), which /proc answers, and psutil's import is a
+tenth of that command's start (docs/benchmarks.md §18).
 """
 
 from __future__ import annotations
@@ -14,11 +18,11 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import psutil
-
 from launcher.contract import RUN_DIR, RUN_ID
 
 if TYPE_CHECKING:
+    import psutil
+
     from launcher.records.store import RunRecord, TaskRecord
 
 CREATE_TIME_TOLERANCE = 0.01  # psutil's create time is in clock ticks (10 ms)
@@ -26,9 +30,16 @@ CREATE_TIME_TOLERANCE = 0.01  # psutil's create time is in clock ticks (10 ms)
 
 def start_ticks(pid: int) -> int | None:
     """When the process started, in clock ticks since boot; None without /proc or once gone."""
+    stat = _proc_stat(pid)
+    return stat[1] if stat is not None else None
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """A process's state letter and start ticks from /proc/<pid>/stat; None without /proc or once gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0].decode(), int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -58,6 +69,8 @@ class ProcessIdentity:
     @classmethod
     def of(cls, pid: int) -> ProcessIdentity:
         """A live process on this machine, as a record keeps it."""
+        import psutil
+
         return cls(pid, psutil.Process(pid).create_time(), start_ticks(pid), boot_id(), host_name())
 
     @property
@@ -70,6 +83,18 @@ class ProcessIdentity:
         if self.elsewhere or (self.boot_id is not None and boot_id() not in (None, self.boot_id)):
             return None  # another machine, or before a reboot
         return find_process(self.pid, self.create_time, self.start_ticks)
+
+    def alive(self) -> bool:
+        """``find() is not None``, from /proc alone where the start ticks were recorded (no psutil)."""
+        if self.elsewhere or (self.boot_id is not None and boot_id() not in (None, self.boot_id)):
+            return False
+        if self.pid is not None and self.start_ticks is not None:
+            stat = _proc_stat(self.pid)
+            if stat is not None:  # (state, start ticks)
+                return stat[1] == self.start_ticks and stat[0] != "Z"
+            if os.path.exists("/proc/self/stat"):
+                return False  # a /proc without the pid: gone
+        return self.find() is not None  # no /proc here: psutil's create time decides
 
 
 def launcher_identity(record: RunRecord) -> ProcessIdentity:
@@ -85,6 +110,8 @@ def task_identity(record: RunRecord, task: TaskRecord) -> ProcessIdentity:
 def find_process(pid: int | None, create_time: float | None, ticks: int | None = None) -> psutil.Process | None:
     """The live process with this pid that started at ``ticks`` (exactly), else at
     ``create_time`` (within 10 ms; a clock step since breaks that, hence ticks); else None."""
+    import psutil
+
     if pid is None or (create_time is None and ticks is None):
         return None
     try:
@@ -106,6 +133,8 @@ def marked_processes(run_id: str, known: dict[int, psutil.Process], run_dir: str
     (``TFL_RUN_ID``): children a task started, a task the record never got to name. With
     ``run_dir``, a process that names another run dir (``TFL_RUN_DIR``) is not this run's: a run
     of the same id in another store (a copied record, resumed there) is left alone."""
+    import psutil
+
     found = dict(known)
     for proc in psutil.process_iter():
         if proc.pid in found or proc.pid == os.getpid():
@@ -127,6 +156,8 @@ def signal_group(proc: psutil.Process, signum: int) -> None:
     verified group leader's group is signalled: a group whose leader is gone may hold a
     number another process group has taken since. Members of such a group carry the run's
     marker and are each signalled by ``marked_processes``' callers."""
+    import psutil
+
     try:
         if not proc.is_running():
             return
@@ -141,6 +172,8 @@ def signal_group(proc: psutil.Process, signum: int) -> None:
 
 def group_members(pgid: int, leader: int | None = None) -> list[int]:
     """Live (not zombie) processes in process group ``pgid``, but ``leader``."""
+    import psutil
+
     members = []
     for pid in psutil.pids():
         try:
@@ -152,6 +185,8 @@ def group_members(pgid: int, leader: int | None = None) -> list[int]:
 
 
 def is_running(proc: psutil.Process) -> bool:
+    import psutil
+
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -159,6 +194,8 @@ def is_running(proc: psutil.Process) -> bool:
 
 
 def cpu_percent(proc: psutil.Process | None) -> float | None:
+    import psutil
+
     try:
         return proc.cpu_percent(None) if proc else None
     except psutil.Error:
@@ -166,6 +203,8 @@ def cpu_percent(proc: psutil.Process | None) -> float | None:
 
 
 def rss_mb(proc: psutil.Process | None) -> float | None:
+    import psutil
+
     try:
         return round(proc.memory_info().rss / 2**20, 1) if proc else None
     except psutil.Error:

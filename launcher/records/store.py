@@ -16,16 +16,14 @@ import dataclasses
 import json
 import os
 import time
-import types
-import typing
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
-from typing import Any, Iterable, TypeVar
+from typing import Any, Iterable
 
 from launcher.errors import RunExistsError, RunNotFoundError, StateWriteError, UnreadableRunError
 from launcher.files import private_dir, write_atomic
 from launcher.records.index import active_ids, mark_active, mark_ended, recent_ids
+from launcher.records.loader import load
 from launcher.records.states import RunState, TaskState
 
 STATE_FILE = "state.json"
@@ -39,7 +37,7 @@ RECORD_VERSION = 5
 # The latest run is the newest created among the active runs and this many whose record changed last.
 LATEST_AMONG = 20
 
-# Records are plain dataclasses read by a small strict loader, not pydantic models: `tfl status`
+# Records are plain dataclasses read by a small strict loader (launcher.records.loader), not pydantic models: `tfl status`
 # reads every run's record, and building pydantic's validators costs more than the command's
 # whole import budget (docs/benchmarks.md §1). The cluster file, which users write, stays pydantic.
 
@@ -160,7 +158,7 @@ class RunRecord:
         if isinstance(version, int) and not isinstance(version, bool) and version > RECORD_VERSION:
             raise NewerRecordError(f"written by a newer tfl (record version {version}; this tfl reads up to "
                                    f"{RECORD_VERSION}): upgrade tfl to use it")
-        return _load(cls, data, "record")
+        return load(cls, data, "record")
 
 
 class NewerRecordError(ValueError):
@@ -179,56 +177,6 @@ class UnreadableRun:
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "state": "unreadable", "reason": self.reason, "path": self.path, "started": self.created}
 
-
-_T = TypeVar("_T")
-
-
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _hints(kind: type) -> dict[str, Any]:
-    if kind not in _HINTS:
-        _HINTS[kind] = typing.get_type_hints(kind)
-    return _HINTS[kind]
-
-
-def _load(kind: type[_T], data: object, where: str) -> _T:
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected an object")
-    hints = _hints(kind)
-    if unknown := set(data) - set(hints):
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
-    values = {key: _value(hints[key], value, f"{where}.{key}") for key, value in data.items()}
-    try:
-        return kind(**values)
-    except TypeError as err:  # a required key is missing
-        raise ValueError(f"{where}: {err}") from None
-
-
-def _value(hint: Any, value: object, where: str) -> Any:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is types.UnionType:  # X | None
-        if value is None and type(None) in args:
-            return None
-        (hint,) = [a for a in args if a is not type(None)]
-        return _value(hint, value, where)
-    if origin is list:
-        if not isinstance(value, list):
-            raise ValueError(f"{where}: expected a list")
-        return [_value(args[0], item, f"{where}[{i}]") for i, item in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ValueError(f"{where}: expected an object")
-        return value
-    if dataclasses.is_dataclass(hint):
-        return _load(hint, value, where)  # type: ignore[arg-type]
-    if isinstance(hint, type) and issubclass(hint, Enum):
-        return hint(value)  # ValueError for an unknown state
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if hint in (str, int, float) and type(value) is hint:
-        return value
-    raise ValueError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {type(value).__name__}")
 
 
 def default_home() -> Path:

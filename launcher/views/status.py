@@ -85,7 +85,7 @@ def effective_state(record: RunRecord) -> RunState:
     if record.state.is_terminal:
         return record.state
     launcher = launcher_identity(record)
-    if record.launcher_pid and not launcher.elsewhere and launcher.find() is None:
+    if record.launcher_pid and not launcher.elsewhere and not launcher.alive():
         return RunState.LOST
     return record.state
 

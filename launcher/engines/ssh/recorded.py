@@ -141,7 +141,7 @@ def inspect(record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
     running = {t.task: t for t in record.tasks if t.state == TaskState.RUNNING}
     if not running:
         return {}
-    launcher_alive = launcher_identity(record).find() is not None
+    launcher_alive = launcher_identity(record).alive()
     if not ask or (launcher_alive and len({t.host for t in record.tasks}) > ASK_UP_TO):
         # Its agent kills a task whose launcher is gone; a live launcher records each task it sees end.
         now = time.time()
