@@ -140,7 +140,9 @@ def test_the_chief_leaves_last(runs: Runs) -> None:
     # The chief hosts the coordination service: leaving first can strand a worker on
     # TensorFlow's slow path (failing heartbeats) before its barrier reply arrives.
     left = {job.name: LEFT.search(job.output()) for job in (runs.chief, runs.worker)}
-    assert left["chief:0"] and left["worker:0"], [job.output()[-1000:] for job in (runs.chief, runs.worker)]
+    # A string, not a list: pytest shortens a list's repr to a line, and the lines that say why are in the middle.
+    assert left["chief:0"] and left["worker:0"], "\n".join(f"--- {job.name} (exit {runs.codes[job.name]}):\n{job.output()[-4000:]}"
+                                                          for job in (runs.chief, runs.worker))
     assert float(left["chief:0"][1]) > float(left["worker:0"][1])
     assert "did not say it was leaving" not in runs.chief.output()
     assert "Failed to send RPC to coordination service" not in runs.worker.output()
