@@ -74,6 +74,12 @@ What works here, and what does not (Slurm 22.05.8 in this container, found by tr
   its batch script again with ``SLURM_RESTART_COUNT=1``; ``--open-mode=append`` keeps the
   first run's output. ``scancel --signal=TERM --batch JOB`` signals the batch shell only,
   as ``sbatch --signal=B:TERM@N`` does before the time limit.
+- A killed slurmd is found out only by slurmctld's pings (every third of ``SlurmdTimeout``), and
+  a ping round to the dead node takes ``MessageTimeout`` before the next round may start:
+  with ``SlurmdTimeout=6``, n2 was DOWN 25-26 s after its slurmd was killed under Slurm's
+  default ``MessageTimeout=10``, 16.5 s under 5 (4: 16.4 s; 2: 11.5 s; load 11-18). The
+  clusters of the tests that kill a slurmd use 5 (``LOST_NODE_MESSAGE_TIMEOUT``): half the
+  default still leaves a loaded machine's commands and step launches seconds to answer.
 - ``slurmstepd`` processes are re-parented to init; they (and the daemons) have their cwd
   in the cluster's log dir, which is how teardown tells them from anybody else's. The
   daemons get PR_SET_PDEATHSIG, so a test run killed with SIGKILL leaves none behind.
@@ -108,6 +114,8 @@ URGENT = "urgent"  # with preemption: a partition of a higher PriorityTier whose
 PREEMPT_GRACE = 20
 SLURMD_TIMEOUT = 20  # a node whose slurmd is gone is noticed (DOWN, Not responding) within this, not 300 s
 LOST_NODE_SLURMD_TIMEOUT = 6  # the clusters of the tests that kill a slurmd: they wait this out (up to ~1.7 x: pinged every 2 s)
+MESSAGE_TIMEOUT = 10  # Slurm's default: how long a daemon or a command waits for a message's answer
+LOST_NODE_MESSAGE_TIMEOUT = 5  # the same clusters: each ping of the dead slurmd waits this (see the module docstring)
 REQUEUE_DELAY = 5  # a requeued job waits the credential lifetime (+1 s) before it may start again (120 s by default)  # GraceTime of the debug partition (seconds from the notice to SIGKILL)
 
 
@@ -254,7 +262,8 @@ def first_job_id() -> int:
 
 
 def slurm_conf(directory: Path, host: str, user: str, ctld_port: int, node_ports: dict[str, int], gpus: bool,
-               preemption: bool = False, slurmd_timeout: int = SLURMD_TIMEOUT) -> str:
+               preemption: bool = False, slurmd_timeout: int = SLURMD_TIMEOUT,
+               message_timeout: int = MESSAGE_TIMEOUT) -> str:
     """The slurm.conf of the test cluster (see the module docstring for why each line)."""
     d = directory
     partitions = [f"PartitionName={PARTITION} Nodes={','.join(node_ports)} Default=YES MaxTime=INFINITE State=UP"]
@@ -290,6 +299,7 @@ def slurm_conf(directory: Path, host: str, user: str, ctld_port: int, node_ports
         f"FirstJobId={first_job_id()}",
         "KillWait=5",
         f"SlurmdTimeout={slurmd_timeout}",
+        f"MessageTimeout={message_timeout}",
         f"StateSaveLocation={d}/state",
         f"SlurmdSpoolDir={d}/spool/%n",
         f"SlurmctldPidFile={d}/run/slurmctld.pid",
@@ -304,10 +314,12 @@ def slurm_conf(directory: Path, host: str, user: str, ctld_port: int, node_ports
     ])
 
 
-def start_cluster(directory: Path, preemption: bool = False, slurmd_timeout: int = SLURMD_TIMEOUT) -> SlurmCluster:
+def start_cluster(directory: Path, preemption: bool = False, slurmd_timeout: int = SLURMD_TIMEOUT,
+                  message_timeout: int = MESSAGE_TIMEOUT) -> SlurmCluster:
     """``preemption``: a second partition (URGENT) whose jobs preempt the default one's, which
     are requeued (see the module docstring). ``slurmd_timeout``: how long slurmctld waits on a
-    silent slurmd before it takes the node down (slurmctld pings every third of it)."""
+    silent slurmd before it takes the node down (slurmctld pings every third of it);
+    ``message_timeout``: Slurm's MessageTimeout, which each ping of a dead slurmd waits out."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     for sub in ("state", "run", "log", *(f"spool/{n}" for n in NODES)):
         (directory / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -318,7 +330,7 @@ def start_cluster(directory: Path, preemption: bool = False, slurmd_timeout: int
     gres = fake_gpus(directory)
     (directory / "gres.conf").write_text(gres)
     conf.write_text(slurm_conf(directory, host, pwd.getpwuid(os.getuid()).pw_name, ctld_port, node_ports, bool(gres),
-                               preemption, slurmd_timeout))
+                               preemption, slurmd_timeout, message_timeout))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     cluster = SlurmCluster(directory, conf, env, host, ctld_port, node_ports, gpus_per_node=GPUS_PER_NODE if gres else 0)
     try:

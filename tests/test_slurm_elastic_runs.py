@@ -1,7 +1,8 @@
 """Elastic runs on Slurm (issue 21, item 7), end to end on a private two-node cluster of this
 module's own (tests/slurm_cluster.py): one slurmd is killed by pid mid-run, as a node lost
 for good. The job, submitted with --no-kill, keeps its allocation; Slurm takes the silent node
-out of the job (SlurmdTimeout = 10 s on this module's cluster) and srun ends the training step; the batch script
+out of the job (SlurmdTimeout = 6 s and MessageTimeout = 5 s on this module's cluster:
+tests/slurm_cluster.py) and srun ends the training step; the batch script
 starts the next attempt on the node left (--min-tasks 1), or ends naming the lost node
 (--min-tasks 2).
 
@@ -26,6 +27,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.procs import tfl_processes
 from tests.slurm_cluster import (
+    LOST_NODE_MESSAGE_TIMEOUT,
     LOST_NODE_SLURMD_TIMEOUT,
     SBIN,
     SlurmCluster,
@@ -43,7 +45,8 @@ __all__ = ["mnist_data"]  # a fixture, used by name
 
 # A job that checkpoints and resumes through a file in its run dir (on storage both nodes share):
 # the chief writes the next step after each one; every attempt starts from it. Attempt 0 holds
-# before its last step: only the lost node ends it, however long Slurm takes to notice.
+# before its last step: only the lost node ends it, however long Slurm takes to notice. Steps of
+# 0.05 s: the attempt after the loss counts what is left in a second or two (8 s at 0.25 s).
 STEPPER = """\
 import json, os, sys, time
 from pathlib import Path
@@ -54,9 +57,9 @@ saved = Path(os.environ["TFL_RUN_DIR"]) / "saved-step"
 start = int(saved.read_text()) if saved.exists() else 0
 print(f"{task} attempt {attempt} on {node} size {size} batch {os.environ.get('TFL_GLOBAL_BATCH')} from {start}", flush=True)
 for step in range(start, int(sys.argv[1])):
-    time.sleep(0.25)
+    time.sleep(0.05)
     while attempt == "0" and step + 1 == int(sys.argv[1]):
-        time.sleep(0.25)
+        time.sleep(0.05)
     if task == "chief:0":
         saved.with_suffix(".tmp").write_text(str(step + 1))
         os.replace(saved.with_suffix(".tmp"), saved)
@@ -70,7 +73,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     missing = missing_packages()
     if missing:
         pytest.skip(f"Slurm not installed ({', '.join(missing)})")
-    own = start_cluster(tmp_path_factory.mktemp("slurm-elastic"), slurmd_timeout=LOST_NODE_SLURMD_TIMEOUT)
+    own = start_cluster(tmp_path_factory.mktemp("slurm-elastic"), slurmd_timeout=LOST_NODE_SLURMD_TIMEOUT,
+                        message_timeout=LOST_NODE_MESSAGE_TIMEOUT)
     yield own
     stop_cluster(own)
 

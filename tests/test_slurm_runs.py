@@ -22,7 +22,13 @@ import pytest
 from tests.conftest import ROOT
 from tests.jobkit_helpers import FASHION_RECORDS_JOB, assert_trained_on_the_shards
 from tests.procs import tfl_processes
-from tests.slurm_cluster import LOST_NODE_SLURMD_TIMEOUT, SlurmCluster, start_cluster, stop_cluster
+from tests.slurm_cluster import (
+    LOST_NODE_MESSAGE_TIMEOUT,
+    LOST_NODE_SLURMD_TIMEOUT,
+    SlurmCluster,
+    start_cluster,
+    stop_cluster,
+)
 from tests.test_slurm_cluster import assert_job_gone
 
 pytestmark = pytest.mark.slurm
@@ -334,7 +340,8 @@ def test_a_node_whose_slurmd_dies_is_named_with_when_slurm_noticed_and_its_task_
     slurmd (a partition); once n2's slurmd is back, Slurm ends what is left of the job there."""
     from tests.slurm_cluster import SBIN, _daemon
 
-    cluster = start_cluster(tmp_path / "slurm", slurmd_timeout=LOST_NODE_SLURMD_TIMEOUT)
+    cluster = start_cluster(tmp_path / "slurm", slurmd_timeout=LOST_NODE_SLURMD_TIMEOUT,
+                            message_timeout=LOST_NODE_MESSAGE_TIMEOUT)
     env = {**cluster.env, "TFL_HOME": str(tfl_home)}
     try:
         launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", sleeper(tmp_path), "--cluster",
