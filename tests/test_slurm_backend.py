@@ -208,6 +208,45 @@ def test_start_submits_once_and_records_the_job(tmp_path: Path, monkeypatch: pyt
     assert backend.restarted(1) is False  # max_restarts 1: the script will not start attempt 2
 
 
+def test_an_exit_written_as_the_job_ended_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The script writes the step's exit, then ends. A poll that read the events just before the exit
+    and asked Slurm just after the end reads them again: the task succeeded, its script did not end
+    "before training did" (a quiet fresh-clone run of the Slurm notice test failed so)."""
+    fake_path(tmp_path, monkeypatch, "sbatch", "squeue", "scontrol", "scancel")
+    plan = slurm_plan(tmp_path)
+    backend = SlurmBackend(run=FakeSlurm(sbatch=CommandResult(0, "42\n", "")))
+    backend.prepare(plan)
+    procs = [backend.start(t, 0) for t in plan.tasks if t.task.is_training]
+    events = Path(RunFiles(plan.run_dir).events)
+    events.write_text("training 0 start\n")
+
+    def ended_meanwhile() -> JobEnd:  # the script's last writes fall between the poll's two reads
+        events.write_text("training 0 start\ntraining 0 exit 0\nend 0\n")
+        return JobEnd("42", "COMPLETED", 0, by_tfl=False)
+
+    monkeypatch.setattr(procs[0].handle, "end", ended_meanwhile)
+    assert [backend.poll(p) for p in procs] == [0, 0]
+    assert [p.ended_by for p in procs] == [None, None]  # no cause to name
+
+
+def test_a_restart_started_as_the_job_ended_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same race for the restart: attempt 1 started (and ended) between the events' read and the end."""
+    fake_path(tmp_path, monkeypatch, "sbatch", "squeue", "scontrol", "scancel")
+    plan = slurm_plan(tmp_path, config=SupervisorConfig(max_restarts=1))
+    backend = SlurmBackend(run=FakeSlurm(sbatch=CommandResult(0, "42\n", "")))
+    backend.prepare(plan)
+    proc = backend.start(plan.tasks[0], 0)
+    events = Path(RunFiles(plan.run_dir).events)
+    events.write_text("training 0 start\ntraining 0 exit 143\n")
+
+    def ended_meanwhile() -> JobEnd:
+        events.write_text("training 0 start\ntraining 0 exit 143\ntraining 1 start\ntraining 1 exit 0\nend 0\n")
+        return JobEnd("42", "COMPLETED", 0, by_tfl=False)
+
+    monkeypatch.setattr(proc.handle, "end", ended_meanwhile)
+    assert backend.restarted(0) is True
+
+
 def test_a_teardown_of_every_task_stops_the_shared_unit_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tasks share one unit: the graceful stop goes out once (inside an allocation each one was a
     SIGINT to the batch script, which passed SIGTERM on again); SIGKILL still goes out."""

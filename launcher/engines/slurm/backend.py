@@ -139,6 +139,9 @@ class SlurmBackend:
         if not task.is_training:
             return evaluator_outcome(events, job.end() if evaluator_alive(events, None) else None)
         end = job.end() if proc.attempt not in events.exits else None
+        if end is not None:  # the script writes its events before it ends: read them again, or an exit
+            events = job.events()  # written between the first read and the end would be taken for none at all
+            end = end if proc.attempt not in events.exits else None
         ended_badly = end is not None or events.exits.get(proc.attempt, 0) != 0
         return training_outcome(rank_of_task(task.type, task.index), proc.attempt, events, job.srun_err(proc.attempt),
                                 end, job.nodes(proc.attempt) if ended_badly else {}, job_id=job.ref.job_id or "?",
@@ -182,7 +185,9 @@ class SlurmBackend:
             preempted, failed = preemption_counts(events, job.srun_err, attempt, job.first_attempt)
             if preempted > job.plan.max_preemptions or failed > job.plan.max_restarts:
                 return False
-        return False if job.end() is not None else None
+        if job.end() is None:
+            return None
+        return attempt + 1 in job.events().started  # the script wrote its last events before it ended: read them again
 
     def resized(self, attempt: int) -> GroupResize | None:
         """An elastic run's ``attempt`` on the nodes left after the last one lost some (its ``lost`` event)."""
