@@ -78,15 +78,20 @@ class ProcessIdentity:
         """The recorded host, when that is not this machine: only there can it be looked for."""
         return self.host if self.host is not None and self.host != host_name() else None
 
+    @property
+    def here(self) -> bool:
+        """Recorded on this machine since its last boot: elsewhere, or before a reboot, it is not to be looked for."""
+        return not self.elsewhere and (self.boot_id is None or boot_id() in (None, self.boot_id))
+
     def find(self) -> psutil.Process | None:
         """The live process, here, else None."""
-        if self.elsewhere or (self.boot_id is not None and boot_id() not in (None, self.boot_id)):
-            return None  # another machine, or before a reboot
+        if not self.here:
+            return None
         return find_process(self.pid, self.create_time, self.start_ticks)
 
     def alive(self) -> bool:
         """``find() is not None``, from /proc alone where the start ticks were recorded (no psutil)."""
-        if self.elsewhere or (self.boot_id is not None and boot_id() not in (None, self.boot_id)):
+        if not self.here:
             return False
         if self.pid is not None and self.start_ticks is not None:
             stat = _proc_stat(self.pid)
