@@ -31,7 +31,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from launcher.describe.spec import free_port
+from launcher.describe.ports import free_port
 from tests.netbed import NetBed, make_netbed, netbed_available
 
 JOB = """

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench.elastic import wait
-from launcher.describe.spec import free_port
+from launcher.describe.ports import free_port
 from tests.netbed import NetBed, make_netbed, netbed_available
 
 PACED = Path(__file__).resolve().parent / "jobs" / "paced.py"

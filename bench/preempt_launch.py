@@ -172,7 +172,7 @@ NOTES = [
 def _ssh_cluster(ws: Workspace) -> tuple[Path, Any]:
     """A two-host cluster file over a private sshd on loopback (bench/ssh.py's), with storage both see."""
     from bench.ssh import HOSTS, _start_sshd
-    from launcher.describe.spec import free_port
+    from launcher.describe.ports import free_port
 
     sshd_dir = ws.root / "sshd-preempt"
     server, port = _start_sshd(sshd_dir, HOSTS[:2], skip_bashrc=True)

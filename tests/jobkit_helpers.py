@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -63,18 +62,6 @@ def write_backup_at(model_dir: Path, step: int, steps_per_epoch: int) -> None:
     state = tf.train.Checkpoint(ckpt_saved_epoch=tf.Variable(epoch, dtype=tf.int64),
                                 ckpt_saved_batch=tf.Variable(batch, dtype=tf.int64))
     tf.train.CheckpointManager(state, str(model_dir / "backup" / "chief"), max_to_keep=1).save()
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports the OS just handed out; all held open together so they are distinct."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def tf_config(cluster: Mapping[str, list[str]], task_type: str, index: int) -> str:

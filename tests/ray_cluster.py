@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -35,6 +34,8 @@ from typing import Any
 
 import psutil
 import pytest
+
+from launcher.describe.ports import free_ports
 
 NODE_ARGS: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 * 2**20, "node_ip_address": "127.0.0.1"}
 ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -112,14 +113,7 @@ def _node_args() -> dict[str, Any]:
     """A node's arguments, with its agents' ports given: a raylet otherwise waits a fixed time for the
     port files its agents write, and dies when they are slow to start (a loaded machine)."""
     names = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port")
-    socks = [socket.socket() for _ in names]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return {**NODE_ARGS, **{name: sock.getsockname()[1] for name, sock in zip(names, socks, strict=True)}}
-    finally:
-        for sock in socks:
-            sock.close()
+    return {**NODE_ARGS, **dict(zip(names, free_ports(len(names)), strict=True))}
 
 
 def _alive(pids: set[int]) -> list[int]:

@@ -103,6 +103,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from launcher.describe.ports import free_ports
+
 SBIN = Path("/usr/sbin")
 DAEMONS = ("slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "salloc", "squeue", "scontrol", "scancel", "sinfo")
@@ -218,17 +220,6 @@ def missing_packages() -> list[str]:
     return missing + [c for c in CLIENTS if shutil.which(c) is None]
 
 
-def _free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
 def fake_gpus(directory: Path) -> str:
     """gres.conf lines for GPUS_PER_NODE fake GPUs per node, or '' where devices cannot be made.
 
@@ -324,7 +315,7 @@ def start_cluster(directory: Path, preemption: bool = False, slurmd_timeout: int
     for sub in ("state", "run", "log", *(f"spool/{n}" for n in NODES)):
         (directory / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
     host = socket.gethostname()
-    ctld_port, *ports = _free_ports(1 + len(NODES))
+    ctld_port, *ports = free_ports(1 + len(NODES))
     conf = directory / "slurm.conf"
     node_ports = dict(zip(NODES, ports, strict=True))
     gres = fake_gpus(directory)

@@ -28,6 +28,8 @@ from typing import Any, Iterator, Protocol
 
 import pytest
 
+from launcher.describe.ports import free_port
+
 SSHD = "/usr/sbin/sshd"
 HOSTS = ("127.0.0.2", "127.0.0.3")
 NOWHERE = "127.0.0.4"  # a loopback address where nothing listens
@@ -61,12 +63,6 @@ class Sshd:
         return (self.dir / "sshd.log").read_text(errors="replace")
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 def _keygen(path: Path) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
 
@@ -87,7 +83,7 @@ def start_sshd(directory: Path, hosts: tuple[str, ...] = HOSTS, keys_from: Sshd 
         for name in ("host_ed25519", "host_ed25519.pub", "client_key", "client_key.pub"):
             shutil.copy(keys_from.dir / name, directory / name)
     shutil.copy(directory / "client_key.pub", directory / "authorized_keys")
-    port = port or _free_port(hosts[0])
+    port = port or free_port()
     for host in hosts:
         (directory / f"home-{host}").mkdir(mode=0o700, exist_ok=True)
     config = directory / "sshd_config"

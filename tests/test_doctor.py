@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.describe.spec import free_port
+from launcher.describe.ports import free_port
 from launcher.engines.preflight import HostTasks, judge
 from tests.sshd import NOWHERE, Sshd, cluster_file
 

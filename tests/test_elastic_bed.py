@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from launcher.describe.spec import free_port
+from launcher.describe.ports import free_port
 from tests.netbed import NetBed
 from tests.procs import pid_alive, tfl_processes
 from tests.test_ssh import only_run, wait_for, write_job

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from launcher.describe.spec import free_port, parse_cluster
+from launcher.describe.ports import free_port
+from launcher.describe.spec import parse_cluster
 from launcher.errors import ClusterFileError
 from launcher.plan.resize import elastic_options, resize_plan
 from tests.netbed import NetBed

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.describe.spec import free_port
+from launcher.describe.ports import free_port
 from tests.conftest import ROOT
 from tests.jobkit_helpers import FASHION_RECORDS_JOB, HELD_JOB, SHARD_RECORDS, SHARDS, Hold
 from tests.netbed import NetBed

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from launcher.describe.ports import free_ports
 from tests.jobkit_helpers import (
     JobProcess,
     assert_none_alive,
-    free_ports,
     kill_all,
     require_fashion_mnist,
     start_job,

@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from launcher.describe.ports import free_ports
 from tests.conftest import ROOT
 from tests.jobkit_helpers import (
     JobProcess,
     assert_none_alive,
-    free_ports,
     job_env,
     kill_all,
     start_job,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.describe.spec import free_port
+from launcher.describe.ports import free_port
 from tests.netbed import NetBed
 from tests.procs import pid_alive, tfl_processes
 from tests.test_lost_hosts import start, tasks_up

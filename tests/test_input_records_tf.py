@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 
 from launcher.contract import PREEMPTED_EXIT_CODE
+from launcher.describe.ports import free_ports
 from tests.jobkit_helpers import (
     FASHION_RECORDS_JOB,
     HELD_JOB,
     Hold,
     JobProcess,
     assert_none_alive,
-    free_ports,
     kill_all,
     start_job,
     tf_config,

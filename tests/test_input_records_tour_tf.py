@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.describe.spec import free_port
+from launcher.describe.ports import free_port
 from launcher.records.store import RunStore
 from tests.jobkit_helpers import FASHION_RECORDS_JOB, HELD_JOB, Hold, write_fashion_shards
 from tests.procs import assert_none_left, pid_alive, tfl_processes

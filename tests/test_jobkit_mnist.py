@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from launcher.describe.ports import free_ports
 from tests.jobkit_helpers import (
     REPO,
     JobProcess,
     assert_none_alive,
-    free_ports,
     kill_all,
     run_to_end,
     start_job,

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.describe.spec import free_port, load_cluster
+from launcher.describe.ports import free_port
+from launcher.describe.spec import load_cluster
 from launcher.plan.run_options import SupervisorConfig
 from launcher.records.states import RunState
 from launcher.records.store import RunStore

@@ -26,13 +26,13 @@ import numpy as np
 import pytest
 
 from launcher.contract import PREEMPTED_EXIT_CODE, PreemptedRecord
+from launcher.describe.ports import free_ports
 from tests.jobkit_helpers import (
     HELD_JOB,
     MNIST_JOB,
     Hold,
     JobProcess,
     assert_none_alive,
-    free_ports,
     kill_all,
     start_job,
     tf_config,

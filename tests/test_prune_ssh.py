@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.describe.spec import free_port
+from launcher.describe.ports import free_port
 from tests.sshd import NOWHERE, Sshd, cluster_file
 
 pytestmark = pytest.mark.ssh

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from launcher import files
 from launcher.cli import app
-from launcher.describe.spec import free_port, parse_cluster
+from launcher.describe.ports import free_port
+from launcher.describe.spec import parse_cluster
 from launcher.engines.local.backend import LocalBackend
 from launcher.errors import RunExistsError, StateWriteError, UnreadableRunError
 from launcher.plan.build import build_plan

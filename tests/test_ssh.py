@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.contract import TEARDOWN_SIGNAL
-from launcher.describe.spec import free_port
+from launcher.describe.ports import free_port
 from launcher.engines.ssh.recorded import remote_signal, remote_task_info
 from launcher.records.store import RunStore
 from tests.procs import pid_alive, tfl_processes

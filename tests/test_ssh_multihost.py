@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from launcher.describe.spec import free_port
+from launcher.describe.ports import free_port
 from tests.conftest import ROOT
 from tests.hostenv import host_python
 from tests.jobkit_helpers import FASHION_RECORDS_JOB, HELD_JOB, Hold, assert_trained_on_the_shards

@@ -17,7 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.describe.spec import free_port, load_cluster
+from launcher.describe.ports import free_port
+from launcher.describe.spec import load_cluster
 from launcher.engines.ssh import backend as ssh_backend
 from launcher.engines.ssh import pool as ssh_pool
 from launcher.plan.run_options import SupervisorConfig

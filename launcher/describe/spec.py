@@ -10,7 +10,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -34,6 +33,7 @@ from launcher.describe.fields import (
     valid_host,
 )
 from launcher.describe.placement import GpuInputs, Placement, place_gpus
+from launcher.describe.ports import free_ports
 from launcher.errors import ClusterFileError
 from launcher.tasks import LOCAL_HOSTS, TaskId, task_ids
 
@@ -357,28 +357,14 @@ def parse_cluster(data: Any, name: str = "cluster") -> ClusterSpec:
         raise ClusterFileError(one_line(f"{name}: {describe_error(exc)}")) from None
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 def local_cluster(workers: int, evaluator: bool = False) -> ClusterSpec:
     """``--local N``: a chief and N-1 workers (plus an evaluator) on free localhost ports."""
     if workers < 1:
         raise ClusterFileError(f"--local {workers}: needs at least 1 training task (e.g. --local 2)")
-    ports = _distinct_free_ports(workers + int(evaluator))
+    ports = free_ports(workers + int(evaluator))
     addr = [f"127.0.0.1:{p}" for p in ports]
     topology: dict[str, list[str]] = {"chief": addr[:1], "worker": addr[1:workers]}
     if evaluator:
         topology["evaluator"] = addr[workers:]
     return parse_cluster({"cluster": topology}, "--local")
 
-
-def _distinct_free_ports(count: int) -> list[int]:
-    ports: list[int] = []
-    while len(ports) < count:
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
-    return ports
