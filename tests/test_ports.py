@@ -1,5 +1,5 @@
 """The ports tfl picks for the tasks it places itself (``--local N``): free on every address of
-the machine, and outside the kernel's ephemeral range, from which anything may take them."""
+the machine, and above the kernel's ephemeral range, from which anything may take them."""
 
 from __future__ import annotations
 
@@ -20,17 +20,17 @@ def test_a_port_held_on_another_loopback_address_is_never_picked(monkeypatch: py
         free.bind(("127.0.0.1", 0))
         taken, other = held.getsockname()[1], free.getsockname()[1]
         free.close()
-        monkeypatch.setattr(ports, "_ephemeral_start", lambda: 65000)
-        monkeypatch.setattr(ports, "_LOWEST", 1024)
+        monkeypatch.setattr(ports, "_ephemeral_end", lambda: 1024)
         monkeypatch.setattr(ports.random, "sample", lambda population, k: [taken, other])
         assert ports.free_ports(1) == [other]
 
 
-def test_ports_come_from_below_the_ephemeral_range_distinct_and_free_everywhere() -> None:
-    first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+def test_ports_come_from_above_the_ephemeral_range_distinct_and_free_everywhere() -> None:
+    """Above it: neither an outgoing connection nor tfl's Slurm engine (10000-32767) takes them."""
+    last = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[1])
     picked = ports.free_ports(8)
     assert len(set(picked)) == 8
-    assert all(ports._LOWEST <= p < first for p in picked), (picked, first)
+    assert all(last < p <= 65535 and not 10000 <= p < 32768 for p in picked), (picked, last)
     for port in picked:
         with socket.socket() as sock:
             sock.bind(("0.0.0.0", port))
@@ -44,6 +44,6 @@ def test_local_clusters_use_them(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_machine_whose_ephemeral_range_starts_low_falls_back_to_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ports, "_ephemeral_start", lambda: 1024)
+    monkeypatch.setattr(ports, "_ephemeral_end", lambda: 65000)
     picked = ports.free_ports(3)
     assert len(set(picked)) == 3 and all(p >= 1024 for p in picked)

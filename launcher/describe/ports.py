@@ -4,9 +4,11 @@ A port that the kernel hands out for ``bind(port 0)`` comes from its ephemeral r
 outgoing connection on the machine, and every other ``bind(0)``, draws from the same range. A
 task's TensorFlow server binds its port seconds after tfl picks it, and in that gap anything else
 may take it: CI saw an sshd's port picked that way, held on 127.0.0.2 while the pick was checked
-on 127.0.0.1 only. So tfl picks at random below the ephemeral range, where nothing is handed out
-unasked. It checks each port on the wildcard address, which is how TensorFlow binds it, so a port
-held on any address of the machine is skipped.
+on 127.0.0.1 only. So tfl picks at random from the ports above the ephemeral range (61000-65535
+with Linux's defaults), which nothing hands out unasked and which tfl's Slurm engine leaves alone
+(its port blocks lie in 10000-32767). It checks each port on the wildcard address, which is how
+TensorFlow binds it, so a port held on any address of the machine is skipped. A machine whose
+range leaves too few ports above it is served from the kernel instead.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import socket
 from pathlib import Path
 
 _EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
-_LOWEST = 20000  # below this sit the well-known services' ports
+_HIGHEST = 65535
+_ROOM = 1000  # fewer ports than this above the ephemeral range: ask the kernel
 _TRIES = 200
 
 
@@ -27,15 +30,15 @@ def free_port() -> int:
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports that no address of this machine holds now, from below the
+    """``count`` distinct ports that no address of this machine holds now, from above the
     ephemeral range (or, where that range leaves no room, from the kernel)."""
-    first = _ephemeral_start()
-    if first - _LOWEST < 100 * count:
+    above = range(_ephemeral_end() + 1, _HIGHEST + 1)
+    if len(above) < max(_ROOM, 10 * count):
         return _kernel_ports(count)
     picked: list[int] = []
     held: list[socket.socket] = []
     try:
-        for port in random.sample(range(_LOWEST, first), min(_TRIES * count, first - _LOWEST)):
+        for port in random.sample(above, min(_TRIES * count, len(above))):
             sock = _hold(port)
             if sock is not None:
                 held.append(sock)
@@ -79,8 +82,8 @@ def _kernel_ports(count: int) -> list[int]:
             sock.close()
 
 
-def _ephemeral_start() -> int:
+def _ephemeral_end() -> int:
     try:
-        return int(_EPHEMERAL.read_text().split()[0])
+        return int(_EPHEMERAL.read_text().split()[1])
     except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
+        return 60999  # Linux's default
