@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from launcher.describe.ports import free_ports
 from tests.conftest import ROOT
-from tests.jobkit_helpers import free_ports, job_env, run_to_end, start_job, tf_config
+from tests.jobkit_helpers import job_env, run_to_end, start_job, tf_config
 
 pytestmark = pytest.mark.slow
 JOB = ROOT / "jobs" / "model_parallel.py"

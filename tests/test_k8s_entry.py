@@ -24,11 +24,12 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.contract import PREEMPTED_EXIT_CODE
+from launcher.describe.ports import free_ports
 from launcher.describe.spec import parse_cluster
 from launcher.engines.k8s import jobset
 from launcher.plan.build import build_plan
 from tests.conftest import ROOT
-from tests.jobkit_helpers import JobProcess, assert_none_alive, free_ports, job_env, kill_all, wait_all
+from tests.jobkit_helpers import JobProcess, assert_none_alive, job_env, kill_all, wait_all
 from tests.procs import assert_none_left
 
 FIELD_LABEL = re.compile(r"metadata\.labels\['([^']+)'\]")
