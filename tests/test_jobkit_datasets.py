@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import importlib.machinery
+import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +15,7 @@ import pytest
 from launcher.jobkit import datasets
 from launcher.jobkit.context import JobKitError
 from launcher.jobkit.datasets import DEBIAN_FASHION_MNIST, IDX_FILES, load_mnist, read_idx_dir
+from tests.conftest import ROOT
 from tests.jobkit_helpers import require_fashion_mnist
 
 
@@ -129,3 +133,30 @@ def test_debian_fashion_mnist_is_the_real_data_set() -> None:
     (x_train, y_train), (x_test, y_test) = read_idx_dir(DEBIAN_FASHION_MNIST)
     assert x_train.shape == (60000, 28, 28) and x_test.shape == (10000, 28, 28)
     assert np.bincount(y_train).tolist() == [6000] * 10 and np.bincount(y_test).tolist() == [1000] * 10
+
+
+def test_the_digits_are_scikit_learns_read_without_importing_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The offline fallback reads scikit-learn's digits file itself (importing sklearn.datasets was
+    a fifth of a TensorFlow task's start-up): the same numbers as load_digits, and, where the
+    file is not where scikit-learn keeps it, load_digits itself."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    expected = np.column_stack([digits.data, digits.target])
+    table = datasets._digits_table()
+    assert table.shape == (1797, 65) and np.array_equal(table, expected)
+    (x_train, y_train), (x_test, y_test) = datasets.load_digits_as_mnist()
+    assert x_train.shape == (1500, 28, 28) and x_test.shape == (297, 28, 28) and x_train.dtype == np.uint8
+    assert np.array_equal(np.concatenate([y_train, y_test]), digits.target.astype(np.uint8))
+    assert int(x_train[:, :2].max()) == 0 and int(x_train.max()) == 255  # the border; 16 -> 255
+    assert np.array_equal(x_train[:, 2:26:3, 2:26:3], np.rint(digits.images[:1500] * (255 / 16)).astype(np.uint8))
+
+    fresh = subprocess.run([sys.executable, "-c", "import sys; from launcher.jobkit.datasets import load_digits_as_mnist; "
+                            "load_digits_as_mnist(); print(sorted(m for m in sys.modules if m.startswith('sklearn')))"],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert fresh.returncode == 0 and fresh.stdout.strip() == "[]", fresh.stderr[-2000:]
+
+    elsewhere = importlib.machinery.ModuleSpec("sklearn", None, is_package=True)
+    elsewhere.submodule_search_locations = [str(tmp_path)]  # no datasets/data/digits.csv.gz there
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: elsewhere)
+    assert np.array_equal(datasets._digits_table(), expected)

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from launcher.records.states import TaskState
+from launcher.records.store import RunStore
 from tests.conftest import ROOT
 from tests.jobkit_helpers import FASHION_RECORDS_JOB, assert_trained_on_the_shards
 from tests.procs import tfl_processes
@@ -45,6 +47,42 @@ if sys.argv[1] == "fail" and task == "worker:0":
     print("worker:0 gives up", flush=True)
     sys.exit(3)
 time.sleep(float(sys.argv[2]))
+"""
+# A training task as MultiWorkerMirroredStrategy uses TF_CONFIG: it listens on its own address, on
+# every interface as TensorFlow binds, and reaches every other training task at theirs (each answers
+# with its name); then it waits until every peer has reached it, so that none leaves too early.
+PEERS = """\
+import json, os, socket, threading, time
+config = json.loads(os.environ["TF_CONFIG"])
+me = f"{config['task']['type']}:{config['task']['index']}"
+tasks = {f"{kind}:{i}": address for kind in ("chief", "worker") for i, address in enumerate(config["cluster"].get(kind, []))}
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("0.0.0.0", int(tasks[me].rsplit(":", 1)[1])))
+server.listen(8)
+reached_me = threading.Semaphore(0)
+def answer():
+    while True:
+        conn, _ = server.accept()
+        conn.sendall(me.encode()); conn.close(); reached_me.release()
+threading.Thread(target=answer, daemon=True).start()
+for task, address in tasks.items():
+    if task == me:
+        continue
+    host, port = address.rsplit(":", 1)
+    for _ in range(600):
+        try:
+            with socket.create_connection((host, int(port)), timeout=2) as conn:
+                said = conn.recv(64).decode()
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        raise SystemExit(f"{me}: nothing at {address}")
+    assert said == task, (said, task)
+    print(f"{me} on {os.environ['SLURMD_NODENAME']} reached {task} at {address}", flush=True)
+for _ in range(len(tasks) - 1):
+    assert reached_me.acquire(timeout=120), f"{me}: a peer never reached {tasks[me]}"
 """
 
 
@@ -91,8 +129,16 @@ def status(env: dict[str, str], run: str) -> dict[str, Any]:
     return view
 
 
-def wait_status(env: dict[str, str], run: str, ready: Any, timeout: float = 120) -> dict[str, Any]:
+def wait_status(env: dict[str, str], run: str, ready: Any, timeout: float = 120, *, running: int = 0) -> dict[str, Any]:
+    """`tfl status --json` of `run` once `ready(view)`. With `running`, first the run record (read here,
+    no process) until that many of its tasks are recorded running: each `tfl status` is a process start
+    (~0.5 s of CPU), and polling it every half second while Slurm starts the steps cost seconds of CPU."""
     deadline = time.monotonic() + timeout
+    if running:
+        store = RunStore(Path(env["TFL_HOME"]))
+        while sum(t.state is TaskState.RUNNING for t in store.load(run).tasks) < running:
+            assert time.monotonic() < deadline, f"run {run}: never {running} tasks recorded running: {store.load(run)}"
+            time.sleep(0.1)
     view = status(env, run)
     while not ready(view):
         assert time.monotonic() < deadline, f"run {run} never got there: {view}"
@@ -184,7 +230,7 @@ def test_detach_status_stop(slurm_cluster: SlurmCluster, env: dict[str, str], tf
                "--", "sleep", "300")
     assert done.returncode == 0, done.stderr
     run = done.stdout.strip()
-    view = wait_status(env, run, lambda v: v["alive"] == 3 and "slurm" not in {t["host"] for t in v["tasks"]})
+    view = wait_status(env, run, lambda v: v["alive"] == 3 and "slurm" not in {t["host"] for t in v["tasks"]}, running=3)
     assert view["state"] == "running" and view["backend_state"]["state"] == "RUNNING"
     assert {t["task"]: t["host"] for t in view["tasks"]} == {"chief:0": "n1", "worker:0": "n2",
                                                                "evaluator:0": view["tasks"][2]["host"]}
@@ -203,15 +249,20 @@ def test_detach_status_stop(slurm_cluster: SlurmCluster, env: dict[str, str], tf
     assert "[chief:0]     chief:0 attempt 0 on n1" in logs.stdout
 
 
-@pytest.mark.slow
-def test_salloc_form(slurm_cluster: SlurmCluster, env: dict[str, str], tfl_home: Path, mnist_data: Path) -> None:
-    done = subprocess.run(["salloc", "-N", "2", "--ntasks-per-node", "1", sys.executable, "-m", "launcher", "launch", MNIST,
-                           "--slurm", "--", "--epochs", "1", "--steps-per-epoch", "5", "--data", str(mnist_data)],
-                          env={**env, **TF_ENV}, capture_output=True, text=True, timeout=300, cwd=ROOT)
+def test_salloc_form(slurm_cluster: SlurmCluster, env: dict[str, str], tfl_home: Path, tmp_path: Path) -> None:
+    """tfl inside an allocation: the tasks' steps start in it, and the TF_CONFIG each gets is one
+    whose addresses its peers listen on and reach (a stand-in that does what MultiWorkerMirroredStrategy
+    needs of it: bind its own address, connect to the others'). Real TensorFlow trains on these nodes in
+    test_mnist_on_two_nodes_with_an_evaluator_survives_a_killed_task; the steps' start is the one difference."""
+    job = tmp_path / "peers.py"
+    job.write_text(PEERS)
+    done = subprocess.run(["salloc", "-N", "2", "--ntasks-per-node", "1", sys.executable, "-m", "launcher", "launch",
+                           str(job), "--slurm"], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     run = only_run(tfl_home)
-    chief, worker = epochs(run / "logs" / "chief-0.log"), epochs(run / "logs" / "worker-0.log")
-    assert [e for e, _ in chief] == [1] and chief == worker
+    chief, worker = ((run / "logs" / f"{task}.log").read_text() for task in ("chief-0", "worker-0"))
+    assert re.search(r"^chief:0 on n1 reached worker:0 at 127\.0\.0\.1:\d+$", chief, re.M), chief
+    assert re.search(r"^worker:0 on n2 reached chief:0 at 127\.0\.0\.1:\d+$", worker, re.M), worker
     view = status(env, run.name)
     assert view["state"] == "succeeded" and view["backend_state"]["batch script"] == "ended"
     assert {t["task"]: t["host"] for t in view["tasks"]} == {"chief:0": "n1", "worker:0": "n2"}
@@ -228,7 +279,7 @@ def test_stop_inside_an_allocation_stops_the_steps_not_the_allocation(
     try:
         slurm_cluster.wait_for("the run", lambda: list(tfl_home.glob("runs/*/state.json")) != [])
         run = only_run(tfl_home).name
-        view = wait_status(env, run, lambda v: v["alive"] == 3)
+        view = wait_status(env, run, lambda v: v["alive"] == 3, running=3)
         allocation = view["backend_state"]["allocation"]
         assert view["backend_state"]["batch script"] == "running"
         stopped = tfl(env, "stop", run)

@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
+from launcher.describe.ports import free_port
 from launcher.records.states import RunState
 from launcher.records.store import RunRecord, RunStore, TaskRecord
 from launcher.views.tensorboard import NO_TF_MAIN, model_dir_of
@@ -50,12 +51,6 @@ def add_run(store: RunStore, run_id: str, tasks: list[dict[str, Any]], job_args:
                        plan={"run_id": run_id, "run_dir": str(run_dir), "job": "job.py", "job_args": [], "tasks": tasks})
     store.create(record)
     return record
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get(url: str) -> tuple[int, bytes]:
