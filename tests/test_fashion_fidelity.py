@@ -138,13 +138,18 @@ def test_the_evaluator_sees_real_learning(runs: Runs) -> None:
 
 def test_the_chief_leaves_last(runs: Runs) -> None:
     # The chief hosts the coordination service: leaving first can strand a worker on
-    # TensorFlow's slow path (failing heartbeats) before its barrier reply arrives.
+    # TensorFlow's slow path (failing heartbeats) before its last reply arrives.
     left = {job.name: LEFT.search(job.output()) for job in (runs.chief, runs.worker)}
     # A string, not a list: pytest shortens a list's repr to a line, and the lines that say why are in the middle.
     assert left["chief:0"] and left["worker:0"], "\n".join(f"--- {job.name} (exit {runs.codes[job.name]}):\n{job.output()[-4000:]}"
                                                           for job in (runs.chief, runs.worker))
     assert float(left["chief:0"][1]) > float(left["worker:0"][1])
     assert "did not say it was leaving" not in runs.chief.output()
+    # The worker was not stranded: its goodbye was answered before the chief left (else it
+    # says so), and it failed no heartbeat (TensorFlow's slow path) once the chief was gone.
+    assert "got no answer from the chief" not in runs.worker.output()
     assert "Failed to send RPC to coordination service" not in runs.worker.output()
-    # Both were gone within a second of each other (no heartbeat timeouts, no TensorFlow teardown).
-    assert abs(runs.exited["chief:0"] - runs.exited["worker:0"]) < 1.0
+    # No bound on the time between the two exits (this test had < 1 s): it measures the loaded
+    # kernel, not the protocol. Issue 26's loaded runs: both tasks left the fast way and in
+    # order, their last lines milliseconds apart, yet were seen to exit 2.15 s apart (load 50);
+    # each exit was seen 0.46-1.46 s after the task's own last line (load 21-42).

@@ -4,14 +4,17 @@ and the kit's import boundary (it imports nothing of the launcher but the contra
 from __future__ import annotations
 
 import ast
+import importlib
+import threading
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
 from launcher.jobkit.context import JobKitError, TaskContext
 from launcher.jobkit.execution import choose_steps_per_execution, largest_divisor_at_most, scaled_learning_rate, warmup_rate
-from launcher.jobkit.finish import BARRIER, LEFT_KEY, REPLY_GRACE_S, leave_together
+from launcher.jobkit.finish import ARRIVED, BARRIER, LEFT, REPLY_GRACE_S, leave_together
+from launcher.jobkit.finish import GO as GO_KEY
 from tests.conftest import ROOT
 
 # --- steps per call -----------------------------------------------------------------------
@@ -66,22 +69,18 @@ def test_linear_scaling_and_warmup() -> None:
 
 
 class FakeCoordination:
-    """Records the calls a task makes on the coordination service, and when it leaves."""
+    """Records the calls a task makes on the coordination service's key-value store."""
 
-    def __init__(self, events: list[str], who: str, fail_barrier: bool = False) -> None:
-        self.events, self.who, self.fail_barrier = events, who, fail_barrier
-        self.keys: dict[str, str] = {}
-
-    def wait_at_barrier(self, barrier_id: str, timeout_in_ms: int) -> None:
-        self.events.append(f"{self.who} barrier {barrier_id}")
-        if self.fail_barrier:
-            raise RuntimeError("a peer is gone")
+    def __init__(self, events: list[str], who: str, fail_get: bool = False) -> None:
+        self.events, self.who, self.fail_get = events, who, fail_get
 
     def set_config_key_value(self, key: str, value: str) -> None:
         self.events.append(f"{self.who} set {key}")
 
     def get_config_key_value(self, key: str, timeout_in_ms: int) -> str:
         self.events.append(f"{self.who} got {key}")
+        if self.fail_get:
+            raise TimeoutError("a peer never came")
         return "1"
 
 
@@ -95,33 +94,136 @@ def leaver(events: list[str], who: str) -> NoReturn:
 
 
 CLUSTER = {"chief": ("h:1",), "worker": ("h:2", "h:3")}
+AT, GO, GONE = f"{BARRIER}{ARRIVED}", f"{BARRIER}{GO_KEY}", f"{BARRIER}{LEFT}"
 
 
-def test_a_worker_says_it_is_leaving_then_leaves() -> None:
+def test_a_worker_arrives_waits_for_the_go_says_it_is_leaving_then_leaves() -> None:
     events: list[str] = []
     with pytest.raises(Left):
         leave_together(TaskContext("worker", 1, CLUSTER), FakeCoordination(events, "w1"), barrier_timeout_s=1,
                        leave=lambda: leaver(events, "w1"))
-    assert events == [f"w1 barrier {BARRIER}", f"w1 set {LEFT_KEY}worker:1", "w1 left"]
+    assert events == [f"w1 set {AT}worker:1", f"w1 got {GO}", f"w1 set {GONE}worker:1", "w1 left"]
 
 
-def test_the_chief_leaves_after_hearing_from_every_worker() -> None:
+def test_the_chief_says_go_when_all_arrived_and_leaves_after_hearing_from_every_worker() -> None:
     # The old finish() left right after the barrier: the chief hosts the coordination
     # service, so a worker whose barrier reply was not out yet fell to the slow path.
     events: list[str] = []
     with pytest.raises(Left):
         leave_together(TaskContext("chief", 0, CLUSTER), FakeCoordination(events, "c"), barrier_timeout_s=1,
                        leave=lambda: leaver(events, "c"), sleep=lambda s: events.append(f"c sleeps {s}"))
-    assert events == [f"c barrier {BARRIER}", f"c got {LEFT_KEY}worker:0", f"c got {LEFT_KEY}worker:1",
-                      f"c sleeps {REPLY_GRACE_S}", "c left"]
+    assert events == [f"c got {AT}worker:0", f"c got {AT}worker:1", f"c set {GO}",
+                      f"c got {GONE}worker:0", f"c got {GONE}worker:1", f"c sleeps {REPLY_GRACE_S}", "c left"]
 
 
-def test_a_failed_barrier_returns_for_the_slow_way(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_peer_that_never_comes_sends_the_task_the_slow_way(capsys: pytest.CaptureFixture[str]) -> None:
     events: list[str] = []
-    leave_together(TaskContext("chief", 0, CLUSTER), FakeCoordination(events, "c", fail_barrier=True),
+    leave_together(TaskContext("chief", 0, CLUSTER), FakeCoordination(events, "c", fail_get=True),
                    barrier_timeout_s=1, leave=lambda: leaver(events, "c"))
-    assert events == [f"c barrier {BARRIER}"]
-    assert "not every training task reached the end (RuntimeError)" in capsys.readouterr().out
+    assert events == [f"c got {AT}worker:0"]
+    assert "not every training task reached the end (TimeoutError)" in capsys.readouterr().out
+
+
+def test_a_worker_whose_goodbye_goes_unanswered_says_so_and_leaves(capsys: pytest.CaptureFixture[str]) -> None:
+    events: list[str] = []
+
+    class ChiefGone(FakeCoordination):
+        def set_config_key_value(self, key: str, value: str) -> None:
+            super().set_config_key_value(key, value)
+            if key.startswith(GONE):
+                raise ConnectionError("the chief left before its service answered")
+
+    with pytest.raises(Left):
+        leave_together(TaskContext("worker", 0, CLUSTER), ChiefGone(events, "w0"), barrier_timeout_s=1,
+                       leave=lambda: leaver(events, "w0"))
+    assert events[-2:] == [f"w0 set {GONE}worker:0", "w0 left"]
+    assert "jobkit: worker:0 got no answer from the chief (ConnectionError); it leaves anyway" in capsys.readouterr().out
+
+
+class FailedPrecondition(Exception):
+    pass
+
+
+class Service:
+    """The coordination service as the tasks see it at the end of a loaded run: every agent has
+    gone into ERROR (a late heartbeat), so the service's barrier refuses them at once
+    (FailedPrecondition, issue 26), while its key-value store answers as ever."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, str] = {}
+        self.changed = threading.Condition()
+        self.order: list[str] = []  # who set what, and who left, in the order it happened
+
+    def agent(self, who: str) -> Any:
+        service = self
+
+        class Agent:
+            def wait_at_barrier(self, barrier_id: str, timeout_in_ms: int) -> None:
+                raise FailedPrecondition("Agent must be in CONNECTED state. It is currently in ERROR.")
+
+            def set_config_key_value(self, key: str, value: str) -> None:
+                with service.changed:
+                    service.keys[key] = value
+                    service.order.append(f"{who} set {key}")
+                    service.changed.notify_all()
+
+            def get_config_key_value(self, key: str, timeout_in_ms: int) -> str:
+                with service.changed:
+                    if not service.changed.wait_for(lambda: key in service.keys, timeout_in_ms / 1000):
+                        raise TimeoutError(key)
+                    return service.keys[key]
+
+        return Agent()
+
+    def leave(self, who: str) -> NoReturn:
+        with self.changed:
+            self.order.append(f"{who} left")
+        raise Left
+
+
+def run_tasks(service: Service, tasks: list[TaskContext], timeout_s: float) -> dict[str, str]:
+    """Each task's leave_together in a thread of its own; how each one ended."""
+    ended: dict[str, str] = {}
+
+    def run(context: TaskContext) -> None:
+        who = f"{context.task_type}:{context.task_index}"
+        try:
+            leave_together(context, service.agent(who), barrier_timeout_s=timeout_s, errors=(TimeoutError, FailedPrecondition),
+                           leave=lambda: service.leave(who), sleep=lambda s: None)
+            ended[who] = "slow way"
+        except Left:
+            ended[who] = "left"
+
+    threads = [threading.Thread(target=run, args=(context,), daemon=True) for context in tasks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)  # a hang guard
+    assert not any(thread.is_alive() for thread in threads)
+    return ended
+
+
+def test_tasks_whose_agents_are_in_error_still_leave_together_the_chief_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 26: on a loaded machine the chief's barrier failed at once (FailedPreconditionError),
+    # so the chief left the slow way and before the worker. The meeting needs only the store.
+    # The chief's wait for each goodbye: a hang guard here, not a clock (the module, not jobkit.finish the function).
+    monkeypatch.setattr(importlib.import_module("launcher.jobkit.finish"), "LEFT_SEND_S", 60.0)
+    service = Service()
+    tasks = [TaskContext("worker", 1, CLUSTER), TaskContext("chief", 0, CLUSTER), TaskContext("worker", 0, CLUSTER)]
+    assert run_tasks(service, tasks, timeout_s=30) == {"chief:0": "left", "worker:0": "left", "worker:1": "left"}
+    order = service.order
+    go, chief_left = order.index(f"chief:0 set {GO}"), order.index("chief:0 left")
+    for worker in ("worker:0", "worker:1"):
+        # It arrived before the go, said it was leaving after the go, and the chief left after hearing it.
+        assert order.index(f"{worker} set {AT}{worker}") < go < order.index(f"{worker} set {GONE}{worker}") < chief_left
+        assert order.index(f"{worker} set {GONE}{worker}") < order.index(f"{worker} left")
+
+
+def test_a_worker_that_never_comes_sends_the_others_the_slow_way() -> None:
+    service = Service()
+    tasks = [TaskContext("chief", 0, CLUSTER), TaskContext("worker", 0, CLUSTER)]  # worker:1 died
+    assert run_tasks(service, tasks, timeout_s=0.2) == {"chief:0": "slow way", "worker:0": "slow way"}
+    assert f"chief:0 set {GO}" not in service.order
 
 
 # --- the kit's import boundary ---------------------------------------------------------------
