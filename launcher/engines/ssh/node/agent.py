@@ -62,7 +62,9 @@ except ImportError:  # imported in the launcher itself
     from launcher.engines.ssh.node import agent_firewall as firewall
 
 MARK = "\x1etfl\x1e"  # starts every reply; launcher.engines.ssh.wire.MARK
-PING_EVERY = 2.0  # seconds between the agent's pings; the launcher expects one at least this often
+# Seconds between the agent's pings when its request names none (the launcher names its own:
+# ``backend.agent_ping_every``); any frame sent counts as one, so a task that prints is not pinged for.
+PING_EVERY = 2.0
 LOST = threading.Event()  # the launcher is gone: stdin at EOF, or sshd hung up on us
 
 
@@ -124,9 +126,10 @@ def _die_with_agent() -> None:
 class Frames:
     """Writes frames to stdout; a broken connection makes writes no-ops, never errors."""
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
+    def __init__(self, fd: int = 1) -> None:
+        self.lock, self.fd = threading.Lock(), fd
         self.broken = False
+        self.sent = 0.0  # monotonic time of the last frame written
 
     def send(self, kind: bytes, payload: bytes) -> None:
         self.raw(kind + len(payload).to_bytes(4, "big") + payload)
@@ -137,7 +140,8 @@ class Frames:
         with self.lock:
             try:
                 while data:
-                    data = data[os.write(1, data):]
+                    data = data[os.write(self.fd, data):]
+                self.sent = time.monotonic()
             except OSError:
                 self.broken = True
 
@@ -208,10 +212,11 @@ def _zombie(pid: int) -> bool:
 def relay(child: subprocess.Popen[bytes], frames: Frames, commands: Commands, request: dict[str, Any]) -> int:
     """Relay output until the leader has exited and its group is gone; kill it if we are lost."""
     heartbeat_timeout, grace = request.get("heartbeat_timeout", 30.0), request.get("grace", 5.0)
+    ping_every = float(request.get("ping_every") or PING_EVERY)
     progress = files.Progress(request.get("progress_file"))
     fd, eof, reported = cast(IO[bytes], child.stdout).fileno(), False, False
     code: int | None = None
-    pinged = killing = 0.0
+    killing = 0.0
     while True:
         idle = True
         if not eof and select.select([fd], [], [], 0.1)[0]:
@@ -243,9 +248,8 @@ def relay(child: subprocess.Popen[bytes], frames: Frames, commands: Commands, re
             _killpg(child.pid, signal.SIGTERM)
         elif killing and now - killing > grace:
             _killpg(child.pid, signal.SIGKILL)
-        if now - pinged > PING_EVERY:
+        if now - frames.sent > ping_every:  # any frame is heard as one: only a silent task's agent pings
             frames.send(b"P", b"")
-            pinged = now
         progress.forward(frames.control, now)
 
 
