@@ -2,10 +2,9 @@
 
 It is not installed there. The launcher starts ``python -u -c BOOTSTRAP`` over SSH and
 sends this file's source (with ``agent_files.py`` and ``agent_firewall.py``, its file and
-firewall work) as the first stdin line,
-then JSON request lines. So the remote command line shows neither the job's arguments nor
-its environment (TF_CONFIG and the TFL_* variables travel in the request, never through
-``ps`` or a shell).
+firewall work) as the first stdin line, then JSON request lines. So the remote command line shows
+neither the job's arguments nor its environment (TF_CONFIG and the TFL_* variables travel in the
+request, never through ``ps`` or a shell).
 
 Every request but ``run`` is answered with one JSON line, and the agent then reads the
 next request, until stdin ends or a ``run`` request comes. ``tfl launch`` uses that to
@@ -62,9 +61,7 @@ except ImportError:  # imported in the launcher itself
     from launcher.engines.ssh.node import agent_firewall as firewall
 
 MARK = "\x1etfl\x1e"  # starts every reply; launcher.engines.ssh.wire.MARK
-# Seconds between the agent's pings when its request names none (the launcher names its own:
-# ``backend.agent_ping_every``); any frame sent counts as one, so a task that prints is not pinged for.
-PING_EVERY = 2.0
+PING_EVERY = 2.0  # s of silence before a ping, unless the request says (``backend.agent_ping_every``)
 LOST = threading.Event()  # the launcher is gone: stdin at EOF, or sshd hung up on us
 
 
@@ -127,8 +124,7 @@ class Frames:
     """Writes frames to stdout; a broken connection makes writes no-ops, never errors."""
 
     def __init__(self, fd: int = 1) -> None:
-        self.lock, self.fd = threading.Lock(), fd
-        self.broken = False
+        self.lock, self.fd, self.broken = threading.Lock(), fd, False
         self.sent = 0.0  # monotonic time of the last frame written
 
     def send(self, kind: bytes, payload: bytes) -> None:
@@ -212,7 +208,6 @@ def _zombie(pid: int) -> bool:
 def relay(child: subprocess.Popen[bytes], frames: Frames, commands: Commands, request: dict[str, Any]) -> int:
     """Relay output until the leader has exited and its group is gone; kill it if we are lost."""
     heartbeat_timeout, grace = request.get("heartbeat_timeout", 30.0), request.get("grace", 5.0)
-    ping_every = float(request.get("ping_every") or PING_EVERY)
     progress = files.Progress(request.get("progress_file"))
     fd, eof, reported = cast(IO[bytes], child.stdout).fileno(), False, False
     code: int | None = None
@@ -248,7 +243,7 @@ def relay(child: subprocess.Popen[bytes], frames: Frames, commands: Commands, re
             _killpg(child.pid, signal.SIGTERM)
         elif killing and now - killing > grace:
             _killpg(child.pid, signal.SIGKILL)
-        if now - frames.sent > ping_every:  # any frame is heard as one: only a silent task's agent pings
+        if now - frames.sent > float(request.get("ping_every") or PING_EVERY):  # any frame counts as a ping
             frames.send(b"P", b"")
         progress.forward(frames.control, now)
 
