@@ -158,8 +158,8 @@ def lost_host_section(cfg: Config, samples: dict[str, list[float]] | str) -> Sec
     section.headline = (f"noticed in {stats['noticed'].median:.1f} s, run ended in {stats['ended'].median:.1f} s, "
                         f"all stopped in {stats['fenced'].median:.1f} s (fence {FENCE:g} s)")
     section.notes = [
-        "How a cut is noticed: each agent pings every 2 s; a task silent for 5 s makes tfl try a TCP connection to its "
-        "host's sshd port (4 s at most); no answer = the host is lost, all its tasks at once "
+        "How a cut is noticed: each agent pings when it has sent nothing for 3.3 s; a task silent for 5 s makes tfl "
+        "try a TCP connection to its host's sshd port (4 s at most); no answer = the host is lost, all its tasks at once "
         "(launcher/engines/ssh/watch.py). A host that answers (a stuck agent) is left to the 30 s channel timeout.",
         "The cut host's task is stopped on the host itself by its agent once it has heard nothing for ssh.fence_after "
         "(then SIGTERM, 5 s grace, SIGKILL); tfl cannot reach it. The fence counts from the last ping the agent heard "

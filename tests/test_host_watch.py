@@ -94,3 +94,19 @@ def test_the_launcher_pings_each_agent_four_times_per_fence_and_every_2_s_at_mos
         gaps = {b - a for a, b in zip(task.sent, task.sent[1:], strict=False)}
         assert min(gaps) >= 2.0 and max(gaps) <= max(2.0, fence / 3), (fence, task.sent)
     assert [len(t.sent) for t in tasks.values()] == [31, 21, 8]  # every 2 s would be 31 each
+
+
+def test_an_agent_pings_within_the_watch_s_silence_and_the_channel_s_timeout() -> None:
+    """The agents' pings are an idle launcher's main cost, so they come seldom (every 3.3 s at the
+    users' 5 s of silence, not every 2 s), yet a live agent is never taken for silent: a ping may be
+    a third of the silence late before its host is even asked, and the channel's 30 s timeout sees
+    several. The run request carries the interval to the agent."""
+    from launcher.engines.ssh.backend import HEARTBEAT_TIMEOUT, SSHBackend, agent_ping_every
+    from launcher.plan.launch_plan import TaskLaunch
+    from launcher.tasks import TaskId
+
+    assert agent_ping_every(5.0) == 5.0 / 1.5 and agent_ping_every(3.0) == 2.0  # the users' watch; the test beds'
+    assert agent_ping_every(SILENT_AFTER) * 1.5 <= SILENT_AFTER and agent_ping_every(60.0) == HEARTBEAT_TIMEOUT / 4
+    launch = TaskLaunch(task=TaskId.parse("worker:0"), host="h", port=2222, argv=("python", "job.py"), env={}, cwd="/w",
+                        log_path="/l", progress_path="/p")
+    assert SSHBackend._request(launch, 0)["ping_every"] == agent_ping_every()

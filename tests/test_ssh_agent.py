@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -241,3 +242,66 @@ def test_one_session_checks_unpacks_then_runs_with_the_shipped_kit_first(tmp_pat
     finally:
         agent.kill()
         agent.wait()
+
+
+def test_the_agent_pings_only_after_ping_every_seconds_of_silence_its_output_counting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each ping is a packet the launcher must handle (most of an idle launcher's CPU at hundreds of
+    tasks): the agent pings at the interval its request names, and output sent is as good as a ping.
+    The agent's clock is a fake one the test moves; the job is ``cat``, which prints what it is given."""
+    from types import SimpleNamespace
+
+    from launcher.engines.ssh.node import agent
+
+    now = [100.0]
+    monkeypatch.setattr(agent, "time", SimpleNamespace(monotonic=lambda: now[0], sleep=time.sleep))
+    read_end, write_end = os.pipe()
+    child = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    assert child.stdin is not None
+    commands = SimpleNamespace(heard=1e12)  # the launcher is never silent here
+    request = {"ping_every": 3.0, "heartbeat_timeout": 1e9, "grace": 1.0}
+    relay = threading.Thread(target=agent.relay, args=(child, agent.Frames(write_end), commands, request), daemon=True)
+    seen: list[tuple[bytes, bytes]] = []
+
+    def frame() -> tuple[bytes, bytes]:
+        head = os.read(read_end, 5)
+        assert len(head) == 5
+        body = os.read(read_end, int.from_bytes(head[1:], "big")) if head[1:] != b"\0\0\0\0" else b""
+        seen.append((head[:1], body))
+        return seen[-1]
+
+    def say(line: bytes) -> None:
+        child.stdin.write(line)  # type: ignore[union-attr]
+        child.stdin.flush()  # type: ignore[union-attr]
+        assert frame() == (b"O", line)
+
+    def no_ping_after(seconds: float) -> None:
+        now[0] += seconds
+        time.sleep(0.5)  # the relay loop checks every 0.1 s: a ping due would be written by now
+        os.set_blocking(read_end, False)
+        try:
+            unread = os.read(read_end, 5)
+        except BlockingIOError:
+            unread = b""  # nothing written since
+        finally:
+            os.set_blocking(read_end, True)
+        assert unread == b"", (unread, seen)
+
+    try:
+        relay.start()
+        assert frame() == (b"P", b"")  # silent since it started: a ping at once
+        say(b"a\n")
+        no_ping_after(2.9)
+        say(b"b\n")  # output, not a ping: the ping's clock starts again from here
+        no_ping_after(2.9)  # 5.8 s after the last ping: the old agent pinged every 2 s
+        now[0] += 0.2  # 3.1 s of silence
+        assert frame() == (b"P", b"")
+        child.stdin.close()
+        relay.join(30)
+        assert not relay.is_alive() and child.wait(10) == 0
+        assert json.loads(frame()[1]) == {"exit": 0}
+    finally:
+        child.kill()
+        child.wait(10)
+        os.close(read_end)
+        os.close(write_end)
+    assert not pid_alive(child.pid)

@@ -7,8 +7,8 @@ session, and sends back its pid, its output, progress updates and finally its ex
 Output goes into the task's local log file, where the usual follower prefixes it.
 
 Teardown: a signal becomes a ``{"signal": N}`` line, which the agent sends to the job's
-process group. The agent pings every ``agent.PING_EVERY`` (2) s, which the lost-host watch
-times; we ping it four times per its fence (``ping_every``), every 2 s at least. The agent kills
+process group. The agent pings when it has sent nothing for ``agent_ping_every`` (3.3) s, which
+the lost-host watch times; we ping it four times per its fence (``ping_every``), every 2 s at least. The agent kills
 the group when its stdin ends or our pings stop for ``ssh.fence_after`` (launcher killed,
 connection dropped), and we report the task as failed (exit code ``CONNECTION_LOST``) when the
 agent falls silent.
@@ -33,7 +33,7 @@ from launcher.engines.ssh.pool import HEARTBEAT_TIMEOUT, HostPool
 from launcher.engines.ssh.prepare import cleanup_hosts, prepare_hosts
 from launcher.engines.ssh.probe import probe_hosts
 from launcher.engines.ssh.restart import PREDECESSOR_WAIT, stop_lost_attempt
-from launcher.engines.ssh.watch import CHECK_EVERY, HostWatch, reachable
+from launcher.engines.ssh.watch import CHECK_EVERY, SILENT_AFTER, HostWatch, reachable
 from launcher.engines.ssh.wire import MARK, agent_request, python_failure
 from launcher.files import open_private, write_atomic
 from launcher.limits import FOLLOW_OPEN, OWN_ERRNOS, check_open_files, limit_error
@@ -56,6 +56,12 @@ KILL_GRACE = DEFAULT_GRACE_S
 START_TIMEOUT = 60.0  # for the agent to report the job's pid (python startup on a busy host)
 CONNECTION_LOST = 255  # ssh's own exit status for "the connection failed"
 PING = {"ping": 1}
+# An agent's pings per ``watch.SILENT_AFTER``: each is a packet this launcher decrypts and hands from
+# its connection's thread to the task's reader thread, two wakeups, most of what an idle launcher of
+# hundreds of tasks spends (an agent's ping costs it about three of its own to an agent). At 5 s, a
+# ping every 3.3 s (the agent's old 2 s cost 50 % more); one late by more than 1.7 s costs a probe
+# of a host that answers, nothing more.
+AGENT_PINGS_PER_SILENCE = 1.5
 
 
 class RemoteTask:
@@ -175,6 +181,12 @@ class RemoteTask:
     def _write(self, data: bytes) -> None:
         self._log.write(data)
         self._log.flush()
+
+
+def agent_ping_every(silent_after: float = SILENT_AFTER) -> float:
+    """Seconds an agent may stay silent before it pings us (its run request says so): seldom, yet
+    within the watch's silence (``SILENT_AFTER``) and well within the channel's ``HEARTBEAT_TIMEOUT``."""
+    return min(silent_after / AGENT_PINGS_PER_SILENCE, HEARTBEAT_TIMEOUT / 4)
 
 
 def ping_every(fence_after: float) -> float:
@@ -299,6 +311,7 @@ class SSHBackend:
             "mode": "run", "argv": list(launch.argv), "env": {**launch.env, ATTEMPT: str(attempt)},
             "cwd": launch.cwd, "mkdirs": [os.path.dirname(progress)] if progress else [], "progress_file": progress,
             "heartbeat_timeout": launch.ssh.fence_after if launch.ssh else HEARTBEAT_TIMEOUT, "grace": KILL_GRACE,
+            "ping_every": agent_ping_every(),
         }
 
     def _stop_lost_attempt(self, launch: TaskLaunch) -> str | None:

@@ -7,7 +7,7 @@ as the task only if its create time matches the recorded one, since pids get reu
 fabric is imported only when a host is actually asked.
 
 ``tfl status RUN`` of a run whose launcher is alive here asks no host once the run has more
-than ``ASK_UP_TO`` of them: the launcher hears every agent every 2 s and records each task it
+than ``ASK_UP_TO`` of them: the launcher hears every agent every 3.3 s at least and records each task it
 sees end, so its record is the truth at any size, and connecting to hundreds of hosts is not
 (about 35 ms of CPU each, seconds at 256 hosts). A smaller run, or one whose launcher is
 gone, is asked host by host, all at once, for at most ``STATUS_WAIT`` s: a host that has not
@@ -152,7 +152,7 @@ def inspect(record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
     for name, info in remote_task_info(record, wait=STATUS_WAIT).items():
         if name not in running:
             continue
-        if "no_answer" in info:  # alive as far as a live launcher knows: it hears the task's agent every 2 s
+        if "no_answer" in info:  # alive as far as a live launcher knows: it hears the task's agent every 3.3 s at least
             live[name] = TaskLive(alive=launcher_alive, state=NO_ANSWER)
             continue
         if "error" in info:

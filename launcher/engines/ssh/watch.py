@@ -1,6 +1,7 @@
 """Which hosts still answer: a host that stopped answering is known lost within seconds.
 
-Every agent pings its launcher every ``agent.PING_EVERY`` (2) s on its task's channel. A task
+Every agent pings its launcher on its task's channel when it has sent nothing for
+``backend.agent_ping_every`` (3.3 s: ``SILENT_AFTER`` / 1.5; its task's output counts). A task
 whose channel has said nothing for ``SILENT_AFTER`` s makes us ask its host the cheapest
 question there is: a TCP connection to its sshd's port, within ``PROBE_TIMEOUT`` s. A host
 whose kernel answers is up (the agent is stuck, or slow: its channel's own timeout,
@@ -33,7 +34,7 @@ from typing import Protocol
 from launcher.errors import ResourceLimitError
 from launcher.limits import OWN_ERRNOS, limit_error
 
-SILENT_AFTER = float(os.environ.get("TFL_TEST_SILENT_AFTER") or 5.0)  # two missed pings
+SILENT_AFTER = float(os.environ.get("TFL_TEST_SILENT_AFTER") or 5.0)  # a ping 1.7 s late
 PROBE_TIMEOUT = float(os.environ.get("TFL_TEST_PROBE_TIMEOUT") or 4.0)
 CHECK_EVERY = 1.0
 

@@ -53,9 +53,13 @@ def agent_command(python: str) -> str:
     return f"exec {shlex.join([python, '-u', '-c', BOOTSTRAP])}"
 
 
+# The agent's first stdin line, encoded once: it goes to every task's agent (38 KB of JSON, 0.2 ms each).
+_SOURCES_LINE = (json.dumps(AGENT_SOURCES) + "\n").encode()
+
+
 def agent_input(request: dict[str, Any] | None) -> bytes:
     """The agent's stdin: its source, then the request (None: the request follows later)."""
-    return (json.dumps(AGENT_SOURCES) + "\n" + (json.dumps(request) + "\n" if request else "")).encode()
+    return _SOURCES_LINE + ((json.dumps(request) + "\n").encode() if request else b"")
 
 
 def agent_request(conn: Connection, python: str, request: dict[str, Any], timeout: float = 60.0) -> Any:

@@ -2,10 +2,9 @@
 
 It is not installed there. The launcher starts ``python -u -c BOOTSTRAP`` over SSH and
 sends this file's source (with ``agent_files.py`` and ``agent_firewall.py``, its file and
-firewall work) as the first stdin line,
-then JSON request lines. So the remote command line shows neither the job's arguments nor
-its environment (TF_CONFIG and the TFL_* variables travel in the request, never through
-``ps`` or a shell).
+firewall work) as the first stdin line, then JSON request lines. So the remote command line shows
+neither the job's arguments nor its environment (TF_CONFIG and the TFL_* variables travel in the
+request, never through ``ps`` or a shell).
 
 Every request but ``run`` is answered with one JSON line, and the agent then reads the
 next request, until stdin ends or a ``run`` request comes. ``tfl launch`` uses that to
@@ -62,7 +61,7 @@ except ImportError:  # imported in the launcher itself
     from launcher.engines.ssh.node import agent_firewall as firewall
 
 MARK = "\x1etfl\x1e"  # starts every reply; launcher.engines.ssh.wire.MARK
-PING_EVERY = 2.0  # seconds between the agent's pings; the launcher expects one at least this often
+PING_EVERY = 2.0  # s of silence before a ping, unless the request says (``backend.agent_ping_every``)
 LOST = threading.Event()  # the launcher is gone: stdin at EOF, or sshd hung up on us
 
 
@@ -124,9 +123,9 @@ def _die_with_agent() -> None:
 class Frames:
     """Writes frames to stdout; a broken connection makes writes no-ops, never errors."""
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.broken = False
+    def __init__(self, fd: int = 1) -> None:
+        self.lock, self.fd, self.broken = threading.Lock(), fd, False
+        self.sent = 0.0  # monotonic time of the last frame written
 
     def send(self, kind: bytes, payload: bytes) -> None:
         self.raw(kind + len(payload).to_bytes(4, "big") + payload)
@@ -137,7 +136,8 @@ class Frames:
         with self.lock:
             try:
                 while data:
-                    data = data[os.write(1, data):]
+                    data = data[os.write(self.fd, data):]
+                self.sent = time.monotonic()
             except OSError:
                 self.broken = True
 
@@ -211,7 +211,7 @@ def relay(child: subprocess.Popen[bytes], frames: Frames, commands: Commands, re
     progress = files.Progress(request.get("progress_file"))
     fd, eof, reported = cast(IO[bytes], child.stdout).fileno(), False, False
     code: int | None = None
-    pinged = killing = 0.0
+    killing = 0.0
     while True:
         idle = True
         if not eof and select.select([fd], [], [], 0.1)[0]:
@@ -243,9 +243,8 @@ def relay(child: subprocess.Popen[bytes], frames: Frames, commands: Commands, re
             _killpg(child.pid, signal.SIGTERM)
         elif killing and now - killing > grace:
             _killpg(child.pid, signal.SIGKILL)
-        if now - pinged > PING_EVERY:
+        if now - frames.sent > float(request.get("ping_every") or PING_EVERY):  # any frame counts as a ping
             frames.send(b"P", b"")
-            pinged = now
         progress.forward(frames.control, now)
 
 
