@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import logging
 import threading
 from pathlib import Path
 from typing import Any, NoReturn
@@ -138,6 +139,32 @@ def test_a_worker_whose_goodbye_goes_unanswered_says_so_and_leaves(capsys: pytes
                        leave=lambda: leaver(events, "w0"))
     assert events[-2:] == [f"w0 set {GONE}worker:0", "w0 left"]
     assert "jobkit: worker:0 got no answer from the chief (ConnectionError); it leaves anyway" in capsys.readouterr().out
+
+
+def test_a_leaving_worker_flushes_the_log_handlers_and_closes_none() -> None:
+    """The CI run's lesson: logging.shutdown() here closed absl's handler, which closes a stream
+    not its own (pytest's capture file, in the suite's worker), and every later test failed."""
+    seen: list[str] = []
+
+    class Handler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None: ...
+        def flush(self) -> None:
+            seen.append("flushed")
+
+        def close(self) -> None:
+            seen.append("closed")
+            super().close()
+
+    handler = Handler()
+    logger = logging.getLogger("tfl-test-finish-flush")
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(Left):
+            leave_together(TaskContext("worker", 1, CLUSTER), FakeCoordination([], "w1"), barrier_timeout_s=1,
+                           leave=lambda: leaver([], "w1"))
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["flushed"]
 
 
 class FailedPrecondition(Exception):

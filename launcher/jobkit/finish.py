@@ -152,7 +152,16 @@ def _send(call: Callable[[], Any]) -> str | None:
 
 
 def _flush() -> None:
-    logging.shutdown()
+    """What was logged and printed reaches its file before `os._exit`. Flushed, not closed
+    (`logging.shutdown()` closed them): absl's handler, which TensorFlow installs, closes any
+    stream that is not sys's at that moment, and a process that goes on (a test's) lost it."""
+    named = logging.Logger.manager.loggerDict.values()
+    loggers = [logging.getLogger(), *(lg for lg in named if isinstance(lg, logging.Logger))]
+    for handler in {h for lg in loggers for h in lg.handlers}:
+        try:
+            handler.flush()
+        except (OSError, ValueError):  # a handler whose stream is already gone
+            pass
     sys.stdout.flush()
     sys.stderr.flush()
 
