@@ -30,9 +30,10 @@ def free_ports(count: int) -> list[int]:
         for _ in range(_TRIES * max(count, 1)):
             if len(picked) == count:
                 break
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            held.append(sock)  # held until the end: the kernel does not hand the same port out twice
-            sock.bind(("0.0.0.0", 0))
+            sock = _wildcard(0)  # the kernel's port; held until the end, so it is not handed out twice
+            if sock is None:
+                continue
+            held.append(sock)
             port = int(sock.getsockname()[1])
             if _ipv6_free(port):
                 picked.append(port)
@@ -46,12 +47,23 @@ def free_ports(count: int) -> list[int]:
 
 def free_everywhere(port: int) -> bool:
     """True if a server could bind ``port`` on every IPv4 and IPv6 address now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return False
+    sock = _wildcard(port)
+    if sock is None:
+        return False
+    sock.close()
     return _ipv6_free(port)
+
+
+def _wildcard(port: int) -> socket.socket | None:
+    """A socket bound to IPv4's wildcard address at ``port`` (0: the kernel's choice), or None
+    if an address holds it. The one bind that decides "free", for the picker and the check."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("0.0.0.0", port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 def _ipv6_free(port: int) -> bool:
