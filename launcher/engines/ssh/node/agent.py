@@ -208,6 +208,7 @@ def _zombie(pid: int) -> bool:
 def relay(child: subprocess.Popen[bytes], frames: Frames, commands: Commands, request: dict[str, Any]) -> int:
     """Relay output until the leader has exited and its group is gone; kill it if we are lost."""
     heartbeat_timeout, grace = request.get("heartbeat_timeout", 30.0), request.get("grace", 5.0)
+    ping_every = float(request.get("ping_every") or PING_EVERY)
     progress = files.Progress(request.get("progress_file"))
     fd, eof, reported = cast(IO[bytes], child.stdout).fileno(), False, False
     code: int | None = None
@@ -243,7 +244,7 @@ def relay(child: subprocess.Popen[bytes], frames: Frames, commands: Commands, re
             _killpg(child.pid, signal.SIGTERM)
         elif killing and now - killing > grace:
             _killpg(child.pid, signal.SIGKILL)
-        if now - frames.sent > float(request.get("ping_every") or PING_EVERY):  # any frame counts as a ping
+        if now - frames.sent > ping_every:  # any frame counts as a ping
             frames.send(b"P", b"")
         progress.forward(frames.control, now)
 
