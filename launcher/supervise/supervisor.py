@@ -142,17 +142,17 @@ class Supervisor:
         round trip. A task that cannot start raises, once every other start has been recorded
         (so that the teardown stops them)."""
         launches = [t for t in self.plan.tasks if t.name not in self._procs]
-        concurrent = launches if self._backend.concurrent_start and len(launches) > 1 else []
-        for launch in launches:
-            if self._stop_requested:
-                return
-            if launch not in concurrent:
+        if not (self._backend.concurrent_start and len(launches) > 1):
+            for launch in launches:
+                if self._stop_requested:
+                    return
                 self._start(launch)
-        if not concurrent:
+            return
+        if self._stop_requested:
             return
         attempt = self.record.attempt
-        with ThreadPoolExecutor(max_workers=min(START_WORKERS, len(concurrent)), thread_name_prefix="start") as pool:
-            futures = [(t, pool.submit(self._backend.start, t, attempt)) for t in concurrent]
+        with ThreadPoolExecutor(max_workers=min(START_WORKERS, len(launches)), thread_name_prefix="start") as pool:
+            futures = [(t, pool.submit(self._backend.start, t, attempt)) for t in launches]
         errors = []
         for launch, future in futures:  # every start is done here; recorded in plan order
             try:
