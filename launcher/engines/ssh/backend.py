@@ -237,6 +237,7 @@ class SSHBackend:
         self._caches: dict[str, str] = {}  # host -> its per-user tfl dir, once ready (``hosts.HOST_CACHE``)
         self._cleaned = False
         self._tasks: list[RemoteTask] = []
+        self._attempts: dict[str, list[RemoteTask]] = {}  # task name -> its attempts here, in order
         self._closing = threading.Event()
         self._pinger: threading.Thread | None = None
         self._pinger_lock = threading.Lock()
@@ -300,6 +301,7 @@ class SSHBackend:
             cause = task.header.get("error") or python_failure(python, code, task.header.get("stderr", "").encode(), launch.host)
             raise SSHError(launch.host, cause, launch.name)
         self._tasks.append(task)
+        self._attempts.setdefault(launch.name, []).append(task)
         self._ensure_pinger()
         return TaskProcess(launch=launch, attempt=attempt, pid=task.header["pid"], pgid=task.header["pgid"],
                            create_time=task.header.get("create_time"), handle=task, start_ticks=task.header.get("start_ticks"))
@@ -316,7 +318,7 @@ class SSHBackend:
 
     def _stop_lost_attempt(self, launch: TaskLaunch) -> str | None:
         """The task's previous attempt, lost with its connection, stopped first (``restart``)."""
-        lost = [t for t in self._tasks if t.launch.name == launch.name and t.lost]
+        lost = [t for t in self._attempts.get(launch.name, []) if t.lost]  # not a walk of every task: starts stay linear
         if not lost or launch.ssh is None:
             return None
         conn = self._pool.get(launch.ssh)
