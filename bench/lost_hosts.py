@@ -163,7 +163,8 @@ def lost_host_section(cfg: Config, samples: dict[str, list[float]] | str) -> Sec
         "(launcher/engines/ssh/watch.py). A host that answers (a stuck agent) is left to the 30 s channel timeout.",
         "The cut host's task is stopped on the host itself by its agent once it has heard nothing for ssh.fence_after "
         "(then SIGTERM, 5 s grace, SIGKILL); tfl cannot reach it. The fence counts from the last ping the agent heard "
-        "(tfl pings every 2 s), up to 2 s before the cut, so that figure lies between the fence less 2 s and the fence "
+        "(tfl pings four times per fence, every 2 s at least: 2.5 s at this fence), up to 2.5 s before the cut, so that "
+        "figure lies between the fence less 2.5 s and the fence "
         "plus the agent's 0.1 s check.",
         "A launcher killed with -9 on a working network: the kernel closes its SSH connections, each sshd ends the "
         "session, each agent sees its stdin end and stops its task at once; on a cut network the fence applies instead.",
