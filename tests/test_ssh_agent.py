@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -263,6 +264,7 @@ def test_the_agent_pings_only_after_ping_every_seconds_of_silence_its_output_cou
     seen: list[tuple[bytes, bytes]] = []
 
     def frame() -> tuple[bytes, bytes]:
+        assert select.select([read_end], [], [], 30)[0], ("no frame within 30 s (a hang guard)", seen)
         head = os.read(read_end, 5)
         assert len(head) == 5
         body = os.read(read_end, int.from_bytes(head[1:], "big")) if head[1:] != b"\0\0\0\0" else b""

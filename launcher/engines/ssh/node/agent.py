@@ -6,9 +6,8 @@ firewall work) as the first stdin line, then JSON request lines. So the remote c
 neither the job's arguments nor its environment (TF_CONFIG and the TFL_* variables travel in the
 request, never through ``ps`` or a shell).
 
-Every request but ``run`` is answered with one JSON line, and the agent then reads the
-next request, until stdin ends or a ``run`` request comes. ``tfl launch`` uses that to
-check the host, unpack the code and then run the task over one SSH session per task.
+Every request but ``run`` is answered with one JSON line; the agent then reads the next request, until stdin
+ends or a ``run`` request comes. So ``tfl launch`` checks the host, unpacks the code, then runs the task (a session each).
 
 Modes of a request:
 
@@ -125,7 +124,7 @@ class Frames:
 
     def __init__(self, fd: int = 1) -> None:
         self.lock, self.fd, self.broken = threading.Lock(), fd, False
-        self.sent = 0.0  # monotonic time of the last frame written
+        self.sent = 0.0  # monotonic time the last frame was begun: stamped before its write, never after it is read
 
     def send(self, kind: bytes, payload: bytes) -> None:
         self.raw(kind + len(payload).to_bytes(4, "big") + payload)
@@ -135,9 +134,9 @@ class Frames:
             return
         with self.lock:
             try:
+                self.sent = time.monotonic()
                 while data:
                     data = data[os.write(self.fd, data):]
-                self.sent = time.monotonic()
             except OSError:
                 self.broken = True
 
