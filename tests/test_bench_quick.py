@@ -20,7 +20,7 @@ from bench.report import RAW_BEGIN, RAW_END
 from tests.conftest import ROOT
 from tests.procs import kill_group, tfl_processes
 
-pytestmark = pytest.mark.slow  # about 60 s: real processes, a few hundred launches' worth of Python start-ups
+pytestmark = pytest.mark.slow  # about 3 min alone (168 s quiet; 257 s in the full suite): real processes, beds, Slurm
 
 SECTIONS = ("1. CLI latency", "2. Launch overhead", "3. Failure → teardown", "4. Scaling", "5. Supervisor cost",
             "6. Restart cost", "7. Throughput", "8. Training throughput", "9. Chaos", "10. Slurm",

@@ -7,7 +7,7 @@ neither the job's arguments nor its environment (TF_CONFIG and the TFL_* variabl
 request, never through ``ps`` or a shell).
 
 Every request but ``run`` is answered with one JSON line; the agent then reads the next request, until stdin
-ends or a ``run`` request comes. So ``tfl launch`` checks the host, unpacks the code, then runs the task (a session each).
+ends or a ``run`` request comes. So ``tfl launch`` checks the host, unpacks the code, then runs each task in its own SSH session.
 
 Modes of a request:
 
