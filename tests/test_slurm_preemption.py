@@ -29,7 +29,7 @@ echo "${TFL_ATTEMPT:-} $*" >> "$FAKE/calls"
 echo $$ > "$FAKE/training.pid"
 case " ${PREEMPT_ATTEMPTS:-} " in
   *" $TFL_ATTEMPT "*)
-    trap 'kill $!; printf "%s" "$LINES" >&2; exit 170' TERM
+    trap 'kill $!; printf "%s" "$LINES" >&2; exit ${STEP_EXIT:-170}' TERM
     touch "$FAKE/waiting.$TFL_ATTEMPT"
     sleep 300 & wait ;;
 esac
@@ -127,6 +127,27 @@ def test_a_real_failure_before_the_170s_counts_as_a_failure(tmp_path: Path) -> N
     err = finish(script)
     assert script.returncode == 170 and "training 1 start" not in events(tmp_path), err  # no restart left
     assert not preempted_step(170, lines) and preempted_step(170, PREEMPTED_LINES) and not preempted_step(143, PREEMPTED_LINES)
+
+
+@pytest.mark.parametrize(("first", "preempted"), [("srun: error: n2: task 1: Exited with exit code 170\n", True),
+                                                   ("srun: error: n2: task 1: Exited with exit code 3\n", False)])
+def test_a_step_that_srun_ends_143_after_its_first_task_saved_and_left_was_preempted(
+        tmp_path: Path, first: str, preempted: bool) -> None:
+    """Under load Slurm's SIGTERM may reach one task late: the other saved and left first, and srun's
+    --kill-on-bad-exit then ended the late one in its handler. srun says 143, the step was preempted."""
+    lines = (first + "srun: launch/slurm: _step_signal: Terminating StepId=7.0\n"
+             "srun: error: n1: task 0: Terminated\nsrun: Force Terminated StepId=7.0\n")
+    script = start_script(tmp_path, batch(str(tmp_path), restarts=0),
+                          preemptible(tmp_path, PREEMPT_ATTEMPTS="0", LINES=lines, STEP_EXIT="143"))
+    notice_when_waiting(tmp_path, script, 0)
+    err = finish(script)
+    training = [e for e in events(tmp_path) if e.startswith("training")]
+    if preempted:  # --max-restarts 0: only a preemption restarts
+        assert script.returncode == 0, err
+        assert training == ["training 0 start", "training 0 exit 170", "training 1 start", "training 1 exit 0"]
+        assert "tfl: training preempted; restart without counting (1 of at most 100 preemptions)" in err
+    else:
+        assert script.returncode == 143 and training == ["training 0 start", "training 0 exit 143"], err
 
 
 def test_no_restart_once_slurm_ends_the_job(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ that says what happened (``Outcome.ended_by``).
 
 A step whose first failed task exited with ``contract.PREEMPTED_EXIT_CODE`` (170) was
 preempted: every task that exited 170 saved the agreed checkpoint, and each reports 170 with
-"preempted" as what ended it. The batch script applies the same rule (``preempted_step`` in
+"preempted" as what ended it (the batch script notes such a step's exit as 170 even when srun,
+having ended the rest, says 143). The batch script applies the same rule (``preempted_step`` in
 ``launcher.engines.slurm.script``) to restart such a step without counting it against max_restarts.
 """
 

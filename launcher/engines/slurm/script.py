@@ -314,6 +314,9 @@ def _training_loop(batch: BatchJob) -> list[str]:
         f"  note {EVENT_TRAINING} $attempt start",
         f"  TFL_ATTEMPT=$attempt {srun} 2> {err_path} &",
         "  wait_step $!; status=$?",
+        # The step's first task to end saved the agreed checkpoint and left: srun then ended the others
+        # (--kill-on-bad-exit), which may make its own status 143. The step was preempted all the same.
+        f"  if [ $status -ne 0 ] && [ -z \"$stopping\" ] && preempted_step {err_path}; then status={PREEMPTED_EXIT_CODE}; fi",
         *(check_lines([batch.python, "-m", TASK_DRIVER], err_path) if elastic else []),
         f"  note {EVENT_TRAINING} $attempt exit $status",
         "  if [ $status -eq 0 ] || [ -n \"$stopping\" ]; then break; fi",
