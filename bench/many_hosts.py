@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 
 from bench.common import PYTHON, ROOT, BenchError, Section, Stats, Workspace, load1, tfl_command
-from bench.config import Config, timestamp
+from bench.config import Config, machine, timestamp
 from bench.report import section_lines, summary_row
 from tests.bedjob import cluster_for, loops_job, only_sshds, record, run_id, wait_recorded, wait_up
 from tests.netbed import NetBed, make_netbed, netbed_available
@@ -336,13 +336,15 @@ def main(argv: list[str] | None = None) -> int:
     section = many_hosts_section(cfg, runs)
     section.took_s, section.load, section.measured_at = time.monotonic() - started, (load0, load1()), when
     argv_text = " ".join(argv if argv is not None else sys.argv[1:])
+    on = machine()  # launch CPU is seconds of this CPU: another machine's figures compare only as ratios to their goals
+    section.notes.append(f"Machine: {on['cpu']}, {on['cores']} cores, {on['memory']}; Python {on['python']}, {on['openssh']}.")
     section.notes.append(f"Measured by `sudo uv run python -m bench.many_hosts {argv_text}`".rstrip() + " (not by `python -m bench`, "
                          "which re-renders the whole report); raw samples: docs/samples/many-hosts.jsonl.")
     write_section(args.out, section)
     args.raw.parent.mkdir(parents=True, exist_ok=True)
     with args.raw.open("a") as raw:
         raw.write(json.dumps({"command": f"python -m bench.many_hosts {argv_text}".strip(), "measured_at": when,
-                              "took_s": round(section.took_s, 1), "load": section.load, **section.raw}) + "\n")
+                              "took_s": round(section.took_s, 1), "load": section.load, "machine": on, **section.raw}) + "\n")
     print("\n".join(section_lines(section)))
     return 0
 
