@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib
 import logging
+import re
 import threading
 from pathlib import Path
 from typing import Any, NoReturn
@@ -122,7 +123,19 @@ def test_a_peer_that_never_comes_sends_the_task_the_slow_way(capsys: pytest.Capt
     leave_together(TaskContext("chief", 0, CLUSTER), FakeCoordination(events, "c", fail_get=True),
                    barrier_timeout_s=1, leave=lambda: leaver(events, "c"))
     assert events == [f"c got {AT}worker:0"]
-    assert "not every training task reached the end (TimeoutError)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "not every training task reached the end (TimeoutError after " in out
+    # What the task was doing is said, so that a failed meeting can be told apart from another.
+    assert "s, chief:0 waiting for worker:0 to arrive: a peer never came); exiting the slow way" in out
+
+
+def test_a_worker_whose_go_never_comes_says_its_arrival_was_answered(capsys: pytest.CaptureFixture[str]) -> None:
+    events: list[str] = []
+    leave_together(TaskContext("worker", 1, CLUSTER), FakeCoordination(events, "w1", fail_get=True),
+                   barrier_timeout_s=1, leave=lambda: leaver(events, "w1"))
+    assert events == [f"w1 set {AT}worker:1", f"w1 got {GO}"]
+    out = capsys.readouterr().out
+    assert re.search(r"worker:1 waiting for the chief's go \(its arrival said after \d+\.\d\d s\): a peer never came\)", out), out
 
 
 def test_a_worker_whose_goodbye_goes_unanswered_says_so_and_leaves(capsys: pytest.CaptureFixture[str]) -> None:

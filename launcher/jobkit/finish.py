@@ -91,16 +91,24 @@ def leave_together(context: TaskContext, coordination: Coordination, *, barrier_
     deadline = started + barrier_timeout_s
     mine = f"{context.task_type}:{context.task_index}"
     others = [task for task in training_tasks(context) if task != mine]
+    step = ""  # what this task was doing when the meeting failed: said, so that a failure can be told apart
     try:
         if context.is_chief:
             for task in others:
+                step = f"waiting for {task} to arrive"
                 coordination.get_config_key_value(barrier + ARRIVED + task, _ms_until(deadline))
+            step = "saying go"
             coordination.set_config_key_value(barrier + GO, "1")
         else:
+            step = "saying it arrived"
             coordination.set_config_key_value(barrier + ARRIVED + mine, "1")
+            step = f"waiting for the chief's go (its arrival said after {time.monotonic() - started:.2f} s)"
             coordination.get_config_key_value(barrier + GO, _ms_until(deadline))
     except errors as exc:
-        print(f"jobkit: not every training task reached the end ({type(exc).__name__}); exiting the slow way", flush=True)
+        said = str(exc).strip().splitlines()[:1]
+        print(f"jobkit: not every training task reached the end ({type(exc).__name__} after "
+              f"{time.monotonic() - started:.1f} s, {mine} {step}{': ' + said[0][:200] if said else ''}); "
+              "exiting the slow way", flush=True)
         return
     if not context.is_chief:
         print(f"jobkit: every training task done (waited {time.monotonic() - started:.2f} s); {mine} leaves at "
