@@ -1,6 +1,6 @@
 """The console follower (``views.logs``) looks at a log's size before opening it: idle logs are
 never reopened, growing ones stay open (at most ``FOLLOW_OPEN`` at once), and a log truncated or
-replaced at its path is read again from its start (issue 29)."""
+replaced at its path is read again from its start (issue 29). ``tfl logs --tail N``."""
 
 from __future__ import annotations
 
@@ -29,12 +29,12 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-def follower_of(tmp_path: Path, count: int) -> tuple[LogFollower, list[Path], io.StringIO]:
+def follower_of(tmp_path: Path, count: int, tail: int | None = None) -> tuple[LogFollower, list[Path], io.StringIO]:
     paths = [tmp_path / f"worker-{i}.log" for i in range(count)]
     for path in paths:
         path.write_text("")
     out = io.StringIO()
-    return LogFollower([(f"worker:{i}", str(p)) for i, p in enumerate(paths)], out), paths, out
+    return LogFollower([(f"worker:{i}", str(p)) for i, p in enumerate(paths)], out, tail=tail), paths, out
 
 
 def own_fds() -> int:
@@ -115,3 +115,50 @@ def test_a_log_that_appears_later_is_read_from_its_start(tmp_path: Path) -> None
     follower.poll_once()
     follower.stop()
     assert out.getvalue() == "[chief:0] hello\n"
+
+
+def test_tail_shows_each_task_s_last_lines_then_every_new_one(tmp_path: Path) -> None:
+    follower, paths, out = follower_of(tmp_path, 2, tail=2)
+    paths[0].write_text("".join(f"a{i}\n" for i in range(5)) + "a5 unended")  # a last line without its newline counts
+    paths[1].write_text("b0\n")
+    follower.poll_once(final=True)
+    assert out.getvalue().splitlines() == ["[worker:0] a4", "[worker:0] a5 unended", "[worker:1] b0"]
+    with paths[0].open("a") as f:
+        f.write("\n".join(f"later {i}" for i in range(4)) + "\n")
+    follower.poll_once()  # what came after the first look is shown whole
+    assert out.getvalue().splitlines()[3:] == [f"[worker:0] later {i}" for i in range(4)]
+
+
+def test_tfl_logs_tail_and_its_bad_value(tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    import subprocess
+    import sys
+
+    from launcher.records.states import RunState, TaskState
+    from launcher.records.store import RunRecord, RunStore, TaskRecord
+    from tests.conftest import ROOT
+
+    store = RunStore(tfl_home)
+    run_dir = store.run_dir("job-1")
+    tasks = []
+    for name in ("chief:0", "worker:0"):
+        log = run_dir / "logs" / f"{name.replace(':', '-')}.log"
+        tasks.append(TaskRecord(task=name, host="localhost", backend="local", log_path=str(log),
+                                progress_path=str(run_dir / "progress" / f"{name.replace(':', '-')}.json"),
+                                state=TaskState.SUCCEEDED))
+    store.create(RunRecord(run_id="job-1", job="job.py", job_args=[], run_dir=str(run_dir), created=1.0,
+                           state=RunState.SUCCEEDED, ended=2.0, exit_code=0, tasks=tasks))
+    (run_dir / "logs" / "chief-0.log").write_text("".join(f"step {i}\n" for i in range(30)))
+    (run_dir / "logs" / "worker-0.log").write_text("only line\n")
+
+    def tfl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "launcher", *args], env=child_env, cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+
+    done = tfl("logs", "job-1", "-n", "3")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[chief:0]  step 27", "[chief:0]  step 28", "[chief:0]  step 29",
+                                        "[worker:0] only line"]
+    done = tfl("logs", "job-1", "--tail", "0", "--task", "chief:0")
+    assert done.returncode == 0 and done.stdout == ""
+    done = tfl("logs", "job-1", "--tail", "-1")
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "--tail" in done.stderr, done.stderr

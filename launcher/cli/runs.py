@@ -122,6 +122,8 @@ def logs(
     task: str | None = typer.Option(None, "--task", "-t", help="only this task, e.g. chief:0"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the run ends"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="also show TensorFlow's known start-up noise"),
+    tail: int | None = typer.Option(None, "--tail", "-n", min=0, help="only each task's last N lines so far (then, "
+                                    "with --follow, every new line)"),
 ) -> None:
     """Print a run's task logs, each line prefixed with its task.
 
@@ -133,7 +135,8 @@ def logs(
     store = _store()
     record = _core(lambda: store.resolve(run))
     try:
-        _core(lambda: show_logs(store, record, sys.stdout, task=task, follow=follow, colour=_colour(), verbose=verbose))
+        _core(lambda: show_logs(store, record, sys.stdout, task=task, follow=follow, colour=_colour(), verbose=verbose,
+                                   tail=tail))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 

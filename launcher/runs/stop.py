@@ -76,10 +76,11 @@ def _ended(store: RunStore, run_id: str) -> bool:
 
 
 def show_logs(store: RunStore, record: RunRecord, out: TextIO, *, task: str | None = None, follow: bool = False,
-              colour: bool = False, verbose: bool = False, interval: float = 0.2,
+              colour: bool = False, verbose: bool = False, tail: int | None = None, interval: float = 0.2,
               sleep: Callable[[float], None] = time.sleep) -> None:
     """Print the run's logs with task prefixes; ``follow`` keeps going until the run ends.
-    TensorFlow's known start-up noise is hidden (and counted) unless ``verbose``."""
+    TensorFlow's known start-up noise is hidden (and counted) unless ``verbose``. ``tail``: each
+    task's last ``tail`` lines of what its log holds now, then (with ``follow``) every new one."""
     tasks = record.tasks
     if task is not None:
         try:
@@ -89,8 +90,8 @@ def show_logs(store: RunStore, record: RunRecord, out: TextIO, *, task: str | No
         tasks = [t for t in tasks if t.task == wanted]
         if not tasks:
             raise UsageError(f"--task {task}: run {record.run_id} has no such task ({', '.join(t.task for t in record.tasks)})")
-    follower = LogFollower([(t.task, t.log_path) for t in tasks], out, colour=colour, hide_noise=not verbose)
-    follower.poll_once()
+    follower = LogFollower([(t.task, t.log_path) for t in tasks], out, colour=colour, hide_noise=not verbose, tail=tail)
+    follower.poll_once(final=not follow)  # a log's last line without its newline counts as a line of the tail
     while follow and not _ended(store, record.run_id):
         sleep(interval)
         follower.poll_once()

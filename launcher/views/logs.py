@@ -123,7 +123,9 @@ class LogFollower:
     """Prints new lines of several log files, each line prefixed with its task name."""
 
     def __init__(self, sources: list[tuple[str, str]], out: TextIO, *, colour: bool = False,
-                 interval: float = 0.1, from_end: bool = False, hide_noise: bool = False) -> None:
+                 interval: float = 0.1, from_end: bool = False, hide_noise: bool = False, tail: int | None = None) -> None:
+        """``tail``: of what the logs already hold, each task's last ``tail`` lines shown (as ``tail -n``);
+        what they get later is shown whole."""
         width = max((len(name) for name, _ in sources), default=0)
         self._sources = []
         peer_lost: list[str] = []  # shared: a host lost is known to every task's fold
@@ -132,7 +134,7 @@ class LogFollower:
             tag = f"[{name}]".ljust(width + 2)
             prefix = f"\033[{_COLOURS[i % len(_COLOURS)]}m{tag}\033[0m " if colour else f"{tag} "
             self._sources.append(_Source(name, Path(path), prefix, from_end, hide_noise, peer_lost, slots))
-        self._out, self._interval = out, interval
+        self._out, self._interval, self._tail = out, interval, tail
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -142,9 +144,12 @@ class LogFollower:
             lines = src.shown(src.read_lines(final), self._interval)
             if final and src.fold is not None:
                 lines += src.fold.flush()
+            if self._tail is not None:
+                lines = lines[len(lines) - self._tail:] if len(lines) > self._tail else lines
             for line in lines:
                 self._out.write(f"{src.prefix}{line}\n")
                 printed += 1
+        self._tail = None  # only what the logs held at the first poll is cut
         if printed:
             self._out.flush()
         return printed
