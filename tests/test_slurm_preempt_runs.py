@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
+from tests.jobkit_helpers import HELD_JOB, Hold
 from tests.procs import tfl_processes
 from tests.slurm_cluster import URGENT, SlurmCluster, start_cluster, stop_cluster
-from tests.test_slurm_runs import MNIST, TF_ENV, assert_all_gone, epochs, job_id_of, mnist_data, only_run, status
+from tests.test_slurm_runs import MNIST, TF_ENV, assert_all_gone, job_id_of, mnist_data, only_run, status
 
 __all__ = ["mnist_data"]  # the module's data fixture, shared
 
@@ -248,29 +249,39 @@ def test_stop_then_resume_submits_the_next_attempt(slurm_cluster: SlurmCluster, 
 def test_real_tensorflow_saves_at_the_agreed_step_and_resumes_after_it(
         slurm_cluster: SlurmCluster, tfl_home: Path, tmp_path: Path, mnist_data: Path) -> None:
     """jobs/mnist.py on both nodes: the notice to the batch script mid-training; the job kit's
-    agreed checkpoint, exit 170, the group again in the allocation, and no step lost."""
+    agreed checkpoint, exit 170, the group again in the allocation, and no step lost.
+
+    The moment: both tasks hold at step 6 of 36 (tests/jobs/held.py) while Slurm's notice reaches
+    them, and go on only once each has taken it, so the agreed step comes long before the end on
+    any machine (the notice sent after epoch 1 came after the last step on a fast one)."""
     env = {**slurm_cluster.env, "TFL_HOME": str(tfl_home), "PYTHONUNBUFFERED": "1"}
+    hold = Hold(tmp_path / "hold", 6)
     desc = tmp_path / "slurm.json"
-    desc.write_text(json.dumps({"slurm": {"nodes": 2, "tasks_per_node": 1, "preemption_notice": 60}, "env": TF_ENV}))
+    desc.write_text(json.dumps({"slurm": {"nodes": 2, "tasks_per_node": 1, "preemption_notice": 60},
+                                "env": {**TF_ENV, **hold.env}}))
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "launcher", "launch", MNIST, "--cluster", str(desc), "--max-restarts", "0", "--",
-         "--epochs", "3", "--steps-per-epoch", "12", "--batch-size", "16", "--dtype", "float64", "--seed", "7",
+        [sys.executable, "-m", "launcher", "launch", str(HELD_JOB), "--cluster", str(desc), "--max-restarts", "0", "--",
+         MNIST, "--epochs", "3", "--steps-per-epoch", "12", "--batch-size", "16", "--dtype", "float64", "--seed", "7",
          "--backup-every-steps", "4", "--data", str(mnist_data)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
-        def epoch_1_done() -> bool:
-            assert launcher.poll() is None, launcher.communicate()
-            logs = list(tfl_home.glob("runs/*/logs/chief-0.log"))
-            return bool(logs) and bool(epochs(logs[0]))
-        slurm_cluster.wait_for("epoch 1 of the chief", epoch_1_done, timeout=240)
+        held = hold.wait(["chief:0", "worker:0"], alive=lambda: launcher.poll() is None, timeout_s=240,
+                         why=lambda: launcher.communicate()[1][-4000:])
         run = only_run(tfl_home)
         slurm_cluster.run("scancel", "--signal=TERM", "--batch", job_id_of(run))
+
+        def noticed() -> bool:
+            assert launcher.poll() is None, launcher.communicate()
+            return all("jobkit: preemption notice (SIGTERM);" in (run / "logs" / f"{t}.log").read_text(errors="replace")
+                       for t in ("chief-0", "worker-0"))
+        slurm_cluster.wait_for("the notice in both tasks", noticed, timeout=120)
+        hold.release()
     finally:
         out, err = finish(launcher, timeout=300)
     assert launcher.returncode == 0, err[-3000:]
     first, second = (run / "logs" / "chief-0.log").read_text().split("--- tfl: attempt 1 of chief:0")
     saved = re.search(r"jobkit: preempted; every training task saved at global step (\d+)", first)
-    assert saved, first[-3000:]
+    assert saved and int(saved[1]) >= max(held.values()), first[-3000:]
     assert f"jobkit: resuming at global step {saved[1]}:" in second  # the next step is the agreed one + 1: none lost
     assert json.loads((run / "model" / "training_done.json").read_text())["global_step"] == 36
     assert (run / "slurm" / "events").read_text().splitlines()[:3] == ["training 0 start", "training 0 exit 170",
