@@ -102,9 +102,9 @@ def scaling_section(cfg: Config, local: dict[int, dict[str, list[float]]],
                "Every task is a new Python interpreter; beyond 2 tasks they compete for this machine's 2 cores, "
                "which is most of the growth with N for both launchers.",
                ssh_note,
-               "Per host, a launch opens one SSH connection and one session per task: the task's agent, which first "
+               "Per host, a launch opens one SSH connection and one session: the host's agent, which first "
                "checks the host (python, ports), makes the run's private dir, unpacks the shipped job and the job kit "
-               "(every launch ships the kit), finds the kit where the task will import it, then runs the task; once the "
+               "(every launch ships the kit), finds the kit where the tasks will import it, then runs the host's tasks; once the "
                "run has ended, one more session per host removes what was shipped, after every task started, so it "
                "counts in the CPU column but not in the time (the last column counts both from sshd's log). "
                "Every session starts the account's login shell, and bash started by sshd "

@@ -1,7 +1,8 @@
 """The remote agent on its own: started exactly as over SSH, but through local pipes.
 
 What sshd would connect to the agent's stdin/stdout is a pipe here, so losing the
-launcher is simply closing stdin (or going quiet), with no sshd involved.
+launcher is simply closing stdin (or going quiet), with no sshd involved. A host's tasks
+run in one ``tasks`` session of the agent, each task's frames tagged with its id.
 """
 
 from __future__ import annotations
@@ -41,22 +42,49 @@ def start_agent(request: dict[str, Any]) -> subprocess.Popen[bytes]:
     return agent
 
 
+def start_task(run: dict[str, Any], **session: Any) -> subprocess.Popen[bytes]:
+    """An agent whose ``tasks`` session (``session``: its request's fields) runs ``run`` as task 1."""
+    agent = start_agent({"mode": "tasks", **session})
+    send(agent, {"id": 1, "run": run})
+    return agent
+
+
+def send(agent: subprocess.Popen[bytes], line: dict[str, Any]) -> None:
+    assert agent.stdin is not None
+    agent.stdin.write(json.dumps(line).encode() + b"\n")
+    agent.stdin.flush()
+
+
 MARKED: set[int] = set()  # agents whose mark was read (the frames follow it)
 
 
-def frames(agent: subprocess.Popen[bytes]) -> Iterator[tuple[bytes, bytes]]:
+def tagged_frames(agent: subprocess.Popen[bytes]) -> Iterator[tuple[bytes, int, bytes]]:
+    """(kind, task id, payload) of each frame; a ping's id is 0."""
     assert agent.stdout is not None
     if agent.pid not in MARKED:
         assert agent.stdout.read(len(MARK)) == MARK
         MARKED.add(agent.pid)
     while header := agent.stdout.read(5):
-        yield header[:1], agent.stdout.read(int.from_bytes(header[1:], "big"))
+        payload = agent.stdout.read(int.from_bytes(header[1:], "big"))
+        if header[:1] == b"P":
+            yield b"P", 0, payload
+        else:
+            yield header[:1], int.from_bytes(payload[:4], "big"), payload[4:]
+
+
+def frames(agent: subprocess.Popen[bytes]) -> Iterator[tuple[bytes, bytes]]:
+    """Task 1's frames, until it is gone."""
+    for kind, ident, payload in tagged_frames(agent):
+        if ident == 1:
+            yield kind, payload
+            if kind == b"C" and "gone" in json.loads(payload):
+                return
 
 
 def run_request(tmp_path: Path, body: str, *args: str, **extra: Any) -> dict[str, Any]:
     job = tmp_path / "job.py"
     job.write_text(textwrap.dedent(body))
-    return {"mode": "run", "argv": [sys.executable, "-u", str(job), *args], "env": {"MARK": "m1"},
+    return {"argv": [sys.executable, "-u", str(job), *args], "env": {"MARK": "m1"},
             "cwd": str(tmp_path), "mkdirs": [str(tmp_path / "run" / "progress")], **extra}
 
 
@@ -84,44 +112,47 @@ def gone(pids: list[int], timeout: float = 10.0) -> bool:
 def test_runs_the_job_verbatim_and_reports_pid_output_exit(tmp_path: Path) -> None:
     hostile = ["a b", "it's", '"q"', "x;y", "$(touch pwned)", "`id`", "*", "", "\n", "ü"]
     body = "import json, os, sys; print(json.dumps([sys.argv[1:], os.environ['MARK'], os.getpgid(0) == os.getpid()])); sys.exit(3)"
-    agent = start_agent(run_request(tmp_path, body, *hostile))
+    agent = start_task(run_request(tmp_path, body, *hostile))
     controls, output = collect(agent)
-    assert agent.wait(10) == 3
     assert controls[0]["pid"] == controls[0]["pgid"] and controls[0]["create_time"] > 0
     assert json.loads(output) == [hostile, "m1", True]  # own process group, env given, args verbatim
-    assert controls[-1] == {"exit": 3} and not (tmp_path / "pwned").exists()
+    assert controls[-2:] == [{"exit": 3}, {"gone": 3}] and not (tmp_path / "pwned").exists()
     assert (tmp_path / "run" / "progress").is_dir()
+    assert agent.stdin is not None
+    agent.stdin.close()  # the launcher is done: the agent leaves
+    assert agent.wait(10) == 0
 
 
 def test_stdin_eof_kills_the_whole_group(tmp_path: Path) -> None:
-    agent = start_agent(run_request(tmp_path, CHILD_AND_SLEEP, grace=1.0))
+    agent = start_task(run_request(tmp_path, CHILD_AND_SLEEP, grace=1.0))
     _, output = collect(agent, until=b"\n")
     _, leader, child = output.split()
     assert agent.stdin is not None
     agent.stdin.close()  # the launcher (or its connection) is gone
     assert gone([int(leader), int(child)])
-    assert agent.wait(10) == 128 + signal.SIGTERM
+    controls, _ = collect(agent)
+    assert controls[-2:] == [{"exit": -signal.SIGTERM}, {"gone": -signal.SIGTERM}]
+    assert agent.wait(10) == 0
 
 
 def test_silence_kills_the_job_after_the_heartbeat_timeout(tmp_path: Path) -> None:
     start = time.monotonic()
-    agent = start_agent(run_request(tmp_path, CHILD_AND_SLEEP, heartbeat_timeout=1.0, grace=1.0))
+    agent = start_task(run_request(tmp_path, CHILD_AND_SLEEP, heartbeat_timeout=1.0, grace=1.0), heartbeat_timeout=1.0)
     _, output = collect(agent, until=b"\n")
     _, leader, child = output.split()
     assert gone([int(leader), int(child)], timeout=120) and time.monotonic() - start < 120  # not the 300 s sleep
-    agent.kill()
+    assert agent.wait(30) == 0  # silent too long: the agent fenced its task and left
 
 
 def test_signal_line_reaches_the_group_and_sigkill_follows_an_ignored_term(tmp_path: Path) -> None:
     body = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
-    agent = start_agent(run_request(tmp_path, body))
+    agent = start_task(run_request(tmp_path, body))
     collect(agent, until=b"ready")
-    assert agent.stdin is not None
     for signum in (signal.SIGTERM, signal.SIGKILL):
-        agent.stdin.write(json.dumps({"signal": int(signum)}).encode() + b"\n")
-        agent.stdin.flush()
+        send(agent, {"id": 1, "signal": int(signum)})
     controls, _ = collect(agent)
-    assert controls[-1] == {"exit": -signal.SIGKILL}
+    assert controls[-2:] == [{"exit": -signal.SIGKILL}, {"gone": -signal.SIGKILL}]
+    agent.kill()
     agent.wait(10)
 
 
@@ -132,16 +163,19 @@ def test_progress_file_is_forwarded(tmp_path: Path) -> None:
         json.dump({{"epoch": 2, "step": 7}}, open({str(progress)!r}, "w"))
         time.sleep(1.5)
     """
-    agent = start_agent(run_request(tmp_path, body, progress_file=str(progress)))
+    agent = start_task(run_request(tmp_path, body, progress_file=str(progress)))
     controls, _ = collect(agent)
     assert {"progress": json.dumps({"epoch": 2, "step": 7})} in controls
+    agent.kill()
+    agent.wait(10)
 
 
 def test_missing_workdir_is_an_error_frame(tmp_path: Path) -> None:
-    agent = start_agent({**run_request(tmp_path, "pass"), "cwd": str(tmp_path / "nope"), "mkdirs": []})
+    agent = start_task({**run_request(tmp_path, "pass"), "cwd": str(tmp_path / "nope"), "mkdirs": []})
     controls, _ = collect(agent)
-    assert controls == [{"error": f"working directory {tmp_path / 'nope'} does not exist"}]
-    assert agent.wait(10) == 126
+    assert controls == [{"error": f"working directory {tmp_path / 'nope'} does not exist"}, {"gone": 126}]
+    agent.kill()
+    agent.wait(10)
 
 
 @pytest.fixture
@@ -198,9 +232,10 @@ def test_agent_source_parses_as_python_3_8() -> None:
     # It runs under whatever python the host has; annotations are strings (__future__).
     import ast
 
-    source = (Path(__file__).parents[1] / "launcher" / "engines" / "ssh" / "node" / "agent.py").read_text()
-    ast.parse(source, feature_version=(3, 8))
-    assert "from __future__ import annotations" in source
+    for name in ("agent.py", "agent_tasks.py", "agent_files.py", "agent_firewall.py"):
+        source = (Path(__file__).parents[1] / "launcher" / "engines" / "ssh" / "node" / name).read_text()
+        ast.parse(source, feature_version=(3, 8))
+        assert "from __future__ import annotations" in source, name
 
 
 def test_one_session_checks_unpacks_then_runs_with_the_shipped_kit_first(tmp_path: Path) -> None:
@@ -235,11 +270,11 @@ def test_one_session_checks_unpacks_then_runs_with_the_shipped_kit_first(tmp_pat
         broken = say({"mode": "unpack", "archives": [{"dest": str(dest), "data": "bm90IGEgdGFyYmFsbA=="}]})
         assert broken["error"].startswith("ReadError")
         assert (dest / "pkg" / "data.txt").read_text() == "shipped"
-        agent.stdin.write((json.dumps({"mode": "run", "argv": [sys.executable, "-u", str(dest / "job.py")],
-                                       "env": {"PYTHONPATH": str(kit)}, "cwd": str(dest), "mkdirs": []}) + "\n").encode())
-        agent.stdin.flush()
+        send(agent, {"mode": "tasks"})
+        send(agent, {"id": 1, "run": {"argv": [sys.executable, "-u", str(dest / "job.py")],
+                                      "env": {"PYTHONPATH": str(kit)}, "cwd": str(dest), "mkdirs": []}})
         controls, output = collect(agent)
-        assert output == f"shipped {kit / 'launcher' / 'jobkit' / '__init__.py'}\n".encode() and controls[-1] == {"exit": 0}
+        assert output == f"shipped {kit / 'launcher' / 'jobkit' / '__init__.py'}\n".encode() and {"exit": 0} in controls
     finally:
         agent.kill()
         agent.wait()
@@ -251,7 +286,7 @@ def test_the_agent_pings_only_after_ping_every_seconds_of_silence_its_output_cou
     The agent's clock is a fake one the test moves; the job is ``cat``, which prints what it is given."""
     from types import SimpleNamespace
 
-    from launcher.engines.ssh.node import agent
+    from launcher.engines.ssh.node import agent_tasks as agent
 
     now = [100.0]
     monkeypatch.setattr(agent, "time", SimpleNamespace(monotonic=lambda: now[0], sleep=time.sleep))
@@ -307,3 +342,53 @@ def test_the_agent_pings_only_after_ping_every_seconds_of_silence_its_output_cou
         os.close(read_end)
         os.close(write_end)
     assert not pid_alive(child.pid)
+
+
+def test_one_session_runs_a_host_s_tasks_apart_and_its_end_fences_them_all(tmp_path: Path) -> None:
+    """Two tasks in one session: each one's output and exit come tagged with its id, a signal goes
+    to its task's group only, and stdin's end stops every group left."""
+    agent = start_agent({"mode": "tasks"})
+    (tmp_path / "b").mkdir()
+    send(agent, {"id": 7, "run": run_request(tmp_path, CHILD_AND_SLEEP, grace=1.0)})
+    send(agent, {"id": 9, "run": run_request(tmp_path / "b", CHILD_AND_SLEEP, grace=1.0)})
+    seen: dict[int, list[Any]] = {7: [], 9: []}
+    output: dict[int, bytes] = {7: b"", 9: b""}
+    for kind, ident, payload in tagged_frames(agent):
+        if kind == b"O":
+            output[ident] += payload
+        elif kind == b"C":
+            seen[ident].append(json.loads(payload))
+        if all(out.endswith(b"\n") for out in output.values()):
+            break
+    ready = {ident: [int(p) for p in out.split()[1:]] for ident, out in output.items()}
+    assert seen[7][0]["pid"] == ready[7][0] and seen[9][0]["pid"] == ready[9][0]  # each pid to its own task
+    send(agent, {"id": 9, "signal": int(signal.SIGKILL)})
+    for kind, ident, payload in tagged_frames(agent):
+        if kind == b"C":
+            seen[ident].append(json.loads(payload))
+            if seen[9][-1:] == [{"gone": -signal.SIGKILL}]:
+                break
+    assert gone([ready[9][0]]) and all(pid_alive(p) for p in ready[7])  # task 9's group only
+    assert seen[7][-1:] != [{"gone": -signal.SIGKILL}]
+    assert agent.stdin is not None
+    agent.stdin.close()
+    assert gone(ready[7] + ready[9][1:])  # the launcher gone: every group left is fenced
+    assert agent.wait(15) == 0
+
+
+def test_a_signal_for_a_task_not_started_yet_reaches_it_once_it_is() -> None:
+    from launcher.engines.ssh.node import agent_tasks
+
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        session = agent_tasks.Session(agent_tasks.Frames(write_end), {})
+        session._signal(3, int(signal.SIGTERM))  # the teardown came before the task's start was known
+        assert proc.poll() is None
+        session._started(3, proc.pid)
+        assert proc.wait(10) == -signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(read_end)
+        os.close(write_end)

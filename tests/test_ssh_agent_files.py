@@ -8,7 +8,6 @@ import io
 import json
 import os
 import signal
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -19,7 +18,7 @@ from launcher.describe.hosts import HOST_CACHE
 from launcher.engines.ssh.node import agent, agent_files
 from launcher.engines.ssh.wire import MARK, kit_data, reply
 from tests.procs import pid_alive
-from tests.test_ssh_agent import collect, gone, run_request, start_agent
+from tests.test_ssh_agent import collect, gone, run_request, send, start_task, tagged_frames
 
 
 def test_the_agent_and_the_launcher_agree_on_the_mark_and_the_placeholder() -> None:
@@ -36,24 +35,22 @@ def test_a_child_that_outlives_the_job_is_ended_with_the_group(tmp_path: Path) -
         child = subprocess.Popen(["sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         print("child", child.pid, flush=True)
     """
-    agent_proc = start_agent(run_request(tmp_path, body))
+    agent_proc = start_task(run_request(tmp_path, body))
     controls, output = collect(agent_proc, until=b"\n")
     child = int(output.split()[1])
+    frames = tagged_frames(agent_proc)
     while {"exit": 0} not in controls:  # the leader is done: its exit is reported at once...
-        frame = _next_frame(agent_proc)
-        assert frame is not None, "the agent ended while the job's child lived"
-        controls += [json.loads(frame[1])] if frame[0] == b"C" else []
-    assert pid_alive(child) and agent_proc.poll() is None  # ...but the agent stays while its group lives
+        kind, ident, payload = next(frames)
+        controls += [json.loads(payload)] if kind == b"C" and ident == 1 else []
+    assert pid_alive(child) and {"gone": 0} not in controls  # ...but the task is not gone while its group lives
+    send(agent_proc, {"id": 1, "signal": int(signal.SIGTERM)})  # the run's teardown
+    assert gone([child])
+    while {"gone": 0} not in controls:
+        kind, ident, payload = next(frames)
+        controls += [json.loads(payload)] if kind == b"C" and ident == 1 else []
     assert agent_proc.stdin is not None
-    agent_proc.stdin.write(json.dumps({"signal": int(signal.SIGTERM)}).encode() + b"\n")  # the run's teardown
-    agent_proc.stdin.flush()
-    assert gone([child]) and agent_proc.wait(10) == 0
-
-
-def _next_frame(agent_proc: subprocess.Popen[bytes]) -> tuple[bytes, bytes] | None:
-    assert agent_proc.stdout is not None
-    header = agent_proc.stdout.read(5)
-    return (header[:1], agent_proc.stdout.read(int.from_bytes(header[1:], "big"))) if header else None
+    agent_proc.stdin.close()
+    assert agent_proc.wait(10) == 0
 
 
 def test_private_dirs_are_made_0700_and_a_symlink_or_a_strangers_dir_is_refused(tmp_path: Path) -> None:

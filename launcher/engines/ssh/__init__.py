@@ -1,4 +1,4 @@
-"""The SSH backend: tasks on remote hosts, each run by the tfl agent over its own SSH session.
+"""The SSH backend: tasks on remote hosts, all of a host's tasks run by one tfl agent over one SSH session.
 
 ``connect`` (fabric, host keys) · ``wire`` (the agent's requests) · ``node/`` (the agent that runs on the
 host, stdlib only) · ``backend`` (``SSHBackend``) · ``recorded`` (status and stop of a recorded run).

@@ -1,5 +1,5 @@
-"""Open SSH connections per host, shared by the host's tasks, and the agents started ahead
-of their tasks (used by the backend, ``prepare`` and the restart of a lost attempt)."""
+"""Open SSH connections per host, and each host's agent started ahead of its tasks (used by the
+backend, ``prepare`` and the restart of a lost attempt)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ if TYPE_CHECKING:
     from fabric import Connection
     from paramiko import Channel
 
-# Silence after which we take a task's agent for lost even though its host answers (``watch``
+# Silence after which we take a host's agent session for lost even though its host answers (``watch``
 # knows a host that does not answer as lost within seconds). The agent's own dead-man timer,
-# after which it stops its task, is the cluster file's ``ssh.fence_after`` (30 s by default).
+# after which it stops its tasks, is the cluster file's ``ssh.fence_after`` (30 s by default).
 HEARTBEAT_TIMEOUT = 30.0
 
 
@@ -41,7 +41,7 @@ class HostPool:
     def __init__(self) -> None:
         self._conns: dict[str, list[Connection]] = {}
         self._locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
-        self._ready: dict[str, Channel] = {}  # task -> its agent, started ahead and waiting for its request
+        self._ready: dict[str, Channel] = {}  # host -> its agent, started ahead and waiting for its tasks
 
     def get(self, target: SSHTarget) -> Connection:
         with self._locks[target.host]:
@@ -52,7 +52,7 @@ class HostPool:
 
     def channel(self, target: SSHTarget, command: str, timeout: float) -> Channel:
         """A session running ``command``. sshd allows 10 sessions per connection by default
-        (MaxSessions), so a host with more tasks than that gets another connection."""
+        (MaxSessions): a host with more at once (its agent, its firewall's, requests) gets another connection."""
         import paramiko
 
         for conn in [self.get(target), *self._live(target.host)[1:]]:
@@ -66,8 +66,8 @@ class HostPool:
         return open_channel(conn, command, timeout)
 
     def agent(self, launch: TaskLaunch) -> Channel:
-        """The task's agent: one started ahead by ``start_agent_ahead``, else a new one."""
-        chan = self._ready.pop(launch.name, None)
+        """The agent on the task's host: the one started ahead by ``start_agent_ahead``, else a new one."""
+        chan = self._ready.pop(launch.host, None)
         if chan is None or chan.closed or chan.exit_status_ready():
             if launch.ssh is None:
                 raise SSHError(launch.host, "the plan has no ssh settings for this task (a plan from another tfl?)", launch.name)
@@ -84,9 +84,9 @@ class HostPool:
         return chan
 
     def start_agent_ahead(self, launch: TaskLaunch) -> Channel:
-        # The agent's python starts while other hosts are still being reached, so that
-        # starting the tasks one after another later costs a round trip each, not a python startup.
-        chan = self._ready[launch.name] = self.agent(launch)
+        """The host's agent, started now and kept: it checks the host and unpacks the code, then runs
+        the host's tasks (``backend.SSHBackend._session``), so that starting them costs a round trip each."""
+        chan = self._ready[launch.host] = self.agent(launch)
         return chan
 
     def drop(self, host: str) -> None:

@@ -1,12 +1,11 @@
 """Getting SSH hosts ready for a run, and tidy after it.
 
-``prepare_hosts``: per host one connection, and per task one agent started ahead; the
-host's first agent also makes the quick checks, says where the host's per-user tfl dir is
-(``hosts.HOST_CACHE``), makes the run's private dirs, unpacks the shipped code and the job
-kit, imports the kit the way a task will, and (with ``ssh.firewall``) installs the run's
-nftables table there. So a host costs one SSH session per task and
-nothing more (each session is a login shell and a python start there), and nothing is
-shipped to a host whose quick checks failed.
+``prepare_hosts``: per host one connection and one agent started ahead, which makes the quick
+checks, says where the host's per-user tfl dir is (``hosts.HOST_CACHE``), makes the run's private
+dirs, unpacks the shipped code and the job kit, imports the kit the way a task will, and then
+runs the host's tasks (``session``); with ``ssh.firewall``, a second session installs the run's
+nftables table there and holds it. So a host costs one SSH session whatever its tasks (a login
+shell and a python start there), and nothing is shipped to a host whose quick checks failed.
 
 ``cleanup_hosts``: when the run has ended, one agent request per host removes what the run
 shipped there (``RemoteDirs.remove``), unless ``--keep-remote`` kept it.
@@ -36,8 +35,7 @@ def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str], fire
     by_host = tasks_by_host(plan)  # once: a scan of every task per host cost hosts × tasks
 
     def reach(host: HostTasks) -> list[Check]:
-        first, *rest = by_host[host.host]
-        chan = pool.start_agent_ahead(first)
+        chan = pool.start_agent_ahead(by_host[host.host][0])
         facts = converse(chan, probe_request(host, quick=True), host.host, host.python)
         checks = judge(host, facts, quick=True)
         if _failed(checks):
@@ -54,8 +52,6 @@ def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str], fire
         if _failed(checks):
             return checks
         caches[host.host] = cache
-        for task in rest:
-            pool.start_agent_ahead(task)
         return checks
 
     results = parallel(reach, host_tasks(plan))

@@ -1,8 +1,8 @@
 """Which hosts still answer: a host that stopped answering is known lost within seconds.
 
-Every agent pings its launcher on its task's channel when it has sent nothing for
-``backend.agent_ping_every`` (3.3 s: ``SILENT_AFTER`` / 1.5; its task's output counts). A task
-whose channel has said nothing for ``SILENT_AFTER`` s makes us ask its host the cheapest
+Every host's agent pings its launcher on its session when it has sent nothing for
+``backend.agent_ping_every`` (3.3 s: ``SILENT_AFTER`` / 1.5; its tasks' output counts). A task
+whose host's session has said nothing for ``SILENT_AFTER`` s makes us ask its host the cheapest
 question there is: a TCP connection to its sshd's port, within ``PROBE_TIMEOUT`` s. A host
 whose kernel answers is up (the agent is stuck, or slow: its channel's own timeout,
 ``pool.HEARTBEAT_TIMEOUT``, deals with that as before, and a restart may go there). A host
@@ -40,12 +40,16 @@ CHECK_EVERY = 1.0
 
 
 class Watched(Protocol):
-    """What the watch needs of a task's channel (``backend.RemoteTask``)."""
+    """What the watch needs of a task on its host's session (``session.RemoteTask``)."""
 
     host: str
     port: int
-    heard: float  # monotonic time of its last word
-    heard_wall: float  # the same moment, wall clock
+
+    @property
+    def heard(self) -> float: ...  # monotonic time of its host's agent's last word
+
+    @property
+    def heard_wall(self) -> float: ...  # the same moment, wall clock
 
     def running(self) -> bool: ...
 

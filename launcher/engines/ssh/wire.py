@@ -35,6 +35,7 @@ HERE = Path(__file__).parent
 # The agent's helper modules (as the agent imports them), then the agent itself.
 AGENT_SOURCES = [["tfl_agent_files", (HERE / "node" / "agent_files.py").read_text()],
                  ["tfl_agent_firewall", (HERE / "node" / "agent_firewall.py").read_text()],
+                 ["tfl_agent_tasks", (HERE / "node" / "agent_tasks.py").read_text()],
                  (HERE / "node" / "agent.py").read_text()]
 # The whole remote command line: the agent's sources and its request follow on stdin.
 BOOTSTRAP = ("import sys,json,types;s=json.loads(sys.stdin.readline())\n"
@@ -53,7 +54,7 @@ def agent_command(python: str) -> str:
     return f"exec {shlex.join([python, '-u', '-c', BOOTSTRAP])}"
 
 
-# The agent's first stdin line, encoded once: it goes to every task's agent (38 KB of JSON, 0.2 ms each).
+# The agent's first stdin line, encoded once: it goes to every agent started (38 KB of JSON, 0.2 ms each).
 _SOURCES_LINE = (json.dumps(AGENT_SOURCES) + "\n").encode()
 
 

@@ -21,8 +21,8 @@ import sys
 import time
 from typing import Any, Callable
 
-# shutil, tarfile and tempfile are imported where used: every agent (one per task) loads this
-# module, and only a host's first one unpacks anything.
+# shutil, tarfile and tempfile are imported where used: every agent (a run's, a request's) loads this
+# module, and only a run's unpacks anything.
 
 CACHE_PLACEHOLDER = "{tfl-cache}"  # launcher.describe.hosts.HOST_CACHE
 KIT_PACKAGES = ("tensorflow", "tf_keras", "keras", "psutil")
