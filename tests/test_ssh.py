@@ -8,6 +8,7 @@ workdir under the test's home) and fails the test if any outlives it.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -310,3 +311,31 @@ def test_detach_checks_hosts_before_returning_then_runs(sshd: Sshd, tmp_path: Pa
     log = (tfl_home / "runs" / run / "logs" / "worker-0.log").read_text()
     assert log.startswith("info ") and json.loads(log.split(" ", 1)[1])["cwd"].endswith("$(touch x); `id`")
     wait_for(lambda: tfl_processes(home=str(tfl_home)) == [])
+
+
+def test_a_host_s_tasks_run_under_one_agent_in_one_session_and_a_restart_uses_it_again(
+        sshd: Sshd, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    """Three tasks on 127.0.0.2, one on 127.0.0.3: each host runs one agent (one SSH session, one remote
+    python) whatever its tasks; the task killed there restarts under that same agent."""
+    job = write_job(tmp_path / "src", """
+        import os, time
+        print("agent", os.getppid(), "attempt", os.environ["TFL_ATTEMPT"], flush=True)
+        if os.environ["TFL_ATTEMPT"] == "0" and os.environ["TFL_TASK"] == "worker:1":
+            time.sleep(0.5)
+            os.kill(os.getpid(), 9)
+        time.sleep(2)
+    """)
+    tasks = {"chief": [f"127.0.0.2:{free_port()}"], "worker": [f"127.0.0.2:{free_port()}", f"127.0.0.2:{free_port()}",
+                                                               f"127.0.0.3:{free_port()}"]}
+    workdirs = {"127.0.0.2": tfl_home / "hosts" / "a", "127.0.0.3": tfl_home / "hosts" / "b"}
+    cluster = cluster_file(tmp_path / "cluster.json", sshd, tasks, workdirs, storage={"path": str(tmp_path)})
+    result = tfl(["launch", str(job), "--cluster", str(cluster), "--max-restarts", "1"], child_env)
+    assert result.returncode == 0, result.stderr
+    logs = {name: (tfl_home / "runs" / only_run(tfl_home) / "logs" / f"{name}.log").read_text()
+            for name in ("chief-0", "worker-0", "worker-1", "worker-2")}
+    agents = {name: {int(a) for a in re.findall(r"^agent (\d+) attempt", log, re.M)} for name, log in logs.items()}
+    assert all(len(found) == 1 for found in agents.values()), agents  # both attempts of each under one agent
+    first_host = agents["chief-0"] | agents["worker-0"] | agents["worker-1"]
+    assert len(first_host) == 1 and agents["worker-2"] != first_host, agents  # one agent per host
+    assert "attempt 1" in logs["worker-1"] and "--- tfl: attempt 1 of worker:1" in logs["worker-1"]
+    assert tfl_processes(run_id=only_run(tfl_home)) == []
