@@ -218,6 +218,8 @@ class RemoteTask:
         self._write(text.encode())
 
     def _write(self, data: bytes) -> None:
+        if self._log.closed:  # ended already (its session was gone when it was made): nothing more to say
+            return
         self._log.write(data)
         self._log.flush()
 
