@@ -145,7 +145,7 @@ class LogFollower:
             if final and src.fold is not None:
                 lines += src.fold.flush()
             if self._tail is not None:
-                lines = lines[len(lines) - self._tail:] if len(lines) > self._tail else lines
+                lines = lines[max(0, len(lines) - self._tail):]
             for line in lines:
                 self._out.write(f"{src.prefix}{line}\n")
                 printed += 1

@@ -80,6 +80,11 @@ def pings_due(tasks: Sequence[P], now: float) -> list[P]:
     return due
 
 
+def fence_after(launch: TaskLaunch) -> float:
+    """The task's host's ``ssh.fence_after``: the agent's dead-man timer there."""
+    return launch.ssh.fence_after if launch.ssh else HEARTBEAT_TIMEOUT
+
+
 def descriptors_needed(hosts: int, tasks: int) -> int:
     """What a launch holds open at most: a connection per host (its agent's session and requests
     share it), a log per task, the console's open logs, and the launcher's own."""
@@ -182,15 +187,13 @@ class SSHBackend:
                     chan.close()
                     raise SSHError(launch.host, f"the SSH session closed at once ({exc})", launch.name) from None
                 port = launch.ssh.port if launch.ssh else 22
-                fence = launch.ssh.fence_after if launch.ssh else HEARTBEAT_TIMEOUT
-                session = self._sessions[launch.host] = HostSession(chan, launch.host, port, fence)
+                session = self._sessions[launch.host] = HostSession(chan, launch.host, port, fence_after(launch))
             return session
 
     @staticmethod
     def _tasks_request(launch: TaskLaunch) -> dict[str, Any]:
         """What turns the host's agent into its tasks' session (``node/agent_tasks``)."""
-        return {"mode": "tasks", "heartbeat_timeout": launch.ssh.fence_after if launch.ssh else HEARTBEAT_TIMEOUT,
-                "ping_every": agent_ping_every()}
+        return {"mode": "tasks", "heartbeat_timeout": fence_after(launch), "ping_every": agent_ping_every()}
 
     @staticmethod
     def _request(launch: TaskLaunch, attempt: int) -> dict[str, Any]:
@@ -198,7 +201,7 @@ class SSHBackend:
         return {
             "argv": list(launch.argv), "env": {**launch.env, ATTEMPT: str(attempt)},
             "cwd": launch.cwd, "mkdirs": [os.path.dirname(progress)] if progress else [], "progress_file": progress,
-            "heartbeat_timeout": launch.ssh.fence_after if launch.ssh else HEARTBEAT_TIMEOUT, "grace": KILL_GRACE,
+            "heartbeat_timeout": fence_after(launch), "grace": KILL_GRACE,
             "ping_every": agent_ping_every(),
         }
 

@@ -62,7 +62,7 @@ except ImportError:  # imported in the launcher itself
     from launcher.engines.ssh.node import agent_tasks as tasks
 
 MARK = tasks.MARK  # starts every reply; launcher.engines.ssh.wire.MARK
-create_time, start_ticks, group_alive, _killpg = tasks.create_time, tasks.start_ticks, tasks.group_alive, tasks._killpg
+create_time, start_ticks, group_alive, killpg = tasks.create_time, tasks.start_ticks, tasks.group_alive, tasks.killpg
 
 
 def _zombie(pid: int) -> bool:
@@ -135,7 +135,7 @@ def signal_tasks(request: dict[str, Any]) -> dict[str, str]:
     for signum, budget, outcome in steps:
         deadline = time.monotonic() + float(request.get(budget, 0))
         for task in alive.values():
-            _killpg(int(task["pid"]), int(signum))
+            killpg(int(task["pid"]), int(signum))
         while alive and time.monotonic() < deadline:
             time.sleep(0.05)
             for name in [n for n, t in alive.items() if _find(t) is None]:

@@ -195,14 +195,14 @@ class Session:
             if pgid is None:
                 self._early.setdefault(ident, []).append(signum)
                 return
-        _killpg(pgid, signum)
+        killpg(pgid, signum)
 
     def _started(self, ident: int, pgid: int) -> None:
         with self._lock:
             self._groups[ident] = pgid
             early = self._early.pop(ident, [])
         for signum in early:
-            _killpg(pgid, signum)
+            killpg(pgid, signum)
 
     def _task(self, ident: int, request: dict[str, Any]) -> None:
         frames = Tagged(self.frames, ident)
@@ -285,15 +285,15 @@ def relay(child: subprocess.Popen[bytes], frames: Tagged | Frames, commands: Hea
         now = time.monotonic()
         if not killing and (LOST.is_set() or frames.broken or now - commands.heard > heartbeat_timeout):
             killing = now
-            _killpg(child.pid, signal.SIGTERM)
+            killpg(child.pid, signal.SIGTERM)
         elif killing and now - killing > grace:
-            _killpg(child.pid, signal.SIGKILL)
+            killpg(child.pid, signal.SIGKILL)
         if now - frames.sent > ping_every:  # any frame counts as a ping
             frames.send(b"P", b"")
         progress.forward(frames.control, now)
 
 
-def _killpg(pgid: int, signum: int) -> None:
+def killpg(pgid: int, signum: int) -> None:
     try:
         os.killpg(pgid, signum)
     except (ProcessLookupError, PermissionError):
