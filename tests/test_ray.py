@@ -214,6 +214,21 @@ def parse_cluster_task(kind: str, index: int) -> Any:
     return TaskId(kind, index)
 
 
+def test_an_address_where_nothing_listens_is_one_line_within_seconds(tmp_path: Path, child_env: dict[str, str]) -> None:
+    """Ray's own connect retries such an address for minutes, printing its C++ warnings."""
+    pytest.importorskip("ray")
+    from launcher.describe.ports import free_port
+
+    address = f"127.0.0.1:{free_port()}"  # loopback, and nothing listens there
+    path = description(tmp_path, address)
+    started = time.monotonic()
+    result = tfl(["launch", tiny_job(tmp_path), "--cluster", str(path), "--", "1"], child_env, timeout=60)
+    assert result.returncode == 2 and result.stderr.strip() == (
+        f"tfl: error: ray.address {address}: nothing answers at {address} (Connection refused); start the cluster "
+        "(`ray start --head`) or fix ray.address in the description"), result.stderr[-3000:]
+    assert time.monotonic() - started < 30
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("ray, expected", [
     ({"workers": 4}, "STRICT_SPREAD puts each of the 5 tasks on its own node and only 4 of the cluster's 5 nodes"),

@@ -95,6 +95,32 @@ def test_node_failure_is_the_failure_of_a_task_on_that_node() -> None:
     assert training_outcome(0, 0, EXITED_143, err, None, nodes, job_id="7") is None
 
 
+# srun's stderr after `scancel 7` from another terminal (Slurm 22.05): every task "Terminated"
+SCANCELLED = ("srun: Job step aborted: Waiting up to 7 seconds for job step to finish.\n"
+              "slurmstepd-n1: error: *** STEP 7.0 ON n1 CANCELLED AT 2026-11-26T22:33:15 ***\n"
+              "srun: error: n2: task 1: Terminated\nsrun: forcing job termination\nsrun: error: n1: task 0: Terminated\n")
+
+
+def test_a_scancel_outside_tfl_or_the_time_limit_is_the_cause_not_the_task_srun_named_first() -> None:
+    # the script saw its step end (143) before tfl saw the job end: no task is to blame
+    expected = Outcome(143, "Slurm step 7.0 was cancelled outside tfl (scancel at 2026-11-26T22:33:15)")
+    assert training_outcome(0, 0, EXITED_143, SCANCELLED, None, {}, job_id="7") == expected
+    assert training_outcome(1, 0, EXITED_143, SCANCELLED, None, {}, job_id="7") is None
+    # ... and once Slurm says CANCELLED, its word
+    end = JobEnd("7", "CANCELLED", 0, False)
+    assert training_outcome(0, 0, EXITED_143, SCANCELLED, end, {}, job_id="7") == Outcome(143, describe_end(end))
+    assert training_outcome(1, 0, EXITED_143, SCANCELLED, end, {}, job_id="7") is None
+    # a preemption is not someone's scancel (the preempted steps' own rules apply) ...
+    preempted = SCANCELLED.replace(" ***", " DUE TO PREEMPTION ***")
+    assert training_outcome(1, 0, EXITED_143, preempted, None, {}, job_id="7") == Outcome(-signal.SIGTERM)
+    # ... and the time limit is the time limit, not the task srun named first
+    timeout = Outcome(143, "Slurm job 7 reached its time limit (TIMEOUT); give the slurm block a longer \"time\"")
+    timed_out = SCANCELLED.replace(" ***", " DUE TO TIME LIMIT ***")
+    assert training_outcome(0, 0, EXITED_143, timed_out, None, {}, job_id="7") == timeout
+    assert training_outcome(1, 0, EXITED_143, timed_out, None, {}, job_id="7") is None
+    assert training_outcome(0, 0, EXITED_143, timed_out, JobEnd("7", "TIMEOUT", 0, False), {}, job_id="7") == timeout
+
+
 @pytest.mark.parametrize(("end", "expected"), [
     (JobEnd("7", "CANCELLED", 0, False), "Slurm job 7 was cancelled outside tfl (scancel)"),
     (JobEnd("7", "TIMEOUT", 0, False), "Slurm job 7 reached its time limit (TIMEOUT); give the slurm block a longer \"time\""),

@@ -47,6 +47,13 @@ def test_example_file_is_valid() -> None:
     ({"cluster": {"chief": ["a:1"]}, "env": {"TF_CONFIG": "{}"}}, "env sets TF_CONFIG, which tfl sets for each task; remove it"),
     ({"cluster": {"chief": ["a:1"]}, "hosts": {"a": {"env": {"TFL_TASK": "x"}}}}, "env sets TFL_TASK"),
     ({"cluster": {"chief": ["a:1"]}, "ssh": {"port": 0}}, "c.json: ssh.port: "),
+    # an SSH host made a relative (or '~') workdir under its login dir, and its tasks then looked for the job at
+    # that path joined twice: one line instead
+    ({"cluster": {"chief": ["a:1"]}, "hosts": {"a": {"workdir": "~/tfl"}}},
+     "c.json: hosts.a.workdir: '~/tfl' is not an absolute path, which an SSH host's working dir must be ('~' is not "
+     "expanded there); write it whole, e.g. /srv/tfl, or leave it out for the run's own dir on the host"),
+    ({"cluster": {"chief": ["localhost:1"]}, "hosts": {"localhost": {"workdir": "w", "ssh": {"port": 2222}}}},
+     "c.json: hosts.localhost.workdir: 'w' is not an absolute path"),
     ({"cluster": {"chief": ["a:1"]}, "env": {"X": 1}}, "c.json: env.X: "),
 ])
 def test_rule_messages(data: object, expected: str) -> None:
@@ -56,8 +63,8 @@ def test_rule_messages(data: object, expected: str) -> None:
 def test_valid_forms() -> None:
     spec = parse_cluster({
         "cluster": {"chief": ["[::1]:2222"], "worker": ["127.0.0.1:2223", "localhost:2224"]},
-        "env": {"A": "1"}, "hosts": {"localhost": {"python": "/usr/bin/python3", "env": {"B": "2"}}},
-    })
+        "env": {"A": "1"}, "hosts": {"localhost": {"python": "/usr/bin/python3", "env": {"B": "2"}, "workdir": "w"}},
+    })  # a relative workdir on this machine is the launcher's cwd's
     assert [str(a) for a in spec.cluster.addresses("chief")] == ["[::1]:2222"]
     assert spec.host("localhost").python == "/usr/bin/python3"
     assert spec.host("127.0.0.1").python is None

@@ -8,6 +8,7 @@ workdir under the test's home) and fails the test if any outlives it.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -190,7 +191,7 @@ def launch_error(args: list[str]) -> str:
 
 
 @pytest.mark.parametrize("problem", ["nothing listening", "auth refused", "unknown host key", "python missing", "port busy",
-                                     "workdir unusable"])
+                                     "workdir unusable", "tensorflow missing"])
 def test_host_problems_are_one_clear_line_and_nothing_runs(problem: str, sshd: Sshd, tmp_path: Path,
                                                            tfl_home: Path) -> None:
     job = write_job(tmp_path / "src", SLEEP_JOB)
@@ -214,7 +215,15 @@ def test_host_problems_are_one_clear_line_and_nothing_runs(problem: str, sshd: S
         extra = {"hosts": {"127.0.0.3": {"workdir": str(tmp_path / "a-file" / "w")}}}  # the code cannot be unpacked there
         expected = (f"127.0.0.3: working dir {tmp_path / 'a-file' / 'w'} cannot be made (NotADirectoryError: Not a directory); "
                     "fix: set hosts.127.0.0.3.workdir to a directory of your own")
+    elif problem == "tensorflow missing":  # refused once the run's dirs, code and kit are on the host
+        bare = tmp_path / "python-without-site"
+        bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+        bare.chmod(0o755)
+        extra = {"hosts": {"127.0.0.3": {"python": str(bare)}}}
+        expected = f"127.0.0.3: tensorflow is not installed for {bare}"
     cluster = two_hosts(tmp_path, sshd, tfl_home, worker_host=worker_host, **extra)
+    on_hosts = {h: set(os.listdir(sshd.home(h) / ".cache" / "tfl" / "runs")) if (sshd.home(h) / ".cache" / "tfl" / "runs").is_dir()
+                else set() for h in sshd.hosts}
     with socket.socket() as busy:
         if problem == "port busy":
             port = int(json.loads(cluster.read_text())["cluster"]["worker"][0].rsplit(":", 1)[1])
@@ -227,6 +236,9 @@ def test_host_problems_are_one_clear_line_and_nothing_runs(problem: str, sshd: S
         assert f"ssh-keyscan -p {sshd.port} 127.0.0.3 >> {tmp_path / 'known_hosts'}" in message
     assert not (tfl_home / "runs").exists() or not list((tfl_home / "runs").iterdir())  # no task was started
     assert tfl_processes(home=str(tfl_home)) == []
+    for host, before in on_hosts.items():  # no run record here: what it left on a host, no `tfl rm` could find
+        runs = sshd.home(host) / ".cache" / "tfl" / "runs"
+        assert (set(os.listdir(runs)) if runs.is_dir() else set()) == before, host
 
 
 def test_start_failure_on_one_host_stops_tasks_already_started(sshd: Sshd, tmp_path: Path, tfl_home: Path) -> None:

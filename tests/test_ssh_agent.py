@@ -392,3 +392,23 @@ def test_a_signal_for_a_task_not_started_yet_reaches_it_once_it_is() -> None:
         proc.wait()
         os.close(read_end)
         os.close(write_end)
+
+
+def test_a_synced_symlink_out_of_the_directory_is_one_line_before_any_host(tmp_path: Path) -> None:
+    """The hosts' unpack (tarfile's "data" filter) refuses such a link host by host, in a line that blamed the
+    workdir and the disk; the launch says which link, before it reaches any host. A link inside stays a link."""
+    from launcher.engines.ssh.wire import archives
+    from launcher.errors import UsageError
+
+    src = tmp_path / "proj"
+    (src / "data").mkdir(parents=True)
+    (src / "train.py").write_text("")
+    (src / "data" / "latest.py").symlink_to("../train.py")  # inside: shipped as it is
+    assert len(archives([(str(src), "/remote/code")])) == 1
+    for name, target in (("etc", "/etc"), ("up", "../../outside.txt")):
+        (src / "data" / name).symlink_to(target)
+        with pytest.raises(UsageError) as info:
+            archives([(str(src), "/remote/code")])
+        assert str(info.value) == (f"--sync {src}: data/{name} is a symlink to {target}, outside the directory, which the hosts "
+                                   "refuse to unpack; remove it, or point it inside the directory with a relative path")
+        (src / "data" / name).unlink()

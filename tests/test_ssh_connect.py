@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from launcher.describe.hosts import SSHTarget
+from launcher.describe.ports import free_port
 from launcher.engines.ssh import connect as connect_mod
 from launcher.engines.ssh import hostkeys, identity
 from launcher.engines.ssh.connect import SSHError, connect, exec_command, reach
@@ -159,6 +160,23 @@ def test_an_unknown_bastion_key_is_refused_in_one_line_naming_the_bastion(sshd: 
     text = str(info.value)
     assert "\n" not in text and text.startswith("127.0.0.3: bastion 127.0.0.2 (ssh.jump): host key of [127.0.0.2]")
     assert f"ssh-keyscan -p {sshd.port} 127.0.0.2 >> {known}" in text
+    assert connect_mod._BASTIONS._open == {}
+
+
+@pytest.mark.parametrize("jump, fix", [
+    (f"{NOWHERE}:{{free}}", "connection refused on port {free}; is sshd running there, and is the port of ssh.jump "
+                           "(default 22) right?"),
+    ("nobody@127.0.0.2:{port}", "ssh authentication refused for nobody with {key}; add the public key to "
+                                "~/.ssh/authorized_keys on 127.0.0.2 or fix the user of ssh.jump (default ssh.user) / "
+                                "ssh.identity_file"),
+])
+def test_a_bastion_that_refuses_names_the_jump_not_ssh_port_or_ssh_user(sshd: Sshd, jump: str, fix: str) -> None:
+    """The bastion's port defaults to 22 and its user is the jump's: ssh.port and ssh.user are the hosts'."""
+    free = free_port()  # on NOWHERE nothing listens at it
+    with pytest.raises(SSHError) as info:
+        connect(target(sshd, "127.0.0.3", jump=jump.format(port=sshd.port, free=free)))
+    bastion = jump.split("@")[-1].split(":")[0]
+    assert str(info.value) == f"127.0.0.3: bastion {bastion} (ssh.jump): " + fix.format(key=sshd.client_key, free=free)
     assert connect_mod._BASTIONS._open == {}
 
 

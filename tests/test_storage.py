@@ -125,3 +125,23 @@ def test_resume_of_a_multi_host_run_without_shared_storage_is_refused_in_one_lin
                    plan({"chief": ["h1:1000"], "worker": ["h1:1001"]})):
         why = refusal(stopped(shared, "r2"))
         assert why is None or "cannot see" not in why, why
+
+
+def test_the_summary_suggests_a_resume_only_where_tfl_resume_would_take_it() -> None:
+    """A stopped two-host run without shared storage: `tfl resume` refuses it, so its summary says
+    why instead of sending the user to that refusal."""
+    from launcher.records.states import RunState
+    from launcher.records.store import RunRecord
+    from launcher.views.report import summary
+
+    def stopped(the_plan: LaunchPlan) -> str:
+        return summary(RunRecord(run_id="r1", job="/j.py", job_args=[], run_dir="/runs/r1", created=1.0,
+                                 state=RunState.STOPPED, plan=the_plan.to_dict()))
+
+    alone = stopped(plan(TWO_HOSTS))
+    assert "tfl resume" not in alone
+    assert alone.splitlines()[-1] == ("  no resume: the chief's checkpoint on h1 is not seen on h2 (no shared storage); launch "
+                                      'the job again with "storage": {"path": "/mnt/shared/tfl"} in the cluster file or a '
+                                      "shared --model-dir")
+    for shared in (plan(TWO_HOSTS, storage={"path": "/mnt/shared"}), plan({"chief": ["h1:1000"], "worker": ["h1:1001"]})):
+        assert stopped(shared).splitlines()[-1] == "  resume it from its last checkpoint: tfl resume r1"

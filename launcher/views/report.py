@@ -7,6 +7,8 @@ from typing import Any, Callable, Sequence, TextIO
 
 from launcher.contract import PREEMPTED_EXIT_CODE, PREEMPTED_PHASE, ProgressRecord
 from launcher.engines.base import NO_ANSWER
+from launcher.plan.launch_plan import LaunchPlan
+from launcher.plan.storage import EXAMPLE, restart_need
 from launcher.records.states import RunState
 from launcher.records.store import FailureRecord, RunRecord, UnreadableRun
 from launcher.views.diagnosis import known_fix
@@ -200,9 +202,21 @@ def summary(record: RunRecord) -> str:
         lines.append(f"  stopped because of it: {', '.join(record.stopped_because_of_failure)}")
     lines.append(f"  logs: {record.run_dir}/logs   status: tfl status {record.run_id}")
     if record.state in (RunState.STOPPED, RunState.PREEMPTED, RunState.FAILED):
-        fix = " (once its cause is fixed)" if record.state == RunState.FAILED else ""
-        lines.append(f"  resume it{fix} from its last checkpoint: tfl resume {record.run_id}")
+        lines += _resume_hint(record)
     return "\n".join(lines)
+
+
+def _resume_hint(record: RunRecord) -> list[str]:
+    """How to resume the run, or why a resume would be refused (``tfl resume``'s own rule):
+    never a suggestion that ends in a refusal."""
+    if not record.plan:  # it never started: there is nothing to resume
+        return []
+    unseen = restart_need(LaunchPlan.from_dict(record.plan))
+    if unseen is not None:
+        return [f"  no resume: the chief's checkpoint on {unseen[0]} is not seen on {', '.join(unseen[1])} (no shared "
+                f"storage); launch the job again with {EXAMPLE} in the cluster file or a shared --model-dir"]
+    fix = " (once its cause is fixed)" if record.state == RunState.FAILED else ""
+    return [f"  resume it{fix} from its last checkpoint: tfl resume {record.run_id}"]
 
 
 def restart_counts(record: RunRecord) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from types import ModuleType
@@ -12,8 +13,11 @@ from typing import Any
 
 from launcher.engines.ray.node import INSTALL_HINT
 from launcher.engines.ray.plan import NAMESPACE
+from launcher.engines.ray.settings import endpoint
 from launcher.errors import LaunchError
 
+# Ray's own connect retries an address where nothing listens for minutes, printing its C++ warnings.
+REACH_TIMEOUT = 5.0
 LAUNCHER_DIR = Path(__file__).resolve().parents[2]
 # The job kit, and the task runner the actors are: all a node needs of tfl.
 KIT_FILES = ("__init__.py", "contract.py", "jobkit", "engines/__init__.py", "engines/ray/__init__.py", "engines/ray/node/__init__.py",
@@ -34,6 +38,7 @@ def connect(address: str, env: dict[str, Any] | None = None) -> ModuleType:
     ray = import_ray()
     if ray.is_initialized():
         return ray
+    _check_reachable(address)
     from ray._private import ray_constants
 
     # Under `uv run`, Ray would make every worker `uv run` this project's environment: the nodes
@@ -47,6 +52,19 @@ def connect(address: str, env: dict[str, Any] | None = None) -> ModuleType:
         raise LaunchError(f"ray.address {address}: cannot connect to the Ray cluster ({said}); start it (`ray start --head`) "
                           "or fix ray.address in the description") from None
     return ray
+
+
+def _check_reachable(address: str) -> None:
+    """One line, within seconds, when nothing answers at a named address."""
+    named = endpoint(address)
+    if named is None:  # "auto": Ray finds the cluster itself, and says so at once when there is none
+        return
+    try:
+        socket.create_connection(named, timeout=REACH_TIMEOUT).close()
+    except OSError as exc:
+        said = f"no answer in {REACH_TIMEOUT:.0f} s" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+        raise LaunchError(f"ray.address {address}: nothing answers at {named[0]}:{named[1]} ({said}); start the cluster "
+                          "(`ray start --head`) or fix ray.address in the description") from None
 
 
 def disconnect() -> None:

@@ -43,6 +43,12 @@ def address_problem(value: str) -> str | None:
     return None
 
 
+def endpoint(value: str) -> tuple[str, int] | None:
+    """The host and port a valid Ray address names (the GCS or the Ray Client server); None for "auto"."""
+    match = _HOST_PORT.fullmatch(value.removeprefix("ray://"))
+    return None if match is None else (match.group(1).strip("[]"), int(match.group(2)))
+
+
 class RaySettings(_Strict):
     """Where the Ray cluster is, and what the run asks of it: one bundle per task."""
 

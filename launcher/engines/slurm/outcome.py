@@ -20,6 +20,7 @@ having ended the rest, says 143). The batch script applies the same rule (``pree
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ from launcher.engines.slurm.jobstate import SrunTaskFailure, parse_srun_failures
 from launcher.engines.slurm.node.batch import LostNodes, StepEvents
 from launcher.engines.slurm.node.nodes import NODE_FAILURE, task_of_rank
 
+# slurmstepd's line in srun's stderr when the step was cancelled: bare, someone's scancel; "DUE TO TIME LIMIT",
+# the time limit; any other "DUE TO …" (preemption, node failure) is told apart elsewhere.
+_CANCELLED = re.compile(r"\*\*\* STEP (\S+) ON \S+ CANCELLED AT (\S+)(?: DUE TO ([A-Z ]+?))? \*\*\*")
 # srun names a signalled task by strsignal(): "Killed", "Terminated", "Segmentation fault"...
 _SIGNAL_WORDS = {signal.strsignal(s) or s.name: -int(s) for s in signal.Signals}
 
@@ -105,6 +109,9 @@ def training_outcome(rank: int, attempt: int, events: StepEvents, srun_err: str,
     if node is not None or (end is not None and end.state == "NODE_FAIL"):
         victim = next((r for r, n in sorted(nodes.items()) if n == node), 0)
         return Outcome(status or 1, node_failure(job_id, node, ended=not elastic), node) if rank == victim else None
+    cancelled = cancellation(srun_err, end, job_id)
+    if cancelled is not None:  # the tasks srun reports "Terminated" were ended by it, not the cause
+        return Outcome(status or 1, cancelled) if rank == 0 else None
     if status is not None:
         cause = root_cause(parse_srun_failures(srun_err))
         if cause is None:  # srun failed without naming a task (e.g. it could not start the step)
@@ -115,6 +122,19 @@ def training_outcome(rank: int, attempt: int, events: StepEvents, srun_err: str,
         return Outcome(failure_code(cause)) if rank in cause.ranks else None
     assert end is not None
     return Outcome(end.exit_code or 1, describe_end(end)) if rank == 0 else None
+
+
+def cancellation(srun_err: str, end: JobEnd | None, job_id: str) -> str | None:
+    """One line when someone cancelled the job or its training step outside tfl (``scancel``), or the job
+    reached its time limit; else None."""
+    if end is not None and end.state in ("CANCELLED", "TIMEOUT") and not end.by_tfl:
+        return describe_end(end)
+    match = _CANCELLED.search(srun_err)
+    if match is None or match[3] not in (None, "TIME LIMIT"):
+        return None
+    if match[3] == "TIME LIMIT":
+        return describe_end(JobEnd(job_id, "TIMEOUT", None, False))
+    return f"Slurm step {match[1]} was cancelled outside tfl (scancel at {match[2]})"
 
 
 def node_failure(job_id: str, node: str | None, ended: bool = True) -> str:

@@ -60,8 +60,9 @@ class SSHError(LaunchError):
         self.host, self.cause = host, message
 
 
-def connect(target: SSHTarget) -> Connection:
-    """An open, authenticated connection, or an ``SSHError`` with the fix."""
+def connect(target: SSHTarget, bastion_of: str | None = None) -> Connection:
+    """An open, authenticated connection, or an ``SSHError`` with the fix. ``bastion_of``: the
+    target is a bastion, set there (``Jump.origin``): its user and port come from that, not ssh.*."""
     key = os.path.expanduser(target.identity_file) if target.identity_file else None
     if key and not os.path.isfile(key):
         raise SSHError(target.host, f"identity file {key} not found (fix ssh.identity_file in the cluster file)")
@@ -76,7 +77,7 @@ def connect(target: SSHTarget) -> Connection:
             raise
         except Exception as exc:  # paramiko raises many unrelated types; each becomes one line
             if not _dropped(exc) or attempt == TRIES:
-                raise _explain(target, exc, jump) from None
+                raise _explain(target, exc, jump, bastion_of) from None
         _sleep(min(BACKOFF_CAP, BACKOFF * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0))
     raise AssertionError("unreachable")
 
@@ -228,7 +229,7 @@ class _Bastions:
                     raise SSHError(host, failed[1])
                 attempt = self._tries[key] = self._tries.get(key, 0) + 1
             try:
-                conn = connect(key)
+                conn = connect(key, bastion_of=jump.origin)
             except SSHError as exc:
                 message = f"{jump.describe()}: {exc.cause}"
                 with self._lock:
@@ -304,10 +305,13 @@ def _dropped(exc: BaseException) -> bool:
     return any(isinstance(e, _DROPS) for e in (exc, exc.__context__, exc.__cause__))
 
 
-def _explain(target: SSHTarget, exc: Exception, jump: Jump | None) -> SSHError:
+def _explain(target: SSHTarget, exc: Exception, jump: Jump | None, bastion_of: str | None = None) -> SSHError:
     import paramiko
 
     host, port, known = target.host, target.port, target.known_hosts_file
+    # a bastion's user and port are its jump's ([user@]host[:port]; ssh.user and 22 by default), never ssh.port
+    user_field = f"the user of {bastion_of} (default ssh.user)" if bastion_of else "ssh.user"
+    port_field = f"the port of {bastion_of} (default 22)" if bastion_of else "ssh.port"
     if _dropped(exc):
         via = f" (through {jump.describe()})" if jump else ""
         return SSHError(host, f"sshd on {target.address}{via} closed the connection before its greeting, {TRIES} times "
@@ -325,15 +329,15 @@ def _explain(target: SSHTarget, exc: Exception, jump: Jump | None) -> SSHError:
         who = target.user or "the default user"
         keys = target.identity_file or "ssh-agent / ~/.ssh keys"
         return SSHError(host, f"ssh authentication refused for {who} with {keys}; add the public key to "
-                              f"~/.ssh/authorized_keys on {host} or fix ssh.user / ssh.identity_file")
+                              f"~/.ssh/authorized_keys on {host} or fix {user_field} / ssh.identity_file")
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) or isinstance(exc, ConnectionRefusedError):
-        return SSHError(host, f"connection refused on port {port}; is sshd running there, and is ssh.port right?")
+        return SSHError(host, f"connection refused on port {port}; is sshd running there, and is {port_field} right?")
     if isinstance(exc, TimeoutError) or "timed out" in str(exc).lower():
         return SSHError(host, f"no answer on port {port} within {target.connect_timeout:g} s; check the host name and "
                               "the network / firewall, or raise ssh.connect_timeout")
     if "protocol banner" in str(exc):
         return SSHError(host, f"port {port} answers, but no SSH server spoke within {target.connect_timeout:g} s; "
-                              "is ssh.port the sshd's port?")
+                              f"is {port_field} the sshd's port?")
     if isinstance(exc, socket.gaierror):
         return SSHError(host, f"unknown host name ({exc}); fix the host in the cluster file")
     return SSHError(host, f"ssh to {target} failed: {type(exc).__name__}: {exc}")

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str], firewalls: Firewalls) -> list[Check]:
     """Reach every SSH host of the plan at once and get it ready: its checks, or the first
-    failure to reach one raises. ``caches`` gets each ready host's per-user tfl dir; a host
+    failure to reach one raises. ``caches`` gets the per-user tfl dir of each host where the run's dirs
+    were made (so ``close`` removes them there, also after a refusal that came later); a host
     with ``ssh.firewall`` gets the run's table (``firewall``) last, once all else passed.
     The code's tarballs are built once for the launch and sent to every host (``Tarballs``)."""
     tarballs = Tarballs()
@@ -42,6 +43,8 @@ def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str], fire
             return checks
         cache = facts["tfl_cache"]
         done = converse(chan, unpack_request(by_host[host.host], cache, tarballs), host.host, host.python)
+        if not done.get("dirs"):  # the run's dirs are made there and are ours: a refusal below still removes them
+            caches[host.host] = cache
         if "error" in done:
             raise SSHError(host.host, f"could not unpack the code there ({done['error']}); check hosts.{host.host}.workdir "
                                       "and free disk there, or use --no-sync if the code is already on the host")
@@ -49,9 +52,6 @@ def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str], fire
         refused = None if _failed(checks) else firewalls.ensure(plan, host.host)  # before any task starts
         if refused is not None:
             checks.append(Check(host.host, "firewall", "fail", refused))
-        if _failed(checks):
-            return checks
-        caches[host.host] = cache
         return checks
 
     results = parallel(reach, host_tasks(plan))

@@ -13,6 +13,7 @@ travels as one more tarball (``kit_archive``): tasks on a host need nothing of t
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import json
 import os
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.engines.ssh.connect import SSHError, finish_command, start_command
+from launcher.errors import UsageError
 
 if TYPE_CHECKING:
     from fabric import Connection
@@ -167,14 +169,24 @@ def _tarball(items: list[tuple[str, str]]) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for local, name in items:
-            tar.add(local, arcname=name, filter=_skip_caches)
+            tar.add(local, arcname=name, filter=functools.partial(_shipped, local=local))
     return buffer.getvalue()
 
 
-def _skip_caches(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+def _shipped(info: tarfile.TarInfo, local: str) -> tarfile.TarInfo | None:
+    """``info`` as shipped (None: a cache, left out). A symlink out of the directory is refused here, in
+    one line naming it: the hosts' unpack (tarfile's "data" filter) would refuse it, host by host."""
     if any(p in SKIP_DIRS for p in info.name.split("/")) or info.name.endswith(".pyc"):
         return None
+    if info.issym() and _escapes(info.name, info.linkname):
+        name = info.name.removeprefix("./")
+        raise UsageError(f"--sync {local}: {name} is a symlink to {info.linkname}, outside the directory, which the hosts "
+                         "refuse to unpack; remove it, or point it inside the directory with a relative path")
     return info
+
+
+def _escapes(name: str, target: str) -> bool:
+    return os.path.isabs(target) or os.path.normpath(os.path.join(os.path.dirname(name), target)).split("/")[0] == ".."
 
 
 def cleanup_request(tasks: list[TaskLaunch]) -> dict[str, Any] | None:
