@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from launcher.engines.ssh import firewall
-from launcher.engines.ssh.connect import SSHError
+from launcher.engines.ssh.failures import SSHError
 from launcher.engines.ssh.node import agent_firewall as agent
 
 

@@ -18,7 +18,7 @@ import pytest
 from launcher.describe.hosts import SSHTarget
 from launcher.engines.parallel import first_error
 from launcher.engines.ssh import pool as pool_module
-from launcher.engines.ssh.connect import SSHError
+from launcher.engines.ssh.failures import SSHError
 from launcher.engines.ssh.watch import SILENT_AFTER, HostWatch, reachable
 from launcher.errors import LaunchError, ResourceLimitError
 from launcher.limits import limit_error, own_fault

@@ -257,7 +257,8 @@ def test_start_failure_on_one_host_stops_tasks_already_started(sshd: Sshd, tmp_p
 
 def test_a_port_that_is_not_sshd_is_named_as_such(tmp_path: Path) -> None:
     from launcher.describe.hosts import SSHTarget
-    from launcher.engines.ssh.connect import SSHError, connect
+    from launcher.engines.ssh.connect import connect
+    from launcher.engines.ssh.failures import SSHError
 
     with socket.socket() as silent:  # accepts connections, never says a word
         silent.bind((NOWHERE, 0))

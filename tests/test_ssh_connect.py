@@ -18,7 +18,8 @@ from launcher.describe.hosts import SSHTarget
 from launcher.describe.ports import free_port
 from launcher.engines.ssh import connect as connect_mod
 from launcher.engines.ssh import hostkeys, identity
-from launcher.engines.ssh.connect import SSHError, connect, exec_command, reach
+from launcher.engines.ssh.connect import connect, exec_command, reach
+from launcher.engines.ssh.failures import SSHError
 from tests.sshd import NOWHERE, Sshd, start_sshd, stop_sshd
 
 pytestmark = pytest.mark.ssh

@@ -29,7 +29,8 @@ from typing import Any, Callable, Protocol, TypeVar
 from launcher.contract import ATTEMPT, PROGRESS_FILE
 from launcher.engines.base import Cleanup, TaskLive, TaskProcess
 from launcher.engines.preflight import Check, HostTasks
-from launcher.engines.ssh.connect import SSHError, reach
+from launcher.engines.ssh.connect import reach
+from launcher.engines.ssh.failures import SSHError
 from launcher.engines.ssh.firewall import Firewalls
 from launcher.engines.ssh.pool import HEARTBEAT_TIMEOUT, HostPool
 from launcher.engines.ssh.prepare import cleanup_hosts, prepare_hosts

@@ -29,11 +29,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from launcher.describe.hosts import SSHTarget
-from launcher.engines.ssh.hostkeys import UnknownHostKey, give_keys, policy
+from launcher.engines.ssh.failures import SSHError, dropped, explain
+from launcher.engines.ssh.hostkeys import give_keys, policy
 from launcher.engines.ssh.identity import private_key
 from launcher.engines.ssh.jump import Jump, hostname, jump_for, ssh_config
 from launcher.engines.ssh.watch import PROBE_TIMEOUT, reachable
-from launcher.errors import LaunchError
 from launcher.limits import limit_error, own_fault
 
 if TYPE_CHECKING:
@@ -52,14 +52,6 @@ IDLE_POLL = 10.0
 _sleep = time.sleep  # the tests' hook
 
 
-class SSHError(LaunchError):
-    """A host could not be reached, authenticated, or used; the message says which and why."""
-
-    def __init__(self, host: str, message: str, task: str | None = None) -> None:
-        super().__init__(f"{task} on {host}: {message}" if task else f"{host}: {message}")
-        self.host, self.cause = host, message
-
-
 def connect(target: SSHTarget, bastion_of: str | None = None) -> Connection:
     """An open, authenticated connection, or an ``SSHError`` with the fix. ``bastion_of``: the
     target is a bastion, set there (``Jump.origin``): its user and port come from that, not ssh.*."""
@@ -76,8 +68,8 @@ def connect(target: SSHTarget, bastion_of: str | None = None) -> Connection:
         except SSHError:
             raise
         except Exception as exc:  # paramiko raises many unrelated types; each becomes one line
-            if not _dropped(exc) or attempt == TRIES:
-                raise _explain(target, exc, jump, bastion_of) from None
+            if not dropped(exc) or attempt == TRIES:
+                raise explain(target, exc, jump, TRIES, bastion_of) from None
         _sleep(min(BACKOFF_CAP, BACKOFF * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0))
     raise AssertionError("unreachable")
 
@@ -289,58 +281,6 @@ def _raise_own_fault(exc: BaseException) -> None:
     fault = own_fault(exc)
     if fault is not None:
         raise limit_error(fault, "watching the hosts") from None
-
-
-_DROPS = (EOFError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
-
-
-def _dropped(exc: BaseException) -> bool:
-    """An open the far side closed before its greeting (sshd's MaxStartups), or a bastion short of channels."""
-    import paramiko
-
-    if isinstance(exc, paramiko.ChannelException):
-        return bool(exc.code == paramiko.common.OPEN_FAILED_RESOURCE_SHORTAGE)
-    if isinstance(exc, (UnknownHostKey, paramiko.BadHostKeyException, paramiko.AuthenticationException)):
-        return False
-    return any(isinstance(e, _DROPS) for e in (exc, exc.__context__, exc.__cause__))
-
-
-def _explain(target: SSHTarget, exc: Exception, jump: Jump | None, bastion_of: str | None = None) -> SSHError:
-    import paramiko
-
-    host, port, known = target.host, target.port, target.known_hosts_file
-    # a bastion's user and port are its jump's ([user@]host[:port]; ssh.user and 22 by default), never ssh.port
-    user_field = f"the user of {bastion_of} (default ssh.user)" if bastion_of else "ssh.user"
-    port_field = f"the port of {bastion_of} (default 22)" if bastion_of else "ssh.port"
-    if _dropped(exc):
-        via = f" (through {jump.describe()})" if jump else ""
-        return SSHError(host, f"sshd on {target.address}{via} closed the connection before its greeting, {TRIES} times "
-                              "(more connections at once than its MaxStartups lets in?); try again, or raise MaxStartups "
-                              "in its sshd_config")
-    if isinstance(exc, UnknownHostKey):
-        keyscan = f"ssh-keyscan -p {port} {host} >> {known}" if port != 22 else f"ssh-keyscan {host} >> {known}"
-        return SSHError(host, f"host key of {target.address} is not in {known} ({exc}); refusing an unknown host: "
-                              f"check the fingerprint, then add it with `{keyscan}` (or pass --accept-new-host-keys)")
-    if isinstance(exc, paramiko.BadHostKeyException):
-        return SSHError(host, f"HOST KEY CHANGED for {target.address}: {known} holds another key (a reinstalled host, "
-                              "or someone in the middle); if the change is expected remove the old one with "
-                              f"`ssh-keygen -R '{target.address}' -f {known}`")
-    if isinstance(exc, paramiko.AuthenticationException):
-        who = target.user or "the default user"
-        keys = target.identity_file or "ssh-agent / ~/.ssh keys"
-        return SSHError(host, f"ssh authentication refused for {who} with {keys}; add the public key to "
-                              f"~/.ssh/authorized_keys on {host} or fix {user_field} / ssh.identity_file")
-    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) or isinstance(exc, ConnectionRefusedError):
-        return SSHError(host, f"connection refused on port {port}; is sshd running there, and is {port_field} right?")
-    if isinstance(exc, TimeoutError) or "timed out" in str(exc).lower():
-        return SSHError(host, f"no answer on port {port} within {target.connect_timeout:g} s; check the host name and "
-                              "the network / firewall, or raise ssh.connect_timeout")
-    if "protocol banner" in str(exc):
-        return SSHError(host, f"port {port} answers, but no SSH server spoke within {target.connect_timeout:g} s; "
-                              f"is {port_field} the sshd's port?")
-    if isinstance(exc, socket.gaierror):
-        return SSHError(host, f"unknown host name ({exc}); fix the host in the cluster file")
-    return SSHError(host, f"ssh to {target} failed: {type(exc).__name__}: {exc}")
 
 
 def exec_command(conn: Connection, command: str, stdin: bytes = b"", timeout: float = 60.0) -> tuple[int, bytes, bytes]:

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.contract import RUN_ID
 from launcher.engines.parallel import parallel
-from launcher.engines.ssh.connect import SSHError, connect
+from launcher.engines.ssh.connect import connect
+from launcher.engines.ssh.failures import SSHError
 from launcher.engines.ssh.pool import HEARTBEAT_TIMEOUT
 from launcher.engines.ssh.wire import agent_command, agent_input, agent_request, converse
 from launcher.plan.launch_plan import LaunchPlan, TaskLaunch

@@ -8,7 +8,8 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from launcher.describe.hosts import SSHTarget
-from launcher.engines.ssh.connect import SSHError, connect, open_channel
+from launcher.engines.ssh.connect import connect, open_channel
+from launcher.engines.ssh.failures import SSHError
 from launcher.engines.ssh.wire import agent_command, agent_input, python_failure
 from launcher.limits import limit_error, own_fault
 from launcher.plan.launch_plan import TaskLaunch

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.engines.parallel import first_error, parallel
 from launcher.engines.preflight import Check, HostTasks, host_tasks, judge, judge_setup, probe_request
-from launcher.engines.ssh.connect import SSHError
+from launcher.engines.ssh.failures import SSHError
 from launcher.engines.ssh.wire import Tarballs, agent_request, archives, cleanup_request, converse, kit_archive
 from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
 

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.engines.parallel import parallel
 from launcher.engines.preflight import Check, HostTasks, judge, judge_storage, probe_request
-from launcher.engines.ssh.connect import SSHError, connect, open_channel
+from launcher.engines.ssh.connect import connect, open_channel
+from launcher.engines.ssh.failures import SSHError
 from launcher.engines.ssh.wire import agent_command, agent_input, converse, kit_data
 
 if TYPE_CHECKING:

@@ -24,7 +24,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.engines.ssh.connect import SSHError, finish_command, start_command
+from launcher.engines.ssh.connect import finish_command, start_command
+from launcher.engines.ssh.failures import SSHError
 from launcher.errors import UsageError
 
 if TYPE_CHECKING:
