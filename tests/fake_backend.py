@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Callable
 
-from launcher.engines.base import Cleanup, TaskLive, TaskProcess
+from launcher.engines.base import Cleanup, Stopped, TaskLive, TaskProcess
 from launcher.engines.preflight import Check, HostTasks, host_tasks
 from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
 from launcher.records.states import TaskState
@@ -67,10 +67,10 @@ class FakeBackend:
         return {t.task: TaskLive(alive=t.state == TaskState.RUNNING, cpu_percent=12.5 if ask else None, rss_mb=64.0)
                 for t in record.tasks}
 
-    def stop_recorded(self, record: RunRecord, grace: float) -> int:
+    def stop_recorded(self, record: RunRecord, grace: float) -> Stopped:
         running = [t for t in record.tasks if t.state == TaskState.RUNNING]
         CALLS.append(f"stop_recorded {len(running)}")
-        return len(running)
+        return Stopped(len(running))
 
     def clean_recorded(self, record: RunRecord) -> Cleanup:
         CALLS.append("clean_recorded")

@@ -300,6 +300,36 @@ def test_tfl_stop_after_launcher_kill9_on_ssh_hosts(sshd: Sshd, tmp_path: Path, 
     assert again.returncode == 0 and "already stopped; nothing to stop" in again.stdout
 
 
+def test_tfl_stop_names_each_host_it_could_not_reach_and_what_becomes_of_its_tasks(
+        sshd: Sshd, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    launcher, run = start_sleepers(sshd, tmp_path, tfl_home, child_env)
+    launcher.kill()
+    launcher.wait()
+    store = RunStore(tfl_home)
+    record = store.load(run)
+    plan = record.plan
+    cut = json.loads(json.dumps(plan))
+    for task in cut["tasks"]:
+        if task["host"] == "127.0.0.3":
+            task["ssh"]["host"] = NOWHERE  # as if the host had gone: nothing answers there
+    record.plan = cut
+    store.save(record)
+    stopped = tfl(["stop", run, "--grace-period", "2"], child_env)
+    assert stopped.returncode == 0, stopped.stderr
+    lines = stopped.stdout.splitlines()
+    # the agents fenced their tasks when the killed launcher's connections closed: 0 or 1 still alive on 127.0.0.2
+    assert re.fullmatch(rf"run {run}: stopped [01] process\(es\) left by a launcher that was gone", lines[0]), lines
+    assert len(lines) == 2 and lines[1].startswith(f"  not reached: 127.0.0.3: connection refused on port {sshd.port}"), lines
+    assert lines[1].endswith("its agent there ends them once it loses the launcher: at once when the launcher's "
+                             "connection closes, else 30 s after its last word (ssh.fence_after)"), lines
+    wait_for(lambda: tfl_processes(run_id=run) == [], timeout=10)
+    record = store.load(run)
+    record.plan = plan
+    store.save(record)
+    again = tfl(["stop", run], child_env)  # the host is back: nothing left there to stop, nothing said of it
+    assert again.returncode == 0 and again.stdout.strip() == f"run {run}: already stopped; nothing to stop", again.stdout
+
+
 def test_detach_checks_hosts_before_returning_then_runs(sshd: Sshd, tmp_path: Path, tfl_home: Path,
                                                         child_env: dict[str, str]) -> None:
     """--detach returns once the background launcher has checked the hosts and recorded the run: a

@@ -18,6 +18,7 @@ import pytest
 
 from launcher.describe.hosts import RemoteOptions
 from launcher.describe.kinds import load_description
+from launcher.engines.base import Stopped
 from launcher.engines.ssh import recorded, wire
 from launcher.records.store import RunStore
 from launcher.runs import launch as core
@@ -149,7 +150,7 @@ def test_stop_of_a_run_whose_launcher_is_gone_asks_each_host_once_and_all_wait_t
         connects: list[str] = []
         real = recorded.connect
         monkeypatch.setattr(recorded, "connect", lambda target: connects.append(target.host) or real(target))
-        assert recorded.stop(record, grace=1.0) == hosts
+        assert recorded.stop(record, grace=1.0) == Stopped(hosts)
         assert not any(pid_alive(pid) for pid in pids)  # SIGTERM ignored: the SIGKILL after the grace ended them
         assert sorted(connects) == sorted(HOSTS[:hosts] * 2), connects  # the stop's and the cleanup's, once per host
     finally:

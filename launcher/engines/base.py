@@ -66,6 +66,15 @@ class Cleanup:
     bytes_freed: int = 0
 
 
+@dataclass
+class Stopped:
+    """What ``stop_recorded`` did: how many of the run's processes it found alive and stopped,
+    and the hosts it could not ask (each ``"host: why; what becomes of its tasks"``)."""
+
+    alive: int = 0
+    unreached: list[str] = field(default_factory=list)
+
+
 class Backend(Protocol):
     name: str  # as recorded in the run's record; ``launcher.engines.registry.get(name)`` makes one
     # True when ``start`` is mostly waiting (a round trip to a host): the supervisor then
@@ -119,9 +128,10 @@ class Backend(Protocol):
         where that is costly (over SSH); else answer from what is at hand."""
         ...
 
-    def stop_recorded(self, record: RunRecord, grace: float) -> int:
+    def stop_recorded(self, record: RunRecord, grace: float) -> Stopped:
         """Stop what is left of a run whose launcher is gone: SIGTERM, ``grace``, SIGKILL to
-        every task still alive (``launcher.engines.teardown``). Idempotent; returns how many it signalled."""
+        every task still alive (``launcher.engines.teardown``). Idempotent; says how many it
+        signalled, and which hosts it could not reach (never raised for one host)."""
         ...
 
     def clean_recorded(self, record: RunRecord) -> Cleanup:

@@ -15,6 +15,7 @@ from typing import Callable, TextIO
 import psutil
 
 from launcher.engines import registry
+from launcher.engines.base import Stopped
 from launcher.engines.teardown import teardown
 from launcher.errors import UsageError
 from launcher.records.identity import is_running, launcher_identity
@@ -24,6 +25,7 @@ from launcher.tasks import TaskId
 from launcher.views.logs import LogFollower
 from launcher.views.status import effective_state
 
+SHOWN = 8  # hosts not reached, named one by one; the rest counted
 LAUNCHER_EXTRA_GRACE = 15.0  # beyond its grace: the launcher's SIGKILL of its tasks (teardown.KILL_WAIT) and last save
 
 
@@ -45,13 +47,20 @@ def stop_run(store: RunStore, record: RunRecord, grace: float | None = None) -> 
         if not record.state.is_terminal:
             store.request_stop(record)  # this SIGTERM is the user's: the run ends STOPPED, not PREEMPTED
         teardown([launcher], signal=_send, alive=is_running, grace=wait, kill_wait=5.0)
-    left = registry.get(record.backend).stop_recorded(store.load(record.run_id), grace)
+    stopped = registry.get(record.backend).stop_recorded(store.load(record.run_id), grace)
     record = store.load(record.run_id)
     if record.state.is_terminal:
-        did = "stopped" if launcher or left else f"already {record.state.value}; nothing to stop"
-        return f"run {record.run_id}: {did}"
+        did = "stopped" if launcher or stopped.alive else f"already {record.state.value}; nothing to stop"
+        return f"run {record.run_id}: {did}" + _unreached(stopped)
     _mark_stopped(store, record, "stopped by `tfl stop` (the launcher was gone)")
-    return f"run {record.run_id}: stopped {left} process(es) left by a launcher that was gone"
+    return f"run {record.run_id}: stopped {stopped.alive} process(es) left by a launcher that was gone" + _unreached(stopped)
+
+
+def _unreached(stopped: Stopped) -> str:
+    """The hosts the stop could not ask, one line each (the first ``SHOWN``)."""
+    lines = [f"\n  not reached: {why}" for why in stopped.unreached[:SHOWN]]
+    more = len(stopped.unreached) - SHOWN
+    return "".join(lines) + (f"\n  not reached: {more} more host(s)" if more > 0 else "")
 
 
 def _send(proc: psutil.Process, signum: int) -> None:

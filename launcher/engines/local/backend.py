@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import psutil
 
-from launcher.engines.base import Cleanup, TaskLive, TaskProcess
+from launcher.engines.base import Cleanup, Stopped, TaskLive, TaskProcess
 from launcher.engines.local.netns import PrivateNetwork, resolve_network
 from launcher.engines.preflight import Check, HostTasks, diagnose, host_tasks, probe_request
 from launcher.engines.teardown import teardown
@@ -199,13 +199,13 @@ class LocalBackend:
                 uptime_s=round(time.time() - task.create_time, 1) if proc and task.create_time else None)
         return live
 
-    def stop_recorded(self, record: RunRecord, grace: float) -> int:
+    def stop_recorded(self, record: RunRecord, grace: float) -> Stopped:
         """Every process of the run: the recorded tasks (pid and create time) and anything
         carrying its ``TFL_RUN_ID`` marker, by process group."""
         known = {p.pid: p for t in record.tasks if (p := identity.task_identity(record, t).find())}
         found = identity.marked_processes(record.run_id, known, record.run_dir)
         teardown(found, signal=identity.signal_group, alive=identity.is_running, grace=grace, kill_wait=5.0)
-        return len(found)
+        return Stopped(len(found))
 
     def clean_recorded(self, record: RunRecord) -> Cleanup:
         return Cleanup()  # a local run's files all lie in its run dir, which the run store removes

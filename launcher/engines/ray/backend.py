@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Callable
 
 from launcher import contract
-from launcher.engines.base import Cleanup, TaskLive, TaskProcess
+from launcher.engines.base import Cleanup, Stopped, TaskLive, TaskProcess
 from launcher.engines.preflight import Check, HostTasks
 from launcher.engines.ray import recorded
 from launcher.engines.ray.connect import connect, disconnect, kit_dir, runtime_env
@@ -184,8 +184,8 @@ class RayBackend:
     def inspect(self, record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
         return recorded.inspect(record, ask=ask)
 
-    def stop_recorded(self, record: RunRecord, grace: float) -> int:
-        return recorded.stop(record, grace)
+    def stop_recorded(self, record: RunRecord, grace: float) -> Stopped:
+        return Stopped(recorded.stop(record, grace))
 
     def clean_recorded(self, record: RunRecord) -> Cleanup:
         return recorded.clean(record)

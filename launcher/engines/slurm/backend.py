@@ -30,7 +30,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Callable
 
-from launcher.engines.base import Cleanup, GroupResize, TaskLive, TaskProcess
+from launcher.engines.base import Cleanup, GroupResize, Stopped, TaskLive, TaskProcess
 from launcher.engines.preflight import Check, HostTasks
 from launcher.engines.slurm import recorded
 from launcher.engines.slurm.job import SlurmJob, sbatch_message
@@ -207,8 +207,8 @@ class SlurmBackend:
     def describe(self, record: RunRecord) -> dict[str, str]:
         return recorded.describe(record, self._run)
 
-    def stop_recorded(self, record: RunRecord, grace: float) -> int:
-        return recorded.stop(record, self._run, grace)
+    def stop_recorded(self, record: RunRecord, grace: float) -> Stopped:
+        return Stopped(recorded.stop(record, self._run, grace))
 
     def clean_recorded(self, record: RunRecord) -> Cleanup:
         """Nothing outside the run dir: a Slurm run's files (script, logs, progress) are in it,

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any, Callable, Protocol, TypeVar
 
 from launcher.contract import ATTEMPT, PROGRESS_FILE
-from launcher.engines.base import Cleanup, TaskLive, TaskProcess
+from launcher.engines.base import Cleanup, Stopped, TaskLive, TaskProcess
 from launcher.engines.preflight import Check, HostTasks
 from launcher.engines.ssh.connect import reach
 from launcher.engines.ssh.failures import SSHError
@@ -262,7 +262,7 @@ class SSHBackend:
 
         return recorded.inspect(record, ask=ask)
 
-    def stop_recorded(self, record: RunRecord, grace: float) -> int:
+    def stop_recorded(self, record: RunRecord, grace: float) -> Stopped:
         from launcher.engines.ssh import recorded
 
         return recorded.stop(record, grace)

@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from launcher.contract import PROGRESS_FILE, RUN_DIR
 from launcher.describe.hosts import HOST_CACHE, SSHTarget
-from launcher.engines.base import NO_ANSWER, Cleanup, TaskLive
+from launcher.engines.base import NO_ANSWER, Cleanup, Stopped, TaskLive
 from launcher.engines.parallel import parallel
 from launcher.engines.ssh.connect import connect
+from launcher.engines.ssh.failures import SSHError
 from launcher.engines.ssh.firewall import unfence
 from launcher.engines.ssh.wire import agent_answer, agent_request, agent_start, cleanup_request
 from launcher.limits import limit_error, own_fault
@@ -166,26 +167,35 @@ def inspect(record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
     return live
 
 
-def stop(record: RunRecord, grace: float) -> int:
+def stop(record: RunRecord, grace: float) -> Stopped:
     """SIGTERM, grace, SIGKILL to the run's SSH tasks still alive on their hosts (the agent's
     ``stop``: the same steps as ``launcher.engines.teardown``, waited for on the hosts). Every host
     gets one connection and one agent session, opened ``ASKERS`` at a time; then all of them run
     their stop at once and are waited for together, for the grace and the kill's wait at most.
     Their agents also kill them on their own once the launcher's connection is gone; this makes
-    it immediate. Returns how many were alive. A run whose launcher is gone had no one to remove
-    the code it shipped: that is done here.
+    it immediate. Says how many were alive, and each host that could not be asked: its agent
+    ends the tasks there on its own once it has lost the launcher. A
+    run whose launcher is gone had no one to remove the code it shipped: that is done here.
     """
     hosts = _recorded(record)
     if not hosts:
-        return 0
+        return Stopped()
     results = _stop_hosts(hosts, grace)
     if fault := next((f for r in results.values() if isinstance(r, Exception) and (f := own_fault(r))), None):
         raise limit_error(fault, "stopping the tasks")  # the launcher's own limit: no host is unreachable for it
     alive = sum(1 for r in results.values() if not isinstance(r, Exception) for outcome in r.values() if outcome != "gone")
+    unreached = [f"{host}: {_why(result)}; its agent there ends them once it loses the launcher: at once when the "
+                 f"launcher's connection closes, else {hosts[host][0].fence_after:g} s after its last word (ssh.fence_after)"
+                 for host, result in results.items() if isinstance(result, Exception)]
     if not record.state.is_terminal:
         cleanup(record)
         unfence(record)  # its agents removed the tables when they lost the launcher: this makes sure
-    return alive
+    return Stopped(alive, unreached)
+
+
+def _why(exc: Exception) -> str:
+    """An error about a host, without the host's name that ``SSHError`` puts first."""
+    return exc.cause if isinstance(exc, SSHError) else str(exc) or type(exc).__name__
 
 
 def _stop_hosts(hosts: HostTasks, grace: float) -> dict[str, dict[str, str] | Exception]:
@@ -272,7 +282,7 @@ def clean(record: RunRecord) -> Cleanup:
     done.left += [f"{host}: {left}" for host, left in unfence(record).items() if left]
     for host, result in zip(hosts, parallel(remove, list(hosts)), strict=True):
         if isinstance(result, Exception):
-            done.left.append(f"{host}: {result}; left {', '.join(hosts[host][2])} there")
+            done.left.append(f"{host}: {_why(result)}; left {', '.join(hosts[host][2])} there")
             continue
         for path, outcome in result.items():
             if "error" in outcome:
