@@ -9,7 +9,7 @@ import pytest
 
 from launcher.errors import UnreadableRunError
 from launcher.records.states import RunState, TaskState
-from launcher.records.store import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
+from launcher.records.store import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord, id_safe
 
 
 def record(run_dir: Path) -> RunRecord:
@@ -58,3 +58,12 @@ def test_store_names_unreadable_records(tmp_path: Path) -> None:
     assert "state.json cannot be read: record: " in unreadable[0].reason
     with pytest.raises(UnreadableRunError, match="is not a tfl run record this tfl can read"):
         store.load("bad")
+
+
+@pytest.mark.parametrize(("job", "head"), [("mnist", "mnist"), ("my job", "my-job"), ("ü-jöb;rm -rf ~", "j-b-rm-rf"),
+                                           ("--help", "help"), ("train_v2.1", "train_v2.1"), ("...", "job"), ("$(id)", "id")])
+def test_a_run_id_is_made_of_characters_every_shell_and_engine_takes(tmp_path: Path, job: str, head: str) -> None:
+    assert id_safe(job) == head
+    run_id = RunStore(tmp_path).new_run_id(job)
+    assert run_id.startswith(f"{head}-") and all(c.isascii() and (c.isalnum() or c in "_.-") for c in run_id), run_id
+    assert run_id[0].isalnum()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,18 +191,25 @@ _Scan = tuple[list[RunRecord], list[UnreadableRun]]  # here: `list` in RunStore 
 _Recent = tuple[list[RunRecord], list[UnreadableRun], int]
 
 
+def id_safe(job: str) -> str:
+    """A job's name as the head of a run id that pastes into any shell and that Slurm and every
+    engine take: each run of characters other than ASCII letters, digits, ``_`` and ``.`` (dashes
+    included) becomes one ``-``, and the id starts with a letter or digit (never an option's ``-``)."""
+    return re.sub(r"[^A-Za-z0-9_.]+", "-", job).lstrip("-._").rstrip("-.") or "job"
+
+
 class RunStore:
     def __init__(self, home: Path | None = None) -> None:
         self.home = home or default_home()
         self.runs_dir = self.home / "runs"
 
     def new_run_id(self, job: str) -> str:
-        """48 random bits per second, and never the id of a run dir that exists (``create``
-        refuses the one that might appear in between: it never shares a dir)."""
+        """The job's name (``id_safe``), the time, 48 random bits, and never the id of a run dir
+        that exists (``create`` refuses the one that might appear in between: it never shares a dir)."""
         import secrets  # here: its OpenSSL import is a tenth of `tfl status`, which never makes an id
 
         while True:
-            run_id = f"{job}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(6)}"
+            run_id = f"{id_safe(job)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(6)}"
             if not os.path.lexists(self.run_dir(run_id)):
                 return run_id
 
