@@ -151,6 +151,9 @@ def test_evaluator_outcomes() -> None:
      "Requested node configuration is not available; the cluster's nodes that are up cannot hold it: lower slurm.nodes"),
     ("sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified",
      "Invalid account or account/partition combination specified"),
+    ("sbatch: error: fetch_config: DNS SRV lookup failed\nsbatch: error: _establish_config_source: failed to fetch config\n"
+     "sbatch: fatal: Could not establish a configuration source",  # Slurm 22.05 with no slurm.conf and no SLURM_CONF
+     "Could not establish a configuration source; the Slurm client here finds no slurm.conf: set SLURM_CONF to"),
     ("", "no output"),
 ])
 def test_sbatch_messages(said: str, expected: str) -> None:
