@@ -107,6 +107,12 @@ def test_an_identity_file_that_needs_a_passphrase_is_left_to_paramiko(sshd: Sshd
         connect(target(sshd, "127.0.0.2", identity_file=str(key)))
     assert "\n" not in str(info.value) and str(info.value).startswith("127.0.0.2: ")
 
+def test_an_identity_file_that_is_missing_or_a_directory_says_which(tmp_path: Path) -> None:
+    for path, said in ((tmp_path / "none", "not found"), (tmp_path, "is a directory, not a private key")):
+        with pytest.raises(SSHError, match="^127.0.0.2: identity file .* " + said + r" \(fix ssh.identity_file"):
+            connect(SSHTarget(host="127.0.0.2", port=1, identity_file=str(path)))
+
+
 def test_a_host_behind_a_bastion_rides_the_one_bastion_connection(sshd: Sshd, tmp_path: Path) -> None:
     jump = f"127.0.0.2:{sshd.port}"
     conns = [connect(target(sshd, "127.0.0.3", jump=jump)) for _ in range(3)]

@@ -57,7 +57,8 @@ def connect(target: SSHTarget, bastion_of: str | None = None) -> Connection:
     target is a bastion, set there (``Jump.origin``): its user and port come from that, not ssh.*."""
     key = os.path.expanduser(target.identity_file) if target.identity_file else None
     if key and not os.path.isfile(key):
-        raise SSHError(target.host, f"identity file {key} not found (fix ssh.identity_file in the cluster file)")
+        what = "is a directory, not a private key" if os.path.isdir(key) else "not found"
+        raise SSHError(target.host, f"identity file {key} {what} (fix ssh.identity_file in the cluster file)")
     try:
         jump = jump_for(target)
     except ValueError as exc:
