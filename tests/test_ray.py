@@ -229,6 +229,40 @@ def test_an_address_where_nothing_listens_is_one_line_within_seconds(tmp_path: P
     assert time.monotonic() - started < 30
 
 
+def test_stop_of_a_run_whose_cluster_is_gone_names_it_and_the_run_can_then_be_removed(
+        tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    """Its launcher and its cluster gone (a `ray stop`, a reboot): `tfl stop` said 'start the cluster' and
+    exited 2, and `tfl rm` refused a run whose tasks 'still run', so the record could never go."""
+    pytest.importorskip("ray")
+    from launcher.describe.ports import free_port
+    from launcher.engines.ray.plan import RayUnit
+    from launcher.records.states import RunState, TaskState
+    from launcher.records.store import RunRecord, RunStore, TaskRecord
+
+    address = f"127.0.0.1:{free_port()}"  # loopback, and nothing listens there
+    store = RunStore(tfl_home)
+    run = store.new_run_id("job")
+    unit = RayUnit(address=address, placement="SPREAD", bundle={"CPU": 1.0}, ready_timeout=60.0, working_dir=str(tmp_path))
+    tasks = [TaskRecord(task=t, host="10.0.0.7", backend="ray", log_path=str(tmp_path / f"{t}.log"),
+                        progress_path=str(tmp_path / f"{t}.json"), state=TaskState.RUNNING, started=time.time())
+             for t in ("chief:0", "worker:0")]
+    store.create(RunRecord(run_id=run, job="job.py", job_args=[], run_dir=str(store.run_dir(run)), created=time.time(),
+                           state=RunState.RUNNING, tasks=tasks, plan={"unit": {**unit.to_dict(), "kind": "ray"}, "tasks": []},
+                           backend="ray"))
+    refused = tfl(["rm", run], child_env, timeout=60)
+    assert refused.returncode == 1 and "tasks of it still run" in refused.stdout, refused.stdout + refused.stderr
+    stopped = tfl(["stop", run], child_env, timeout=60)
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert stopped.stdout.splitlines() == [
+        f"run {run}: stopped 0 process(es) left by a launcher that was gone",
+        f"  not reached: the Ray cluster at {address}: ray.address {address}: nothing answers at {address} (Connection "
+        "refused); start the cluster (`ray start --head`) or fix ray.address in the description; the run's actors were its "
+        "launcher's, and Ray ends an actor with its owner"], stopped.stdout
+    assert record(tfl_home, run)["state"] == "stopped"
+    removed = tfl(["rm", run], child_env, timeout=60)
+    assert removed.returncode == 0 and not store.run_dir(run).exists(), removed.stdout + removed.stderr
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("ray, expected", [
     ({"workers": 4}, "STRICT_SPREAD puts each of the 5 tasks on its own node and only 4 of the cluster's 5 nodes"),

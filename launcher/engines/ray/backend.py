@@ -185,7 +185,7 @@ class RayBackend:
         return recorded.inspect(record, ask=ask)
 
     def stop_recorded(self, record: RunRecord, grace: float) -> Stopped:
-        return Stopped(recorded.stop(record, grace))
+        return recorded.stop(record, grace)
 
     def clean_recorded(self, record: RunRecord) -> Cleanup:
         return recorded.clean(record)

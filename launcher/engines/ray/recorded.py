@@ -12,7 +12,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from launcher.engines.base import Cleanup, TaskLive
+from launcher.engines.base import Cleanup, Stopped, TaskLive
 from launcher.engines.ray.connect import connect, disconnect
 from launcher.engines.ray.plan import NAMESPACE, RayUnit
 from launcher.errors import LaunchError
@@ -73,12 +73,18 @@ def _call(ray: ModuleType, actor: Any, method: str, *args: Any) -> Any:
         return None
 
 
-def stop(record: RunRecord, grace: float) -> int:
-    """Stop every task's actor and remove the run's placement group; how many actors were found."""
+def stop(record: RunRecord, grace: float) -> Stopped:
+    """Stop every task's actor and remove the run's placement group; how many actors were found.
+    A cluster that cannot be reached is named, not raised: the actors are the launcher's (not
+    detached), and Ray ends an actor with its owner, so the launcher's end ended them there."""
     if record.state.is_terminal and not any(t.state == TaskState.RUNNING for t in record.tasks):
-        return 0
+        return Stopped()
     unit = _unit(record)
-    ray = connect(unit.address)
+    try:
+        ray = connect(unit.address)
+    except LaunchError as exc:
+        return Stopped(0, [f"the Ray cluster at {unit.address}: {exc}; the run's actors were its launcher's, and Ray "
+                           "ends an actor with its owner"])
     try:
         actors = [a for t in record.tasks if (a := _actor(ray, unit, record.run_id, t.task)) is not None]
         closing = [a.close.remote(grace) for a in actors]
@@ -90,7 +96,7 @@ def stop(record: RunRecord, grace: float) -> int:
             except ray.exceptions.RayError:
                 pass
         _remove_group(ray, unit, record.run_id)
-        return len(actors)
+        return Stopped(len(actors))
     finally:
         disconnect()
 
