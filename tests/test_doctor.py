@@ -112,3 +112,15 @@ def test_doctor_checks_every_host_and_guards_host_keys(sshd: Sshd, tmp_path: Pat
     changed = next(c for c in checks if c["host"] == "127.0.0.2" and c["name"] == "ssh")
     assert changed["status"] == "fail" and changed["detail"].startswith(f"HOST KEY CHANGED for [127.0.0.2]:{sshd.port}")
     assert f"ssh-keygen -R '[127.0.0.2]:{sshd.port}' -f {known}" in changed["detail"]
+
+
+def test_a_host_whose_probe_fails_is_named_not_shown_as_a_question_mark(tmp_path: Path) -> None:
+    """A local python that does not exist: the row and the summary said `?` instead of the host."""
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps({"cluster": {"chief": [f"localhost:{free_port()}"]},
+                                   "hosts": {"localhost": {"python": str(tmp_path / "no-python")}}}))
+    result = runner.invoke(app, ["doctor", "--cluster", str(cluster)])
+    assert result.exit_code == 1, result.output
+    row, summary = result.stdout.splitlines()
+    assert row.startswith("localhost  FAIL  preflight: localhost: python ") and "not found" in row
+    assert summary == "doctor: 1 of 1 host(s) have problems (localhost)"

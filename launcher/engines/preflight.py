@@ -92,7 +92,8 @@ def diagnose(hosts: Sequence[HostTasks], gather: Gather, *, quick: bool = False)
         return checks + (judge(h, facts, quick=quick) if facts is not None else [])
 
     results = parallel(one, list(hosts))
-    return [c for r in results for c in (r if isinstance(r, list) else [Check("?", "preflight", "fail", str(r))])]
+    return [c for h, r in zip(hosts, results, strict=True)
+            for c in (r if isinstance(r, list) else [Check(h.host, "preflight", "fail", str(r))])]
 
 
 def probe_request(h: HostTasks, *, quick: bool = False) -> dict[str, Any]:
