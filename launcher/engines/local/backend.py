@@ -111,6 +111,10 @@ class LocalBackend:
             raise LaunchError(f"{launch.name}: working directory {launch.cwd} does not exist (fix hosts.{launch.host}.workdir)")
         if launch.kit is not None and launch.kit not in self._kits:
             self._copy_kit(launch.kit)
+        if self._network and not _runnable(launch.argv[0], launch.cwd, env.get("PATH")):
+            # nsenter would start and fail to exec it: a task failure in the log instead of this one line
+            raise LaunchError(f"{launch.name}: cannot run {launch.argv[0]}: No such file or directory "
+                              f"(fix hosts.{launch.host}.python or install it)")
         with open_private(launch.log_path) as log:
             if attempt:
                 log.write(attempt_banner(launch.name, attempt).encode())
@@ -223,3 +227,11 @@ def _port_owner(port: int) -> str:
     except (psutil.Error, OSError):
         pass
     return ""
+
+
+def _runnable(program: str, cwd: str | None, path: str | None) -> bool:
+    """Whether exec would find ``program`` as the task's Popen looks it up (a relative path from its cwd)."""
+    if "/" in program:
+        full = os.path.join(cwd or ".", program)
+        return os.path.isfile(full) and os.access(full, os.X_OK)
+    return shutil.which(program, path=path) is not None
