@@ -264,3 +264,13 @@ def test_a_run_ref_is_a_prefix_of_one_name_not_a_glob_or_a_path(tmp_path: Path) 
     for ref in ("mnist-*2", "mnist-[a]1", "../runs/mnist-a1", "./mnist-a1"):
         with pytest.raises(RunNotFoundError, match=f"run '{re.escape(ref)}' not found"):
             store.resolve(ref)
+
+
+def test_a_tfl_home_that_is_a_file_is_named_not_taken_for_a_taken_run_id(tmp_path: Path) -> None:
+    """TFL_HOME (or its runs/) a plain file said "run dir … exists already (another launch took
+    the same run id); launch again for a new id": a launch again fails the same way."""
+    (tmp_path / "home").write_text("")
+    store = RunStore(tmp_path / "home")
+    with pytest.raises(StateWriteError, match=f"^cannot create the run dir .*: {tmp_path / 'home'} is not a directory "
+                                              r"\(set TFL_HOME to a directory, or move that file away\)$"):
+        store.reserve(store.run_dir("r"))

@@ -216,6 +216,9 @@ class RunStore:
         except FileExistsError:
             raise RunExistsError(f"run dir {run_dir} exists already (another launch took the same run id); "
                                  "launch again for a new id") from None
+        except NotADirectoryError as exc:
+            raise StateWriteError(f"cannot create the run dir {run_dir}: {exc.filename} is not a directory "
+                                  "(set TFL_HOME to a directory, or move that file away)") from None
         except OSError as exc:
             raise StateWriteError(f"cannot create the run dir {run_dir}: {exc.strerror} "
                                   f"(check that {self.home} is writable, or set TFL_HOME)") from None
