@@ -124,3 +124,27 @@ def test_a_host_whose_probe_fails_is_named_not_shown_as_a_question_mark(tmp_path
     row, summary = result.stdout.splitlines()
     assert row.startswith("localhost  FAIL  preflight: localhost: python ") and "not found" in row
     assert summary == "doctor: 1 of 1 host(s) have problems (localhost)"
+
+
+def test_the_quick_checks_fail_a_python_or_working_dir_not_found() -> None:
+    """A launch's quick checks: a local python or workdir that does not exist used to pass them, so
+    the run started and failed (`--detach` said it was supervised in the background, exit 0)."""
+    checks = by_name(judge(HOST, {**facts(), "found": {"python": False, "workdir": False}}, quick=True))
+    assert checks["python"].status == "fail" and checks["python"].detail == (
+        "python '/opt/py' not found (no such file); set hosts.gpu1.python to a python that has tensorflow")
+    assert checks["working dir"].status == "fail" and checks["working dir"].detail == (
+        "working dir /srv/w does not exist; fix: set hosts.gpu1.workdir to a directory there")
+    fine = by_name(judge(HOST, {**facts(), "found": {"python": True, "workdir": True}}, quick=True))
+    assert fine["python"].status == "ok" and "working dir" not in fine
+
+
+def test_a_detached_launch_refuses_a_working_dir_that_does_not_exist(tmp_path: Path, tfl_home: Path) -> None:
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps({"cluster": {"chief": [f"localhost:{free_port()}"]},
+                                   "hosts": {"localhost": {"workdir": str(tmp_path / "nowhere")}}}))
+    (tmp_path / "job.py").write_text("print('ran')\n")
+    result = runner.invoke(app, ["launch", str(tmp_path / "job.py"), "--cluster", str(cluster), "--detach"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (f"tfl: error: localhost: working dir {tmp_path / 'nowhere'} does not exist; fix: set "
+                             "hosts.localhost.workdir to a directory there\n")
+    assert not list((tfl_home / "runs").glob("*/state.json"))

@@ -102,7 +102,13 @@ def probe_request(h: HostTasks, *, quick: bool = False) -> dict[str, Any]:
 
 def judge(h: HostTasks, facts: dict[str, Any], *, quick: bool = False) -> list[Check]:
     """Turn a host's facts into checks. Pure."""
-    checks = [Check(h.host, "python", "ok", f"Python {facts['python']} ({facts['executable']})")]
+    found = facts.get("found", {})
+    checks = [Check(h.host, "python", "ok", f"Python {facts['python']} ({facts['executable']})") if found.get("python", True)
+              else Check(h.host, "python", "fail", f"python {h.python!r} not found (no such file); set "
+                                                   f"hosts.{h.host}.python to a python that has tensorflow")]
+    if not found.get("workdir", True):
+        checks.append(Check(h.host, "working dir", "fail", f"working dir {h.workdir} does not exist; fix: set "
+                                                           f"hosts.{h.host}.workdir to a directory there"))
     for task, port in h.ports:
         held = facts["ports"].get(str(port))
         checks.append(Check(h.host, f"port {port}", "ok", f"free for {task}") if held is None else Check(

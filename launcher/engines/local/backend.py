@@ -87,6 +87,9 @@ class LocalBackend:
         if quick:
             facts = agent.probe(probe_request(h, quick=True))
             facts["executable"] = shutil.which(h.python) or h.python
+            # found as the tasks' Popen will look them up: a launch is refused before its run exists
+            facts["found"] = {"python": _runnable(h.python, h.workdir, os.environ.get("PATH")),
+                              "workdir": not h.workdir or os.path.isdir(h.workdir)}
             for port, held in facts["ports"].items():
                 if held is not None:
                     facts["ports"][port] = held + _port_owner(int(port))
