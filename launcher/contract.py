@@ -141,9 +141,12 @@ class ProgressRecord:
     @property
     def fraction(self) -> float | None:
         """How much of the whole training is done, 0..1, or None when unknown."""
+        if self.phase == "done":
+            return 1.0
         if not self.epochs or not self.epoch:
             return None
-        within = self.step / self.steps_per_epoch if self.steps_per_epoch else 0.0
+        # The evaluator's epoch is the one whose checkpoint it evaluated: a finished one.
+        within = 1.0 if self.phase == "eval" else self.step / self.steps_per_epoch if self.steps_per_epoch else 0.0
         return float(min(1.0, (self.epoch - 1 + within) / self.epochs))
 
 

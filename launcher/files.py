@@ -9,6 +9,7 @@ leave tfl unable to write. Stdlib only: ``tfl status`` imports this.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -27,8 +28,10 @@ def private_dir(path: str | os.PathLike[str], *, exist_ok: bool = False) -> None
     try:
         os.mkdir(path, DIR_MODE)
     except FileExistsError:
-        if not exist_ok or not path.is_dir():
+        if not exist_ok:
             raise
+        if not path.is_dir():  # a file where a dir must be: not "exists already", which callers take for a taken name
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path)) from None
         return
     os.chmod(path, DIR_MODE)
 

@@ -14,6 +14,11 @@ from launcher.contract import TASK_TYPES, TRAINING_TYPES
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})  # this machine, as a cluster file may name it
 
 
+def is_local_host(host: str) -> bool:
+    """This machine: hostnames ignore case, so `LOCALHOST` is `localhost` (not a host to reach by SSH)."""
+    return host.lower() in LOCAL_HOSTS
+
+
 @dataclass(frozen=True, order=True)
 class TaskId:
     type: str

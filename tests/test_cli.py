@@ -134,3 +134,18 @@ def test_validate_refuses_what_the_file_alone_decides_in_one_line_naming_the_fie
     path = tmp_path / "later.json"
     path.write_text(json.dumps({"cluster": three, "elastic": {"min_tasks": 2}}))
     assert runner.invoke(app, ["validate", str(path)]).exit_code == 0
+
+
+def test_a_job_option_before_the_double_dash_says_where_it_goes(tmp_path: Path) -> None:
+    """`tfl launch jobs/mnist.py --local 2 --epochs 2` said only "No such option: --epochs
+    (Possible options: --detach)": nothing about the `--` that the job's own options follow."""
+    job = tmp_path / "job.py"
+    job.write_text("print('hi')\n")
+    for command in (["launch", str(job), "--local", "2", "--epochs", "2"],
+                    ["export", "k8s", str(job), "--local", "2", "--image", "x", "--epochs", "2"]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 2, result.output
+        assert "No such option: --epochs" in result.stderr
+        assert "give it after `--`, e.g. `" in result.stderr and " JOB --local 2 -- --epochs …`" in result.stderr
+    typo = runner.invoke(app, ["launch", str(job), "--local", "2", "--evalutor"])
+    assert "(Possible options: --evaluator, --evaluator-timeout, --network); if it is the job's" in typo.stderr

@@ -112,3 +112,39 @@ def test_doctor_checks_every_host_and_guards_host_keys(sshd: Sshd, tmp_path: Pat
     changed = next(c for c in checks if c["host"] == "127.0.0.2" and c["name"] == "ssh")
     assert changed["status"] == "fail" and changed["detail"].startswith(f"HOST KEY CHANGED for [127.0.0.2]:{sshd.port}")
     assert f"ssh-keygen -R '[127.0.0.2]:{sshd.port}' -f {known}" in changed["detail"]
+
+
+def test_a_host_whose_probe_fails_is_named_not_shown_as_a_question_mark(tmp_path: Path) -> None:
+    """A local python that does not exist: the row and the summary said `?` instead of the host."""
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps({"cluster": {"chief": [f"localhost:{free_port()}"]},
+                                   "hosts": {"localhost": {"python": str(tmp_path / "no-python")}}}))
+    result = runner.invoke(app, ["doctor", "--cluster", str(cluster)])
+    assert result.exit_code == 1, result.output
+    row, summary = result.stdout.splitlines()
+    assert row.startswith("localhost  FAIL  preflight: localhost: python ") and "not found" in row
+    assert summary == "doctor: 1 of 1 host(s) have problems (localhost)"
+
+
+def test_the_quick_checks_fail_a_python_or_working_dir_not_found() -> None:
+    """A launch's quick checks: a local python or workdir that does not exist used to pass them, so
+    the run started and failed (`--detach` said it was supervised in the background, exit 0)."""
+    checks = by_name(judge(HOST, {**facts(), "found": {"python": False, "workdir": False}}, quick=True))
+    assert checks["python"].status == "fail" and checks["python"].detail == (
+        "python '/opt/py' not found (no such file); set hosts.gpu1.python to a python that has tensorflow")
+    assert checks["working dir"].status == "fail" and checks["working dir"].detail == (
+        "working dir /srv/w does not exist; fix: set hosts.gpu1.workdir to a directory there")
+    fine = by_name(judge(HOST, {**facts(), "found": {"python": True, "workdir": True}}, quick=True))
+    assert fine["python"].status == "ok" and "working dir" not in fine
+
+
+def test_a_detached_launch_refuses_a_working_dir_that_does_not_exist(tmp_path: Path, tfl_home: Path) -> None:
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps({"cluster": {"chief": [f"localhost:{free_port()}"]},
+                                   "hosts": {"localhost": {"workdir": str(tmp_path / "nowhere")}}}))
+    (tmp_path / "job.py").write_text("print('ran')\n")
+    result = runner.invoke(app, ["launch", str(tmp_path / "job.py"), "--cluster", str(cluster), "--detach"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (f"tfl: error: localhost: working dir {tmp_path / 'nowhere'} does not exist; fix: set "
+                             "hosts.localhost.workdir to a directory there\n")
+    assert not list((tfl_home / "runs").glob("*/state.json"))

@@ -192,6 +192,24 @@ def test_network_private_refuses_where_no_namespace_can_be_made(tmp_path: Path, 
     assert not list((Path(child_env["TFL_HOME"]) / "runs").glob("*/state.json"))  # refused before the run existed
 
 
+@pytest.mark.parametrize("network", ["private", "host"])
+def test_a_python_that_does_not_exist_is_one_line_in_either_network(tmp_path: Path, child_env: dict[str, str],
+                                                                    network: str) -> None:
+    """Through nsenter the task started and failed ("nsenter: failed to execute /nope/python", a failed
+    run with a log tail); on the host network it was tfl's one line once the run existed. Now the
+    launch's preflight refuses it in both, before the run exists (as `--detach` does too)."""
+    (tmp_path / "job.py").write_text("print('ran')\n")
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps({"cluster": {"chief": ["localhost:23999"]},
+                                   "hosts": {"localhost": {"python": str(tmp_path / "no-python")}}}))
+    result = _tfl(["launch", str(tmp_path / "job.py"), "--cluster", str(cluster), "--network", network], child_env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (f"tfl: error: localhost: python '{tmp_path / 'no-python'}' not found (no such file); set "
+                             "hosts.localhost.python to a python that has tensorflow\n"), result.stderr
+    assert "nsenter" not in result.stderr + result.stdout
+    assert not list((Path(child_env["TFL_HOME"]) / "runs").glob("*/state.json"))  # refused before the run existed
+
+
 def test_network_private_refuses_ssh_hosts(tmp_path: Path, child_env: dict[str, str]) -> None:
     cluster = tmp_path / "c.json"
     cluster.write_text(json.dumps({"cluster": {"chief": ["198.51.100.250:2222"]}, "ssh": {"user": "nobody"}}))

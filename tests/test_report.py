@@ -22,6 +22,15 @@ def test_progress_text_and_bar() -> None:
     assert progress_text(None) is None
 
 
+def test_a_done_task_and_an_evaluated_epoch_are_whole() -> None:
+    """The evaluator's record (and a finished run's again) says epoch 4/4 with no steps: its bar
+    showed 75% beside `done epoch 4/4`."""
+    done = {"phase": "done", "epoch": 4, "epochs": 4, "step": 0, "steps_per_epoch": None, "loss": 0.39}
+    assert progress_text(done, bar_width=4) == "[####] 100% done epoch 4/4 loss 0.3900"
+    evaluated = {"phase": "eval", "epoch": 1, "epochs": 4, "step": 0, "steps_per_epoch": None}
+    assert progress_text(evaluated, bar_width=4) == "[#...]  25% epoch 1/4"
+
+
 def test_run_detail_shows_restart_reasons_and_progress() -> None:
     text = run_detail(view("running", 5))
     assert "restart 1: worker:0 on h: killed by SIGKILL" in text

@@ -50,3 +50,23 @@ def test_refusals_that_need_no_backend(tmp_path: Path) -> None:
     assert refusal(done) == "run r succeeded: there is nothing to resume (launch the job again for a new run)"
     never = record(tmp_path, state=RunState.FAILED)
     assert refusal(never) == "run r has no recorded plan (it never started): launch the job again"
+
+
+def test_resuming_a_lost_run_says_it_was_lost_not_running(tmp_path: Path) -> None:
+    """A run whose launcher was killed with -9 shows as `lost` in `tfl status`; its resume used to
+    record "resumed by `tfl resume` (the run was running)"."""
+    import sys
+
+    from launcher.describe.spec import parse_cluster
+    from launcher.plan.build import build_plan
+    from launcher.runs.resume import claim
+    from launcher.supervise.supervisor import initial_record
+
+    store = RunStore(tmp_path)
+    plan = build_plan(parse_cluster({"cluster": {"chief": ["localhost:1"]}}), "/job.py", (), run_id="r",
+                      run_dir=str(store.run_dir("r")), python=sys.executable, cwd=str(tmp_path))
+    lost = initial_record(plan, created=1.0, max_restarts=0, backend="local")
+    lost.state, lost.launcher_pid = RunState.RUNNING, 2**22 + 1  # no such pid: the launcher is gone
+    store.create(lost)
+    claimed = claim(store, "r", SupervisorConfig())
+    assert claimed.restarts[-1].reason == "resumed by `tfl resume` (the run was lost: its launcher was gone)"

@@ -6,6 +6,7 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -243,3 +244,33 @@ def test_watch_of_an_unreadable_run_is_one_line(tfl_home: Path) -> None:
     result = runner.invoke(app, ["status", "new", "--watch"])
     assert result.exit_code == 2 and isinstance(result.exception, (SystemExit, type(None))), result.exception
     assert result.stderr.startswith("tfl: error: run 'new': ") and "was written by a newer tfl" in result.stderr
+
+
+def test_a_run_ref_is_a_prefix_of_one_name_not_a_glob_or_a_path(tmp_path: Path) -> None:
+    """`tfl status 'mnist-*-dbd7'` used to find a run by glob, `../runs/ID` reached a run dir through
+    a path, and an ambiguous prefix always ended its list with "…", even with every match shown."""
+    from launcher.errors import RunNotFoundError
+
+    store = RunStore(tmp_path)
+    for run_id in ("mnist-a1", "mnist-b2"):
+        store.create(a_record(store, run_id))
+    assert store.resolve("mnist-a").run_id == "mnist-a1"
+    with pytest.raises(RunNotFoundError, match=r"^'mnist' matches 2 runs \(mnist-a1, mnist-b2\); give more of the id$"):
+        store.resolve("mnist")
+    store.create(a_record(store, "mnist-c3"))
+    store.create(a_record(store, "mnist-d4"))
+    with pytest.raises(RunNotFoundError, match=r"^'mnist' matches 4 runs \(mnist-a1, mnist-b2, mnist-c3, …\)"):
+        store.resolve("mnist")
+    for ref in ("mnist-*2", "mnist-[a]1", "../runs/mnist-a1", "./mnist-a1"):
+        with pytest.raises(RunNotFoundError, match=f"run '{re.escape(ref)}' not found"):
+            store.resolve(ref)
+
+
+def test_a_tfl_home_that_is_a_file_is_named_not_taken_for_a_taken_run_id(tmp_path: Path) -> None:
+    """TFL_HOME (or its runs/) a plain file said "run dir … exists already (another launch took
+    the same run id); launch again for a new id": a launch again fails the same way."""
+    (tmp_path / "home").write_text("")
+    store = RunStore(tmp_path / "home")
+    with pytest.raises(StateWriteError, match=f"^cannot create the run dir .*: {tmp_path / 'home'} is not a directory "
+                                              r"\(set TFL_HOME to a directory, or move that file away\)$"):
+        store.reserve(store.run_dir("r"))

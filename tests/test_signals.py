@@ -132,6 +132,35 @@ def test_sighup_without_nohup_still_stops_the_run(sleeper: str, child_env: dict[
     assert launcher.returncode == 130 and "stopped by the user" in err
 
 
+def test_one_ctrl_c_relayed_by_uv_run_keeps_the_grace(sleeper: str, child_env: dict[str, str], tfl_home: Path) -> None:
+    """`uv run tfl launch` passes the terminal's SIGINT on to tfl, which got it from the terminal
+    too: one Ctrl-C arrives twice, milliseconds apart. It used to count as Ctrl-C twice and
+    SIGKILL the tasks at once, with no time to save the agreed checkpoint."""
+    grace = 3.0
+    launcher = start_launcher(sleeper, child_env, tfl_home, "--grace-period", str(grace))
+    start = time.monotonic()
+    launcher.send_signal(signal.SIGINT)
+    time.sleep(0.1)  # two signals sent at once are one pending signal; uv's copy comes once tfl took the first
+    launcher.send_signal(signal.SIGINT)  # uv's copy of the same press
+    _, err = launcher.communicate(timeout=30)
+    took = time.monotonic() - start
+    assert launcher.returncode == 130 and "stopped by the user" in err, err[-2000:]
+    assert took >= grace * 0.9, f"one relayed Ctrl-C forced the kill: ended after {took:.1f} s of a {grace} s grace"
+
+
+def test_a_second_ctrl_c_kills_at_once(sleeper: str, child_env: dict[str, str], tfl_home: Path) -> None:
+    grace = 30.0
+    launcher = start_launcher(sleeper, child_env, tfl_home, "--grace-period", str(grace))
+    start = time.monotonic()
+    launcher.send_signal(signal.SIGINT)
+    time.sleep(1.0)  # a person's second press
+    launcher.send_signal(signal.SIGINT)
+    _, err = launcher.communicate(timeout=30)
+    took = time.monotonic() - start
+    assert launcher.returncode == 130 and "stopped by the user" in err, err[-2000:]
+    assert took < grace / 2, f"the second Ctrl-C did not kill at once: ended after {took:.1f} s"
+
+
 def test_tfl_stop_twice_keeps_the_grace(sleeper: str, child_env: dict[str, str], tfl_home: Path) -> None:
     """docs/commands.md says stopping twice is fine: the second `tfl stop` must not be taken for a
     second Ctrl-C (which kills at once)."""

@@ -171,3 +171,14 @@ def test_file_with_bom_and_nesting_within_strings_is_fine(tmp_path: Path) -> Non
     path = tmp_path / "c.json"
     path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"cluster": {"chief": ["a:1"]}, "env": {"X": "[" * 500}}).encode())
     assert load_cluster(path).env == {"X": "[" * 500}
+
+
+def test_localhost_in_any_case_is_this_machine() -> None:
+    """Hostnames ignore case (docs/cluster-file.md): `LOCALHOST:23456` was taken for a remote host
+    and the launch tried SSH to it ("LOCALHOST: connection refused on port 22")."""
+    from launcher.describe.hosts import is_remote
+
+    spec = parse_cluster({"cluster": {"chief": ["LOCALHOST:23456"], "worker": ["Localhost:23457"]}})
+    assert all(a.is_local for a in (parse_address("LOCALHOST:1"), parse_address("Localhost:1")))
+    assert not is_remote(spec, "LOCALHOST") and not is_remote(spec, "Localhost")
+    assert "the same address" in error_of({"cluster": {"chief": ["LOCALHOST:5"], "worker": ["127.0.0.1:5"]}})

@@ -90,6 +90,18 @@ def test_a_busy_port_is_one_line(tfl_home: Path) -> None:
     assert result.exit_code == 2 and result.stderr == f"tfl: error: --port {port}: 127.0.0.1:{port} is in use; give another port or leave --port out\n"
 
 
+@pytest.mark.parametrize("port", ["0", "-5", "70000"])
+def test_a_port_out_of_range_is_refused_before_anything_starts(tfl_home: Path, port: str) -> None:
+    """--port 0 used to wait 120 s for TensorBoard on port 0 (it listened elsewhere), and a port
+    past 65535 or below 0 ended in bind()'s OverflowError traceback."""
+    add_run(RunStore(tfl_home), "here", [task("chief:0", {"TFL_RUN_DIR": str(tfl_home / "runs" / "here")})])
+    start = time.monotonic()
+    result = runner.invoke(app, ["tensorboard", "--port", port])
+    assert result.exit_code == 2 and "Invalid value for '--port'" in result.stderr, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert time.monotonic() - start < 10
+
+
 @pytest.mark.parametrize("end", ["ctrl-c", "kill -9"])
 def test_real_tensorboard_serves_the_run_and_goes_with_the_command(tfl_home: Path, child_env: dict[str, str], end: str) -> None:
     run_dir = tfl_home / "runs" / "r-1"

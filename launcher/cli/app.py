@@ -45,6 +45,22 @@ class _Command(TyperCommand):
         return _help_flag_false(super().get_help_option(ctx))
 
 
+class _JobCommand(_Command):
+    """A command given a job and the job's own arguments (launch, export k8s): an option it does
+    not know is most likely the job's, given before the `--` that must precede them."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        from typer._click.exceptions import NoSuchOption  # typer's own click
+
+        try:
+            return list(super().parse_args(ctx, args))
+        except NoSuchOption as exc:
+            exc.message = (f"{exc.format_message()}; if it is the job's, give it after `--`, e.g. "
+                           f"`{ctx.command_path} JOB --local 2 -- {exc.option_name} …`")
+            exc.possibilities = None  # said above, before the hint
+            raise
+
+
 def _run_ids(incomplete: str) -> list[str]:
     """Shell completion of RUN: the run dirs' names (a directory listing, no record read)."""
     from launcher.records.index import run_ids

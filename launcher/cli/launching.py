@@ -10,11 +10,11 @@ from typing import Any
 
 import typer
 
-from launcher.cli.app import _colour, _Command, _core, _fail, _Group, _store, app
+from launcher.cli.app import _colour, _Command, _core, _fail, _Group, _JobCommand, _store, app
 from launcher.plan.run_options import DEFAULT_GRACE_S, DEFAULT_MAX_PREEMPTIONS
 
 
-@app.command(cls=_Command, context_settings={"allow_extra_args": True})
+@app.command(cls=_JobCommand, context_settings={"allow_extra_args": True})
 def launch(
     ctx: typer.Context,
     job: str = typer.Argument(..., help="the job script, e.g. jobs/mnist.py; its own arguments go after --"),
@@ -208,7 +208,7 @@ export_app = typer.Typer(name="export", no_args_is_help=True, rich_markup_mode=N
 app.add_typer(export_app)
 
 
-@export_app.command("k8s", cls=_Command, context_settings={"allow_extra_args": True})
+@export_app.command("k8s", cls=_JobCommand, context_settings={"allow_extra_args": True})
 def export_k8s(
     ctx: typer.Context,
     job: str = typer.Argument(..., help="the job script's path inside the image, e.g. jobs/mnist.py; its arguments go after --"),

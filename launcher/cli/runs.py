@@ -169,7 +169,8 @@ def prune(
 @app.command(cls=_Command)
 def tensorboard(
     run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)", autocompletion=_run_ids),
-    port: int | None = typer.Option(None, "--port", "-p", help="port on 127.0.0.1 (default: the first free from 6006)"),
+    port: int | None = typer.Option(None, "--port", "-p", min=1, max=65535,
+                                    help="port on 127.0.0.1 (default: the first free from 6006)"),
 ) -> None:
     """TensorBoard on a run's model dir (also while it runs); prints the URL, Ctrl-C stops it.
     A model dir on another host: prints how to reach it through SSH instead."""

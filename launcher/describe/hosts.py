@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from launcher.contract import PROGRESS_SUBDIR
-from launcher.tasks import LOCAL_HOSTS
+from launcher.tasks import is_local_host
 
 if TYPE_CHECKING:  # the spec (pydantic) is needed only to build a plan, never to read one
     from launcher.describe.spec import ClusterSpec
@@ -139,7 +139,7 @@ class HostPlan:
 
 
 def is_remote(spec: ClusterSpec, host: str) -> bool:
-    return host not in LOCAL_HOSTS or spec.host(host).ssh is not None
+    return not is_local_host(host) or spec.host(host).ssh is not None
 
 
 def ssh_target(spec: ClusterSpec, host: str, accept_new_host_keys: bool = False) -> SSHTarget:

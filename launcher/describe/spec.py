@@ -35,7 +35,7 @@ from launcher.describe.fields import (
 from launcher.describe.placement import GpuInputs, Placement, place_gpus
 from launcher.describe.ports import free_ports
 from launcher.errors import ClusterFileError
-from launcher.tasks import LOCAL_HOSTS, TaskId, task_ids
+from launcher.tasks import TaskId, is_local_host, task_ids
 
 MAX_GPUS = 1024  # per host; a count beyond any machine is a typo (and a huge range to build)
 MAX_GPU_MEMORY_MB = 16 * 1024 * 1024
@@ -51,7 +51,7 @@ class Address:
 
     @property
     def is_local(self) -> bool:
-        return self.host in LOCAL_HOSTS
+        return is_local_host(self.host)
 
     @property
     def endpoint(self) -> tuple[str, int]:

@@ -92,7 +92,8 @@ def diagnose(hosts: Sequence[HostTasks], gather: Gather, *, quick: bool = False)
         return checks + (judge(h, facts, quick=quick) if facts is not None else [])
 
     results = parallel(one, list(hosts))
-    return [c for r in results for c in (r if isinstance(r, list) else [Check("?", "preflight", "fail", str(r))])]
+    return [c for h, r in zip(hosts, results, strict=True)
+            for c in (r if isinstance(r, list) else [Check(h.host, "preflight", "fail", str(r))])]
 
 
 def probe_request(h: HostTasks, *, quick: bool = False) -> dict[str, Any]:
@@ -101,7 +102,13 @@ def probe_request(h: HostTasks, *, quick: bool = False) -> dict[str, Any]:
 
 def judge(h: HostTasks, facts: dict[str, Any], *, quick: bool = False) -> list[Check]:
     """Turn a host's facts into checks. Pure."""
-    checks = [Check(h.host, "python", "ok", f"Python {facts['python']} ({facts['executable']})")]
+    found = facts.get("found", {})
+    checks = [Check(h.host, "python", "ok", f"Python {facts['python']} ({facts['executable']})") if found.get("python", True)
+              else Check(h.host, "python", "fail", f"python {h.python!r} not found (no such file); set "
+                                                   f"hosts.{h.host}.python to a python that has tensorflow")]
+    if not found.get("workdir", True):
+        checks.append(Check(h.host, "working dir", "fail", f"working dir {h.workdir} does not exist; fix: set "
+                                                           f"hosts.{h.host}.workdir to a directory there"))
     for task, port in h.ports:
         held = facts["ports"].get(str(port))
         checks.append(Check(h.host, f"port {port}", "ok", f"free for {task}") if held is None else Check(

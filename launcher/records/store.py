@@ -13,6 +13,7 @@ fall back on an older run when the latest one cannot be read.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import re
@@ -223,6 +224,9 @@ class RunStore:
         except FileExistsError:
             raise RunExistsError(f"run dir {run_dir} exists already (another launch took the same run id); "
                                  "launch again for a new id") from None
+        except NotADirectoryError as exc:
+            raise StateWriteError(f"cannot create the run dir {run_dir}: {exc.filename} is not a directory "
+                                  "(set TFL_HOME to a directory, or move that file away)") from None
         except OSError as exc:
             raise StateWriteError(f"cannot create the run dir {run_dir}: {exc.strerror} "
                                   f"(check that {self.home} is writable, or set TFL_HOME)") from None
@@ -328,13 +332,15 @@ class RunStore:
             if not runs:
                 raise RunNotFoundError(f"no runs yet in {self.runs_dir} (start one with `tfl launch`)")
             return runs[-1]
-        if (self.run_dir(ref) / STATE_FILE).exists():
+        # A run id is one name in runs/: a ref with a slash is no run's, and its text is a prefix, not a glob.
+        if "/" not in ref and ref not in (".", "..") and (self.run_dir(ref) / STATE_FILE).exists():
             return self.load(ref)
-        matches = sorted(p.parent.name for p in self.runs_dir.glob(f"{ref}*/{STATE_FILE}"))
+        matches = sorted(p.parent.name for p in self.runs_dir.glob(f"{glob.escape(ref)}*/{STATE_FILE}")) if "/" not in ref else []
         if len(matches) == 1:
             return self.load(matches[0])
         if matches:
-            raise RunNotFoundError(f"'{ref}' matches {len(matches)} runs ({', '.join(matches[:3])}, …); give more of the id")
+            shown = ", ".join(matches[:3]) + (", …" if len(matches) > 3 else "")
+            raise RunNotFoundError(f"'{ref}' matches {len(matches)} runs ({shown}); give more of the id")
         raise RunNotFoundError(f"run '{ref}' not found in {self.runs_dir} (see `tfl status` for the runs)")
 
 

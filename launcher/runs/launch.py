@@ -46,6 +46,10 @@ FILE_FIELDS = (("--min-tasks", "elastic.min_tasks"), ("--global-batch", "elastic
                ("--elastic-batch", "elastic.batch"))
 # The least a detached launch waits for its background launcher to record the run (``record_wait``).
 RECORD_WAIT = 300.0
+# A SIGINT this soon after the last one is the same Ctrl-C: `uv run tfl launch` passes the terminal's
+# SIGINT on to tfl, which is in the terminal's process group too, so one press arrives twice, a few
+# milliseconds apart. A person's second press comes later than this.
+SAME_PRESS = 0.5
 
 
 def make_plan(job: str, job_args: tuple[str, ...], spec: Any, store: RunStore,
@@ -273,7 +277,8 @@ def _say(line: str) -> None:
 @contextmanager
 def _stop_on_signals(supervisor: Supervisor) -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP stop the run gracefully: the tasks get the notice and the
-    grace to save the agreed checkpoint. A second SIGINT (Ctrl-C twice) forces SIGKILL.
+    grace to save the agreed checkpoint. A second SIGINT (Ctrl-C twice) forces SIGKILL, unless it
+    came within ``SAME_PRESS`` of the last one: that is the same press, relayed by `uv run`.
     SIGTERM and SIGHUP never force: `tfl stop` sends SIGTERM, and running it twice must not
     cut the tasks' grace short. A SIGTERM that `tfl stop` did not send ends the run PREEMPTED
     (``Supervisor.request_stop(notice=True)``). The handler takes no lock (``Waker``)."""
@@ -281,14 +286,19 @@ def _stop_on_signals(supervisor: Supervisor) -> Iterator[None]:
         yield
         return
     interrupts = 0
+    last_interrupt = float("-inf")
     busy = False
 
     def handler(signum: int, frame: object) -> None:
         # Python runs a handler between two bytecodes, also inside this handler: under a storm of
         # signals each would nest in the last until RecursionError. A signal that lands while the
         # handler runs only counts (a second Ctrl-C still forces); the stop is under way already.
-        nonlocal interrupts, busy
-        interrupts += signum == signal.SIGINT
+        nonlocal interrupts, last_interrupt, busy
+        if signum == signal.SIGINT:
+            now = time.monotonic()
+            if now - last_interrupt >= SAME_PRESS:  # not the copy of the last press `uv run` relayed
+                interrupts += 1
+                last_interrupt = now
         if busy:
             return
         busy = True

@@ -94,7 +94,9 @@ def claim(store: RunStore, run_id: str, config: SupervisorConfig) -> RunRecord:
     with _locked(record.run_dir):
         record = store.load(run_id)
         check_resumable(record)
-        was = f"{record.state.value}: {record.message}" if record.message else record.state.value
+        # Not ended, yet resumable: its launcher is gone (`tfl status` shows it LOST, never as running).
+        state = record.state.value if record.state.is_terminal else f"{RunState.LOST.value}: its launcher was gone"
+        was = f"{state}: {record.message}" if record.message else state
         record.attempt += 1
         record.restarts.append(RestartRecord(attempt=record.attempt, time=time.time(),
                                              reason=f"resumed by `tfl resume` (the run was {was})", kind="resume"))

@@ -87,6 +87,9 @@ class LocalBackend:
         if quick:
             facts = agent.probe(probe_request(h, quick=True))
             facts["executable"] = shutil.which(h.python) or h.python
+            # found as the tasks' Popen will look them up: a launch is refused before its run exists
+            facts["found"] = {"python": _runnable(h.python, h.workdir, os.environ.get("PATH")),
+                              "workdir": not h.workdir or os.path.isdir(h.workdir)}
             for port, held in facts["ports"].items():
                 if held is not None:
                     facts["ports"][port] = held + _port_owner(int(port))
@@ -111,6 +114,10 @@ class LocalBackend:
             raise LaunchError(f"{launch.name}: working directory {launch.cwd} does not exist (fix hosts.{launch.host}.workdir)")
         if launch.kit is not None and launch.kit not in self._kits:
             self._copy_kit(launch.kit)
+        if self._network and not _runnable(launch.argv[0], launch.cwd, env.get("PATH")):
+            # nsenter would start and fail to exec it: a task failure in the log instead of this one line
+            raise LaunchError(f"{launch.name}: cannot run {launch.argv[0]}: No such file or directory "
+                              f"(fix hosts.{launch.host}.python or install it)")
         with open_private(launch.log_path) as log:
             if attempt:
                 log.write(attempt_banner(launch.name, attempt).encode())
@@ -223,3 +230,11 @@ def _port_owner(port: int) -> str:
     except (psutil.Error, OSError):
         pass
     return ""
+
+
+def _runnable(program: str, cwd: str | None, path: str | None) -> bool:
+    """Whether exec would find ``program`` as the task's Popen looks it up (a relative path from its cwd)."""
+    if "/" in program:
+        full = os.path.join(cwd or ".", program)
+        return os.path.isfile(full) and os.access(full, os.X_OK)
+    return shutil.which(program, path=path) is not None
