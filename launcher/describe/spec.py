@@ -302,7 +302,7 @@ class ClusterSpec(_Strict):
             raise ValueError(f"hosts.{unknown[0]} names a host no task runs on (tasks run on: {', '.join(sorted(used))}); "
                              "fix its spelling or remove it")
         relative = [(h, s.workdir) for h, s in self.hosts.items()
-                    if s.workdir and not s.workdir.startswith("/") and (h not in LOCAL_HOSTS or s.ssh is not None)]
+                    if s.workdir and not s.workdir.startswith("/") and (not is_local_host(h) or s.ssh is not None)]
         if relative:  # the host would make it under its login dir, and the job's path would name it twice
             raise ValueError(f"hosts.{relative[0][0]}.workdir: '{relative[0][1]}' is not an absolute path, which an SSH "
                              "host's working dir must be ('~' is not expanded there); write it whole, e.g. /srv/tfl, or "

@@ -12,8 +12,7 @@ from types import ModuleType
 from typing import Any
 
 from launcher.engines.ray.node import INSTALL_HINT
-from launcher.engines.ray.plan import NAMESPACE
-from launcher.engines.ray.settings import endpoint
+from launcher.engines.ray.plan import NAMESPACE, endpoint
 from launcher.errors import LaunchError
 
 # Ray's own connect retries an address where nothing listens for minutes, printing its C++ warnings.

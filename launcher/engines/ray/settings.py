@@ -20,10 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from launcher.describe.fields import EnvName, EnvValue, describe_error, one_line
 from launcher.describe.spec import StorageSettings
+from launcher.engines.ray.plan import HOST_PORT
 from launcher.errors import ClusterFileError
 
 PLACEMENTS = ("STRICT_SPREAD", "SPREAD", "PACK")
-_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})")
 _RESOURCE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/-]*")
 
 
@@ -36,17 +36,11 @@ def address_problem(value: str) -> str | None:
     if value == "auto":
         return None
     rest = value.removeprefix("ray://")
-    match = _HOST_PORT.fullmatch(rest)
+    match = HOST_PORT.fullmatch(rest)
     if match is None or not 1 <= int(match.group(2)) <= 65535:
         return (f"'{value}' is not a Ray address; write \"auto\" (the cluster this machine is part of), "
                 "\"ray://HOST:10001\" (Ray Client) or \"HOST:6379\" (the head's GCS)")
     return None
-
-
-def endpoint(value: str) -> tuple[str, int] | None:
-    """The host and port a valid Ray address names (the GCS or the Ray Client server); None for "auto"."""
-    match = _HOST_PORT.fullmatch(value.removeprefix("ray://"))
-    return None if match is None else (match.group(1).strip("[]"), int(match.group(2)))
 
 
 class RaySettings(_Strict):
