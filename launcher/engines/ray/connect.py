@@ -11,8 +11,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from launcher.engines.ray.address import endpoint
 from launcher.engines.ray.node import INSTALL_HINT
-from launcher.engines.ray.plan import NAMESPACE, endpoint
+from launcher.engines.ray.plan import NAMESPACE
 from launcher.errors import LaunchError
 
 # Ray's own connect retries an address where nothing listens for minutes, printing its C++ warnings.

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import PurePath
@@ -34,15 +33,6 @@ RAY_HOST = "ray"  # a task's host until its actor has reported its node
 NODE_DIR = "{tfl-node}"  # the task's private dir on its node, as the task runner makes it
 UNIT_KIND = "ray"
 NAMESPACE = "tfl"  # the Ray namespace of tfl's placement groups and actors
-HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})")  # of a Ray address, past "ray://"
-
-
-def endpoint(address: str) -> tuple[str, int] | None:
-    """The host and port a valid Ray address names (the GCS or the Ray Client server); None for "auto".
-    Here, not beside the ``ray`` block's checks: ``connect`` needs it, and ``tfl status`` must not
-    import pydantic's models for a Ray run in its list."""
-    match = HOST_PORT.fullmatch(address.removeprefix("ray://"))
-    return None if match is None else (match.group(1).strip("[]"), int(match.group(2)))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from launcher.describe.fields import EnvName, EnvValue, describe_error, one_line
 from launcher.describe.spec import StorageSettings
-from launcher.engines.ray.plan import HOST_PORT
+from launcher.engines.ray.address import HOST_PORT
 from launcher.errors import ClusterFileError
 
 PLACEMENTS = ("STRICT_SPREAD", "SPREAD", "PACK")
