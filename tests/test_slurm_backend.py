@@ -25,6 +25,7 @@ from launcher.engines.slurm.node.errors import SlurmError
 from launcher.engines.slurm.outcome import (
     JobEnd,
     Outcome,
+    cancellation,
     describe_end,
     evaluator_alive,
     evaluator_outcome,
@@ -119,6 +120,13 @@ def test_a_scancel_outside_tfl_or_the_time_limit_is_the_cause_not_the_task_srun_
     assert training_outcome(0, 0, EXITED_143, timed_out, None, {}, job_id="7") == timeout
     assert training_outcome(1, 0, EXITED_143, timed_out, None, {}, job_id="7") is None
     assert training_outcome(0, 0, EXITED_143, timed_out, JobEnd("7", "TIMEOUT", 0, False), {}, job_id="7") == timeout
+    # srun's own cancel of the step once a task failed (a real srun's stderr) is not someone's scancel: the task is the cause
+    srun_ended = ("srun: error: n2: task 1: Killed\nsrun: launch/slurm: _step_signal: Terminating StepId=3.0\n"
+                  "slurmstepd-n1: error: *** STEP 3.0 ON n1 CANCELLED AT 2026-11-26T23:07:41 ***\n"
+                  "srun: error: n1: task 0: Terminated\nsrun: Force Terminated StepId=3.0\n")
+    assert cancellation(srun_ended, None, "3") is None
+    assert cancellation(srun_ended.replace("srun: error: n2: task 1: Killed\n", ""), None, "3") is None
+    assert cancellation(SCANCELLED, None, "7") == expected.ended_by
 
 
 @pytest.mark.parametrize(("end", "expected"), [

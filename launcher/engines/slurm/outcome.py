@@ -33,6 +33,8 @@ from launcher.engines.slurm.node.nodes import NODE_FAILURE, task_of_rank
 # slurmstepd's line in srun's stderr when the step was cancelled: bare, someone's scancel; "DUE TO TIME LIMIT",
 # the time limit; any other "DUE TO …" (preemption, node failure) is told apart elsewhere.
 _CANCELLED = re.compile(r"\*\*\* STEP (\S+) ON \S+ CANCELLED AT (\S+)(?: DUE TO ([A-Z ]+?))? \*\*\*")
+# srun ending the step itself, because one of its tasks failed (--kill-on-bad-exit): its cancel is not someone's.
+_SRUN_ENDED_IT = re.compile(r"^srun: error: \S+: tasks? [\d,-]+: |_step_signal: Terminating StepId=", re.M)
 # srun names a signalled task by strsignal(): "Killed", "Terminated", "Segmentation fault"...
 _SIGNAL_WORDS = {signal.strsignal(s) or s.name: -int(s) for s in signal.Signals}
 
@@ -130,7 +132,7 @@ def cancellation(srun_err: str, end: JobEnd | None, job_id: str) -> str | None:
     if end is not None and end.state in ("CANCELLED", "TIMEOUT") and not end.by_tfl:
         return describe_end(end)
     match = _CANCELLED.search(srun_err)
-    if match is None or match[3] not in (None, "TIME LIMIT"):
+    if match is None or match[3] not in (None, "TIME LIMIT") or _SRUN_ENDED_IT.search(srun_err, 0, match.start()):
         return None
     if match[3] == "TIME LIMIT":
         return describe_end(JobEnd(job_id, "TIMEOUT", None, False))
