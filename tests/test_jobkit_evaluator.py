@@ -177,3 +177,12 @@ def test_mnist_download_gives_up_on_a_silent_network(tmp_path: Path, monkeypatch
         assert time.monotonic() - started < 60  # a hang guard: the 2 s timeout held, the silent proxy did not
     finally:
         silent.close()
+
+
+def test_evaluator_takes_the_model_dir_as_a_string(tiny: TinyJob, tmp_path: Path) -> None:
+    from launcher.jobkit.evaluator import run_evaluator
+
+    chief = ChiefSimulator(tiny, tmp_path, ["ckpt-1", "done:ckpt-1"])
+    context = TaskContext("evaluator", 0, label="evaluator:0", progress_file=tmp_path / "eval.progress.json")
+    assert run_evaluator(tiny.build(), tiny.data, context=context, model_dir=str(tmp_path), epochs=1,
+                         sleep=chief.sleep) == 1

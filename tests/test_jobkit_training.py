@@ -208,3 +208,11 @@ def test_examples_per_sec_leave_out_the_time_of_callbacks(tmp_path: Path) -> Non
     done = records(tmp_path)[-1]
     with_callbacks = 12 * BATCH / (12 * 0.2)  # the most the whole epoch's time could give
     assert done["phase"] == "done" and done["examples_per_sec"] > 2 * with_callbacks, done
+
+
+def test_fit_takes_the_model_dir_as_a_string(tmp_path: Path) -> None:
+    """A job passing `model_dir="/some/dir"` trained nothing: `str / str` deep in the kit's layout."""
+    jobkit.fit(build(), batches(), context=context(tmp_path), model_dir=str(tmp_path / "model"), epochs=1,
+               global_batch_size=BATCH, steps_per_epoch=3)
+    assert (tmp_path / "model" / "training_done.json").exists()
+    assert list((tmp_path / "model" / "checkpoints").glob("ckpt-1*"))

@@ -40,7 +40,7 @@ def run_evaluator(
     dataset: tf.data.Dataset,
     *,
     context: TaskContext,
-    model_dir: Path,
+    model_dir: Path | str,
     epochs: int = 0,
     poll_s: float = 2.0,
     idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
@@ -56,7 +56,7 @@ def run_evaluator(
     new checkpoint and no sign of training (None: never). `model` must be compiled
     (its metrics are what gets reported).
     """
-    layout = ModelDirLayout(model_dir)
+    layout = ModelDirLayout(Path(model_dir))  # a job may well pass a string
     writer = ProgressWriter(context.progress_file, log_path=context.progress_log)
     summaries = tf.summary.create_file_writer(str(layout.eval))
     evaluated: set[str] = set()
