@@ -275,3 +275,10 @@ def test_the_agreed_save_prints_no_deprecation_warning(tmp_path: Path) -> None:
     """TensorFlow's save read its own deprecated `total_run_calls`: 6 lines of warning per task per preemption."""
     out = preempted_at_an_epochs_end(tmp_path / "model")
     assert "deprecated" not in out.stdout + out.stderr
+
+
+def test_an_endless_dataset_without_steps_per_epoch_is_refused(tmp_path: Path) -> None:
+    """`dataset.repeat()` and no steps_per_epoch: the first epoch never ended, training ran for ever."""
+    with pytest.raises(jobkit.JobKitError, match="repeats for ever and fit got no steps_per_epoch"):
+        jobkit.fit(build(), batches(), context=context(tmp_path), model_dir=tmp_path / "model", epochs=1,
+                   global_batch_size=BATCH, callbacks=[CrashAfter(50)])  # without the check: a crash, not a hang
