@@ -38,6 +38,7 @@ PROGRESS_FILE: Final = "TFL_PROGRESS_FILE"  # where the task writes its progress
 PROGRESS_LOG: Final = "TFL_PROGRESS_LOG"  # tests: every progress record, one JSON line each
 VIRTUAL_DEVICES: Final = "TFL_VIRTUAL_DEVICES"  # --virtual-devices N
 GPU_MEMORY_LIMIT_MB: Final = "TFL_GPU_MEMORY_LIMIT_MB"  # per GPU the task sees
+EVALUATOR_IN_RUN: Final = "TFL_EVALUATOR"  # "1": the run has an evaluator, which training tasks' TF_CONFIG leaves out
 COLLECTIVE: Final = "TFL_COLLECTIVE"  # "ring" when training tasks share a GPU (NCCL refuses that)
 # An elastic run that keeps its global batch (``tfl launch --min-tasks N --global-batch G``):
 # the job batches by G whatever the number of replicas (``jobkit.global_batch_size``).
@@ -207,10 +208,13 @@ def task_slug(task_type: str, index: int) -> str:
 
 
 # --- a task's environment, as every backend builds it ------------------------------------
-def run_variables(run_id: str, run_dir: str, virtual_devices: int | None = None) -> dict[str, str]:
-    """What tfl sets for every task of a run, whatever runs it (local, SSH, Slurm)."""
+def run_variables(run_id: str, run_dir: str, virtual_devices: int | None = None, *,
+                  evaluator: bool = False) -> dict[str, str]:
+    """What tfl sets for every task of a run, whatever runs it (local, SSH, Slurm).
+    ``evaluator``: the run has one, so the chief keeps every checkpoint for it."""
     return {
         **({} if virtual_devices is None else {VIRTUAL_DEVICES: str(virtual_devices)}),
+        **({EVALUATOR_IN_RUN: "1"} if evaluator else {}),
         # tf_keras, not Keras 3: Keras 3 fails under MultiWorkerMirroredStrategy (keras-team/keras#20585).
         LEGACY_KERAS: "1",
         UNBUFFERED: "1",

@@ -177,3 +177,27 @@ def test_mnist_download_gives_up_on_a_silent_network(tmp_path: Path, monkeypatch
         assert time.monotonic() - started < 60  # a hang guard: the 2 s timeout held, the silent proxy did not
     finally:
         silent.close()
+
+
+def test_evaluator_takes_the_model_dir_as_a_string(tiny: TinyJob, tmp_path: Path) -> None:
+    from launcher.jobkit.evaluator import run_evaluator
+
+    chief = ChiefSimulator(tiny, tmp_path, ["ckpt-1", "done:ckpt-1"])
+    context = TaskContext("evaluator", 0, label="evaluator:0", progress_file=tmp_path / "eval.progress.json")
+    assert run_evaluator(tiny.build(), tiny.data, context=context, model_dir=str(tmp_path), epochs=1,
+                         sleep=chief.sleep) == 1
+
+
+def test_a_resumed_evaluator_goes_on_after_what_its_earlier_attempt_evaluated(
+    tiny: TinyJob, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tfl resume` restarts the evaluator: it evaluated every checkpoint of the run again from ckpt-1."""
+    from launcher.jobkit.evaluator import run_evaluator
+
+    progress = tmp_path / "eval.progress.json"
+    write_json_atomically(progress, {"task": "evaluator:0", "attempt": 0, "phase": "eval", "epoch": 2})
+    chief = ChiefSimulator(tiny, tmp_path, ["ckpt-1", "ckpt-2", "ckpt-3", "done:ckpt-3"])
+    context = TaskContext("evaluator", 0, label="evaluator:0", attempt=1, progress_file=progress)
+    assert run_evaluator(tiny.build(), tiny.data, context=context, model_dir=tmp_path, epochs=3, sleep=chief.sleep) == 1
+    out = capsys.readouterr().out
+    assert "eval checkpoint=ckpt-3" in out and "checkpoint=ckpt-1 " not in out and "checkpoint=ckpt-2 " not in out

@@ -208,3 +208,77 @@ def test_examples_per_sec_leave_out_the_time_of_callbacks(tmp_path: Path) -> Non
     done = records(tmp_path)[-1]
     with_callbacks = 12 * BATCH / (12 * 0.2)  # the most the whole epoch's time could give
     assert done["phase"] == "done" and done["examples_per_sec"] > 2 * with_callbacks, done
+
+
+def test_fit_takes_the_model_dir_as_a_string(tmp_path: Path) -> None:
+    """A job passing `model_dir="/some/dir"` trained nothing: `str / str` deep in the kit's layout."""
+    jobkit.fit(build(), batches(), context=context(tmp_path), model_dir=str(tmp_path / "model"), epochs=1,
+               global_batch_size=BATCH, steps_per_epoch=3)
+    assert (tmp_path / "model" / "training_done.json").exists()
+    assert list((tmp_path / "model" / "checkpoints").glob("ckpt-1*"))
+
+
+NOTICE_AT_AN_EPOCHS_END = """
+import os, signal, sys, time
+sys.path.insert(0, {root!r})
+from launcher import jobkit
+jobkit.select_tf_keras()
+import numpy as np
+import tf_keras as keras
+
+class NoticeAt(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 1:  # TensorFlow's watcher takes it in within a second; the step agreed is then
+            os.kill(os.getpid(), signal.SIGTERM)  # the end of the call after the next: epoch 1's last
+            time.sleep(2.5)
+
+keras.utils.set_random_seed(1)
+model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3)])
+model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+data = jobkit.ArrayInput((np.ones((32, 4), "float32"), np.zeros(32, "int64")), global_batch=8, seed=1)
+context = jobkit.task_context()
+jobkit.make_strategy(context)
+jobkit.fit(model, data, context=context, model_dir={model_dir!r}, epochs=2, steps_per_epoch=4, global_batch_size=8,
+           steps_per_execution=1, callbacks=[NoticeAt()])
+"""
+
+
+def preempted_at_an_epochs_end(model_dir: Path) -> Any:
+    """NOTICE_AT_AN_EPOCHS_END run alone (a lone chief): its completed process, exit code 170 checked."""
+    import os
+    import subprocess
+    import sys
+
+    from launcher.contract import PREEMPTED_EXIT_CODE
+    from tests.conftest import ROOT
+
+    script = model_dir.parent / "job.py"
+    script.write_text(NOTICE_AT_AN_EPOCHS_END.format(root=str(ROOT), model_dir=str(model_dir)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CONFIG", "TFL_"))}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == PREEMPTED_EXIT_CODE, out.stdout[-2000:] + out.stderr[-2000:]
+    return out
+
+
+def test_a_notice_at_an_epochs_last_step_keeps_the_epochs_end(tmp_path: Path) -> None:
+    """The agreed checkpoint at an epoch's last step: the task left before the epoch's end, and the
+    resume began the next epoch, so that epoch's line, checkpoint and evaluation never came."""
+    model_dir = tmp_path / "model"
+    out = preempted_at_an_epochs_end(model_dir)
+    assert "epoch 1/2 loss=" in out.stdout
+    assert list((model_dir / "checkpoints").glob("ckpt-1.index"))
+    record = json.loads((model_dir / "preempted.json").read_text())
+    assert (record["epoch"], record["step"], record["global_step"]) == (1, 4, 4)
+
+
+def test_the_agreed_save_prints_no_deprecation_warning(tmp_path: Path) -> None:
+    """TensorFlow's save read its own deprecated `total_run_calls`: 6 lines of warning per task per preemption."""
+    out = preempted_at_an_epochs_end(tmp_path / "model")
+    assert "deprecated" not in out.stdout + out.stderr
+
+
+def test_an_endless_dataset_without_steps_per_epoch_is_refused(tmp_path: Path) -> None:
+    """`dataset.repeat()` and no steps_per_epoch: the first epoch never ended, training ran for ever."""
+    with pytest.raises(jobkit.JobKitError, match="repeats for ever and fit got no steps_per_epoch"):
+        jobkit.fit(build(), batches(), context=context(tmp_path), model_dir=tmp_path / "model", epochs=1,
+                   global_batch_size=BATCH, callbacks=[CrashAfter(50)])  # without the check: a crash, not a hang

@@ -73,3 +73,15 @@ def test_render_shows_every_task_and_pretty_tf_config() -> None:
         assert f"\n{name}  on " in text
     assert '"type": "evaluator"' in text and "/runs/r1/logs/chief-0.log" in text
     assert "command: /opt/py -u /abs/job.py --epochs 2" in text
+
+
+def test_the_chief_knows_the_run_has_an_evaluator() -> None:
+    """Training tasks' TF_CONFIG leaves the evaluator out, so the chief took the run for one without
+    and kept 5 checkpoints: an evaluator more than 5 epochs behind (or restarted) lost the others."""
+    from launcher.jobkit.context import task_context
+
+    chief = next(t for t in plan().tasks if str(t.task) == "chief:0")
+    assert task_context(chief.env).has_evaluator
+    alone = parse_cluster({"cluster": {"chief": ["h1:1000"], "worker": ["h2:1001"]}})
+    plain = build_plan(alone, "/abs/job.py", (), run_id="r1", run_dir="/runs/r1", python="/venv/python", cwd="/here")
+    assert not task_context(plain.tasks[0].env).has_evaluator

@@ -39,6 +39,7 @@ class TaskContext:
     virtual_devices: int | None = None
     gpu_memory_limit_mb: int | None = None
     collective: str | None = None  # "ring" when tasks share a GPU (NCCL refuses that)
+    evaluator_in_run: bool = False  # TFL_EVALUATOR: the training tasks' TF_CONFIG leaves the evaluator out
 
     @property
     def is_evaluator(self) -> bool:
@@ -53,7 +54,7 @@ class TaskContext:
 
     @property
     def has_evaluator(self) -> bool:
-        return bool(self.cluster.get(contract.EVALUATOR))
+        return self.evaluator_in_run or bool(self.cluster.get(contract.EVALUATOR))
 
     @property
     def num_training_tasks(self) -> int:
@@ -133,6 +134,7 @@ def task_context(env: Mapping[str, str]) -> TaskContext:
         virtual_devices=_optional_count(env, contract.VIRTUAL_DEVICES, "the number of logical devices, e.g. 4"),
         gpu_memory_limit_mb=_optional_count(env, contract.GPU_MEMORY_LIMIT_MB, "a GPU memory limit in MB, e.g. 4096"),
         collective=_collective(env.get(contract.COLLECTIVE, "").strip()),
+        evaluator_in_run=env.get(contract.EVALUATOR_IN_RUN) == "1",
     )
 
 

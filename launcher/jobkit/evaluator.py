@@ -40,7 +40,7 @@ def run_evaluator(
     dataset: tf.data.Dataset,
     *,
     context: TaskContext,
-    model_dir: Path,
+    model_dir: Path | str,
     epochs: int = 0,
     poll_s: float = 2.0,
     idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
@@ -56,7 +56,8 @@ def run_evaluator(
     new checkpoint and no sign of training (None: never). `model` must be compiled
     (its metrics are what gets reported).
     """
-    layout = ModelDirLayout(model_dir)
+    layout = ModelDirLayout(Path(model_dir))  # a job may well pass a string
+    earlier = _evaluated_before(context)  # read before this attempt's first record replaces it
     writer = ProgressWriter(context.progress_file, log_path=context.progress_log)
     summaries = tf.summary.create_file_writer(str(layout.eval))
     evaluated: set[str] = set()
@@ -67,7 +68,8 @@ def run_evaluator(
         # Read the marker before listing: the chief publishes its last checkpoint
         # before the marker, so a marker seen now implies the listing includes it.
         done = watch.done_marker()
-        pending = [p for p in list_checkpoints(layout.checkpoints) if Path(p).name not in evaluated]
+        pending = [p for p in list_checkpoints(layout.checkpoints)
+                   if Path(p).name not in evaluated and (checkpoint_epoch(p) or 0) > earlier]
         for path in pending:
             results = _evaluate(model, dataset, path, summaries)
             if results is not None:
@@ -76,7 +78,7 @@ def run_evaluator(
                 writer.write(last_record, force=True)
             watch.news()
         if done is not None:
-            _check_final(done, evaluated, layout)
+            _check_final(done, evaluated, layout, earlier)
             writer.write({**last_record, "phase": "done", "time": time.time()}, force=True)
             return len(evaluated)
         watch.check(idle_timeout_s)
@@ -119,9 +121,22 @@ class _TrainingWatch:
                 f"{idle_timeout_s:.0f} s; is the chief running? (the limit is the job's --eval-idle-timeout)")
 
 
-def _check_final(done: dict[str, Any], evaluated: set[str], layout: ModelDirLayout) -> None:
+def _evaluated_before(context: TaskContext) -> int:
+    """The last epoch an earlier attempt of this evaluator evaluated (its progress record), else 0:
+    a resumed run's evaluator goes on after it instead of evaluating every checkpoint again."""
+    record = read_json_object(context.progress_file) if context.progress_file is not None else None
+    if record is None or record.get("phase") not in ("eval", "done") or not isinstance(record.get("epoch"), int):
+        return 0
+    if not isinstance(record.get("attempt"), int) or record["attempt"] >= context.attempt or record["epoch"] < 1:
+        return 0
+    print(f"jobkit: evaluator: attempt {record['attempt']} evaluated the checkpoints up to epoch {record['epoch']}; "
+          "going on after them", flush=True)
+    return int(record["epoch"])
+
+
+def _check_final(done: dict[str, Any], evaluated: set[str], layout: ModelDirLayout, earlier: int = 0) -> None:
     final = done.get("final_checkpoint")
-    if final is not None and final not in evaluated:
+    if final is not None and final not in evaluated and (checkpoint_epoch(final) or 0) > earlier:
         raise JobKitError(f"evaluator: {layout.done_file} names final checkpoint {final}, "
                           f"but it is not in {layout.checkpoints}; it could not be evaluated")
 

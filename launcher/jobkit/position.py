@@ -86,6 +86,9 @@ def input_stream(dataset: Any, steps_per_epoch: int | None, state: tuple[int, in
     length = int(dataset.cardinality().numpy())
     if length == 0:
         raise JobKitError("the training dataset is empty; check its source and batching")
+    if length == tf.data.INFINITE_CARDINALITY and steps_per_epoch is None:
+        raise JobKitError("the training dataset repeats for ever and fit got no steps_per_epoch, so the first epoch "
+                          "would never end (no checkpoint, no backup, no done marker); pass steps_per_epoch=N")
     if length > 0 and steps_per_epoch in (None, length):
         dataset, steps_per_epoch = dataset.repeat(), length  # one pass per epoch, one iterator
     if steps_per_epoch is None:

@@ -83,6 +83,12 @@ def preemption_handler(
 class _KitHandler(tf.distribute.experimental.PreemptionCheckpointHandler):  # type: ignore[misc]
     """TensorFlow's handler, telling the notice guard when a step ends and when the save begins."""
 
+    @property
+    def total_run_calls(self) -> int:
+        """TensorFlow's save reads this deprecated property: 3 lines of deprecation warning, twice, in
+        every task's output at every preemption, about a call the job never made. The same count, quietly."""
+        return int(self._run_counter)
+
     def run(self, distributed_train_function: Any, *args: Any, **kwargs: Any) -> Any:
         result = super().run(distributed_train_function, *args, **kwargs)
         notice.step_done()
@@ -125,6 +131,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]  # t
         self._epoch = 0
         self._batch = -1
         self._saved_path: str | None = None
+        self._leave_at_epoch_end = False
 
     def _implements_train_batch_hooks(self) -> bool:
         return True  # asked before on_train_begin, which decides whether there is a handler
@@ -153,6 +160,9 @@ class PreemptionCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]  # t
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         notice.epoch_done()  # last of the kit's: the epoch's checkpoint and backup are written
+        if self._leave_at_epoch_end:
+            self._saved_path = self._backup.backup_path  # the epoch's end backed up the same state again
+            self._leave()
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         exit_on_notice(self._context, "after training ended (the done marker is written)")
@@ -167,7 +177,15 @@ class PreemptionCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]  # t
     def _global_step(self) -> int:
         return int(self.model.optimizer.iterations.numpy())
 
-    def _exit(self) -> NoReturn:
+    def _exit(self) -> None:
+        if self._batch + 1 == self.params.get("steps"):
+            # The agreed step ends the epoch: its end (line, checkpoint, summaries) first, or it is
+            # never written: the resume starts the next epoch. Every task agreed on this step.
+            self._leave_at_epoch_end = True
+            return
+        self._leave()
+
+    def _leave(self) -> NoReturn:
         self._progress.preempted(self._batch + 1)  # phase "preempted" at the agreed step, on every task
         if self._context.is_chief:
             record = PreemptedRecord(

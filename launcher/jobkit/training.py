@@ -53,7 +53,7 @@ def fit(
     dataset: tf.data.Dataset,
     *,
     context: TaskContext,
-    model_dir: Path,
+    model_dir: Path | str,
     epochs: int,
     global_batch_size: int,
     steps_per_epoch: int | None = None,
@@ -78,6 +78,7 @@ def fit(
         raise JobKitError(f"backup_every_steps is {backup_every_steps}; expected a positive "
                           "number of steps, or None to back up at the end of each epoch")
     check_steps_per_execution(steps_per_execution)
+    model_dir = Path(model_dir)  # a job may well pass a string
     real = ModelDirLayout(model_dir)
     done = finished_run(real, context)
     if done is not None:

@@ -47,7 +47,7 @@ def task_launch(spec: ClusterSpec, task: TaskId, host: HostPlan, port: int, job:
         **spec.host(host.host).env,
         **spec.placement.env(task),
         contract.TF_CONFIG: tf_config_json(spec.cluster, task),
-        **contract.run_variables(run_id, host.run_dir, virtual_devices),
+        **contract.run_variables(run_id, host.run_dir, virtual_devices, evaluator=bool(spec.cluster.evaluator)),
         **contract.task_variables(task.type, task.index, host.run_dir),
     }
     if spec.storage is not None:

@@ -118,6 +118,7 @@ def base_env(spec: ClusterSpec, options: ExportOptions, role: Role) -> dict[str,
         contract.LEGACY_KERAS: "1",
         "PYTHONUNBUFFERED": "1",
         contract.RUN_ID: options.name,
+        **({contract.EVALUATOR_IN_RUN: "1"} if spec.cluster.evaluator else {}),
     }
     directory = run_dir(spec, options.name)
     if directory is not None:

@@ -84,7 +84,8 @@ def build_ray_plan(spec: RayClusterSpec, job: str, job_args: tuple[str, ...], *,
         raise UsageError("a Ray run of several tasks needs storage every node sees (a restarted task or the evaluator reads "
                          "the chief's checkpoints, on whatever node it lands); add \"storage\": {\"path\": \"/mnt/shared/tfl\"} "
                          "to the description, or pass the job a shared --model-dir")
-    env = {**spec.env, **contract.run_variables(run_id, NODE_DIR, virtual_devices)}
+    env = {**spec.env, **contract.run_variables(run_id, NODE_DIR, virtual_devices,
+                                                         evaluator=settings.evaluator)}
     if spec.storage is not None:
         env[contract.MODEL_DIR] = contract.shared_model_dir(spec.storage.path, run_id)
     launches = tuple(_task(task, job, job_args, env, run_dir) for task in tasks)

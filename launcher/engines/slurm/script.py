@@ -193,7 +193,8 @@ def nodes_command(batch: BatchJob) -> list[str]:
 
 def batch_env(batch: BatchJob) -> dict[str, str]:
     """What the script exports for every step (srun passes the environment on)."""
-    env = {**batch.env, **run_variables(batch.run_id, batch.run_dir, batch.virtual_devices),
+    env = {**batch.env, **run_variables(batch.run_id, batch.run_dir, batch.virtual_devices,
+                                       evaluator=batch.settings.evaluator),
            SLURM_LAYOUT: format_tasks_per_node([batch.settings.tasks_per_node] * batch.settings.nodes)}
     bad = sorted(k for k in env if not _ENV_NAME.fullmatch(k))
     if bad:
