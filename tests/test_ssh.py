@@ -176,8 +176,9 @@ def test_killed_launcher_or_dropped_connection_takes_remote_tasks_down(sshd: Ssh
     pids = [p.pid for p in tfl_processes(run_id=run)]
     launcher.kill()  # no teardown at all: the agents see their SSH channel close
     launcher.wait()
-    wait_for(lambda: not tfl_processes(run_id=run), timeout=10)
-    assert not any(pid_alive(p) for p in pids)
+    # A process that is exiting has no readable environment (tfl_processes no longer sees its marker) a moment
+    # before it is a zombie: wait for the pids themselves too.
+    wait_for(lambda: not tfl_processes(run_id=run) and not any(pid_alive(p) for p in pids), timeout=10)
     record = RunStore(tfl_home).load(run)
     assert set(remote_signal(record, signal.SIGTERM).values()) == {"gone"}  # `tfl stop`'s remote half: idempotent
 
