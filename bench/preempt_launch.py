@@ -34,7 +34,9 @@ from bench.config import Config
 from bench.procs import kill_group, spawn, tasks_named, wait_for
 
 NOTICE_STEP = 35  # after the kit's step-time line (the median of the first 30 steps), in epoch 1
-JOB_ARGS = ["--epochs", "2", "--steps-per-epoch", "40", "--batch-size", "32", "--dtype", "float64", "--seed", "7",
+# 10 epochs, 365 steps after the notice: the agreement takes a second or more (TensorFlow's watcher polls about once a
+# second), and with 2 epochs a quick machine (18 ms a step) finished training before it, with nothing to save.
+JOB_ARGS = ["--epochs", "10", "--steps-per-epoch", "40", "--batch-size", "32", "--dtype", "float64", "--seed", "7",
             "--backup-every-steps", "10"]
 STEP_LINE = re.compile(r"jobkit: ([0-9.]+) ms per step")
 
@@ -48,9 +50,22 @@ class PreemptionSample:
     preemption_to_training_s: float
 
 
+def _model_file(home: Path, storage: Path | None, name: str) -> Path | None:
+    """``name`` in this trial's model dir: in its run dir, or under the storage the SSH trials share (by its run id:
+    an earlier trial's run is there too)."""
+    runs = [p.name for p in home.glob("runs/*")]
+    found = [p / "model" / name for p in [*home.glob("runs/*"), *(storage / r for r in runs if storage)]]
+    return next((p for p in found if p.exists()), None)
+
+
 def _preempted_file(home: Path, storage: Path | None) -> Path | None:
-    found = list(home.glob("runs/*/model/preempted.json")) + (list(storage.glob("*/model/preempted.json")) if storage else [])
-    return found[0] if found else None
+    return _model_file(home, storage, "preempted.json")
+
+
+def _ended_before_the_agreement(home: Path, storage: Path | None) -> str | None:
+    """Why no agreed checkpoint will come: training ended before the group agreed on a step."""
+    done = _model_file(home, storage, "training_done.json")
+    return "training ended before the notice was agreed on a step: give the job more steps (JOB_ARGS)" if done else None
 
 
 def _chief_progress(home: Path) -> dict[str, Any]:
@@ -75,7 +90,7 @@ def one_trial(ws: Workspace, transport: str, rep: int, cluster: Path | None, sto
         os.kill(tasks_named(home, "worker:0")["worker:0"].pid, signal.SIGTERM)
         noticed = time.time()
         saved_file = wait_for(partial(_preempted_file, home, storage), 300, "the agreed checkpoint (preempted.json)",
-                              interval=0.005)
+                              interval=0.005, failed=partial(_ended_before_the_agreement, home, storage))
         saved = saved_file.stat().st_mtime
         agreed = int(json.loads(saved_file.read_text())["global_step"])
         back = wait_for(lambda: _training_again(home, agreed), 900, "training again", interval=0.02)

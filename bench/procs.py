@@ -108,12 +108,18 @@ def _cpu_times(pid: int) -> tuple[float, float, float, float]:
     return utime, stime, cutime, cstime
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02,
+             failed: Callable[[], str | None] | None = None) -> Any:
+    """``predicate()``'s first true value; a ``BenchError`` at the timeout, or at once when ``failed()`` says
+    why the value will never come."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
+        why = failed() if failed is not None else None
+        if why:
+            raise BenchError(f"waiting for {what}: {why}")
         time.sleep(interval)
     raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
 
