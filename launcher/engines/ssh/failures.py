@@ -20,6 +20,11 @@ class SSHError(LaunchError):
         self.host, self.cause = host, message
 
 
+def cause_of(exc: BaseException) -> str:
+    """What went wrong with a host, without the host's name an ``SSHError`` puts first (for a line that names it)."""
+    return exc.cause if isinstance(exc, SSHError) else str(exc) or type(exc).__name__
+
+
 DROPS = (EOFError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.engines.parallel import parallel
 from launcher.engines.preflight import Check, HostTasks, judge, judge_storage, probe_request
 from launcher.engines.ssh.connect import connect, open_channel
-from launcher.engines.ssh.failures import SSHError
+from launcher.engines.ssh.failures import SSHError, cause_of
 from launcher.engines.ssh.wire import agent_command, agent_input, converse, kit_data
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def _open(h: HostTasks, quick: bool) -> tuple[list[Check], Session | None]:
         facts = session.ask({**probe_request(h, quick=quick), "kit": kit_data()})
     except Exception as exc:  # SSHError, or paramiko refusing the session: the host's python check fails
         conn.close()
-        return checks + [Check(h.host, "python", "fail", exc.cause if isinstance(exc, SSHError) else str(exc))], None
+        return checks + [Check(h.host, "python", "fail", cause_of(exc))], None
     return checks + judge(h, facts, quick=quick), session
 
 

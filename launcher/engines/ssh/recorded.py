@@ -27,7 +27,7 @@ from launcher.describe.hosts import HOST_CACHE, SSHTarget
 from launcher.engines.base import NO_ANSWER, Cleanup, Stopped, TaskLive
 from launcher.engines.parallel import parallel
 from launcher.engines.ssh.connect import connect
-from launcher.engines.ssh.failures import SSHError
+from launcher.engines.ssh.failures import cause_of
 from launcher.engines.ssh.firewall import unfence
 from launcher.engines.ssh.wire import agent_answer, agent_request, agent_start, cleanup_request
 from launcher.limits import limit_error, own_fault
@@ -184,18 +184,13 @@ def stop(record: RunRecord, grace: float) -> Stopped:
     if fault := next((f for r in results.values() if isinstance(r, Exception) and (f := own_fault(r))), None):
         raise limit_error(fault, "stopping the tasks")  # the launcher's own limit: no host is unreachable for it
     alive = sum(1 for r in results.values() if not isinstance(r, Exception) for outcome in r.values() if outcome != "gone")
-    unreached = [f"{host}: {_why(result)}; its agent there ends them once it loses the launcher: at once when the "
+    unreached = [f"{host}: {cause_of(result)}; its agent there ends them once it loses the launcher: at once when the "
                  f"launcher's connection closes, else {hosts[host][0].fence_after:g} s after its last word (ssh.fence_after)"
                  for host, result in results.items() if isinstance(result, Exception)]
     if not record.state.is_terminal:
         cleanup(record)
         unfence(record)  # its agents removed the tables when they lost the launcher: this makes sure
     return Stopped(alive, unreached)
-
-
-def _why(exc: Exception) -> str:
-    """An error about a host, without the host's name that ``SSHError`` puts first."""
-    return exc.cause if isinstance(exc, SSHError) else str(exc) or type(exc).__name__
 
 
 def _stop_hosts(hosts: HostTasks, grace: float) -> dict[str, dict[str, str] | Exception]:
@@ -282,7 +277,7 @@ def clean(record: RunRecord) -> Cleanup:
     done.left += [f"{host}: {left}" for host, left in unfence(record).items() if left]
     for host, result in zip(hosts, parallel(remove, list(hosts)), strict=True):
         if isinstance(result, Exception):
-            done.left.append(f"{host}: {_why(result)}; left {', '.join(hosts[host][2])} there")
+            done.left.append(f"{host}: {cause_of(result)}; left {', '.join(hosts[host][2])} there")
             continue
         for path, outcome in result.items():
             if "error" in outcome:
