@@ -303,13 +303,17 @@ def test_detach_status_logs_stop_then_resume_from_the_saved_step(cluster: RayClu
     job = tmp_path / "job" / "saver.py"
     job.parent.mkdir()
     job.write_text(SAVER)
-    result = tfl(["launch", str(job), "--cluster", str(path), "--detach", "--", "100000"], child_env, timeout=600)
+    temp = tmp_path / "tmp"  # the launcher's temp dir: its copy of the kit is gone once Ray has it
+    temp.mkdir(mode=0o700)
+    result = tfl(["launch", str(job), "--cluster", str(path), "--detach", "--", "100000"], {**child_env, "TMPDIR": str(temp)},
+                 timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     run = result.stdout.strip()
     assert record(tfl_home, run).get("launcher_pid"), "--detach returned before the run was recorded"
     try:
         wait_for(lambda: "start worker:0 attempt 0 step 0" in tfl(["logs", run, "--task", "worker:0"], child_env).stdout,
                  timeout=240)
+        assert not list(temp.glob("tfl-ray-kit-*")), "the kit's copy stays while the run lives (and after a kill -9)"
         status = tfl(["status", run], child_env, timeout=120)
         assert status.returncode == 0 and status.stdout.count("127.0.0.1") >= 2, status.stdout + status.stderr
         assert "running" in status.stdout and "gone" not in status.stdout

@@ -44,7 +44,6 @@ class RayBackend:
     def __init__(self, notify: Callable[[], None] = lambda: None) -> None:
         self._notify = notify
         self._group: RayGroup | None = None
-        self._kit: str | None = None
         self._plan: LaunchPlan | None = None
         self._attempt = 0
         self._lock = threading.Lock()
@@ -59,8 +58,11 @@ class RayBackend:
     def prepare(self, plan: LaunchPlan) -> list[Check]:
         unit = plan.unit
         assert isinstance(unit, RayUnit)
-        self._kit = kit_dir()
-        ray = connect(unit.address, runtime_env(unit.working_dir, self._kit))
+        kit = kit_dir()
+        try:
+            ray = connect(unit.address, runtime_env(unit.working_dir, kit))
+        finally:  # ray.init has uploaded it to the cluster: nothing stays here, even if this launcher is killed
+            shutil.rmtree(kit, ignore_errors=True)
         self._group = RayGroup(ray, plan)
         self._group.create()
         return []
@@ -175,9 +177,6 @@ class RayBackend:
         if self._group is not None:
             self._group.remove()
             self._group = None
-        if self._kit is not None:
-            shutil.rmtree(self._kit, ignore_errors=True)
-            self._kit = None
         disconnect()
 
     # --- a recorded run -----------------------------------------------------------------

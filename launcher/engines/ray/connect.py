@@ -78,7 +78,7 @@ def disconnect() -> None:
 
 def kit_dir() -> str:
     """A private temp copy of the job kit and the task runner, as ``<dir>/launcher``: the
-    actors' ``py_modules``. The caller removes ``<dir>``."""
+    actors' ``py_modules``. The caller removes ``<dir>`` once ``ray.init`` has uploaded it."""
     root = tempfile.mkdtemp(prefix="tfl-ray-kit-")
     for name in KIT_FILES:
         src, dest = LAUNCHER_DIR / name, Path(root) / "launcher" / name
