@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,7 +73,7 @@ def test_cuinit_is_noise_only_where_the_cuda_stub_found_no_driver() -> None:
     assert noise.is_noise(START_UP[2]) and noise.is_noise(cuinit)
 
 
-def follow(tmp_path: Path, text: str, **options: bool) -> list[str]:
+def follow(tmp_path: Path, text: str, **options: Any) -> list[str]:
     log = tmp_path / "chief-0.log"
     log.write_text(text)
     out = io.StringIO()
@@ -93,3 +94,16 @@ def test_follower_hides_noise_unless_verbose(tmp_path: Path, verbose: bool) -> N
         assert shown == NEVER_HIDDEN + [f"tfl: {len(START_UP)} line(s) of TensorFlow start-up noise hidden "
                                         "(the task's log keeps them; --verbose shows them)"]
     assert (tmp_path / "chief-0.log").read_text().count("\n") == len(START_UP) + len(NEVER_HIDDEN)  # the log keeps all
+
+
+@pytest.mark.parametrize("tail", [0, 2, 3])
+def test_a_tail_counts_only_the_noise_among_the_lines_it_keeps(tmp_path: Path, tail: int) -> None:
+    """`tfl logs -n N`: the noise before the kept lines was cut by N, not hidden (with ``-n 0``, no
+    count at all); the noise among them is hidden and counted."""
+    job = ["epoch 1/2 loss=0.9", "epoch 2/2 loss=0.5", "done"]
+    text = "\n".join(START_UP + job[:2] + START_UP[:1] + job[2:]) + "\n"
+    lines = [line.removeprefix("[chief:0] ") for line in follow(tmp_path, text, hide_noise=True, tail=tail)]
+    # 2: the noise line between "epoch 2/2" and "done"; 3: nothing cut, the whole log's noise.
+    counted = {0: 0, 2: 1, 3: len(START_UP) + 1}[tail]
+    said = [f"tfl: {counted} line(s) of TensorFlow start-up noise hidden (the task's log keeps them; --verbose shows them)"]
+    assert lines == job[len(job) - tail:] + (said if counted else [])

@@ -35,19 +35,27 @@ class _Source:
         self.offset = path.stat().st_size if from_end and self.ident else 0
         self.partial = b""
         self.noise = NoiseFilter() if hide_noise else None
+        self.cut_noise = 0  # noise lines that came before the first line a tail kept
         self.fold = TracebackFold(peer_lost) if hide_noise else None
         self._handle: BinaryIO | None = None
         self._idle = 0  # polls since it last grew
         self._slots = slots  # shared by the follower's sources: how many logs may stay open now
 
-    def shown(self, lines: list[str], idle: float) -> list[str]:
-        """What of ``lines`` the console shows: no start-up noise, no traceback a lost peer caused."""
+    def shown(self, lines: list[str], idle: float, final: bool) -> list[tuple[str, int]]:
+        """What of ``lines`` the console shows (no start-up noise, no traceback a lost peer caused),
+        each with how many noise lines had been hidden when it came."""
         if self.fold is None:
-            return lines
-        if not lines:
-            return self.fold.tick(idle)
-        kept = [line for line in lines if self.noise is None or not self.noise.is_noise(line)]
-        return [out for line in kept for out in self.fold.feed(line)]
+            return [(line, 0) for line in lines]
+        shown = [(out, self.hidden) for out in self.fold.tick(idle)] if not lines else []
+        for line in lines:
+            if self.noise is None or not self.noise.is_noise(line):
+                shown += [(out, self.hidden) for out in self.fold.feed(line)]
+        return shown + [(out, self.hidden) for out in self.fold.flush()] if final else shown
+
+    @property
+    def hidden(self) -> int:
+        """Noise lines hidden from what is shown (not those before a ``--tail`` cut)."""
+        return self.noise.count - self.cut_noise if self.noise is not None else 0
 
     def read_lines(self, final: bool) -> list[str]:
         chunk = self._read_new()
@@ -141,12 +149,12 @@ class LogFollower:
     def poll_once(self, final: bool = False) -> int:
         printed = 0
         for src in self._sources:
-            lines = src.shown(src.read_lines(final), self._interval)
-            if final and src.fold is not None:
-                lines += src.fold.flush()
-            if self._tail is not None:
-                lines = lines[max(0, len(lines) - self._tail):]
-            for line in lines:
+            shown = src.shown(src.read_lines(final), self._interval, final)
+            if self._tail is not None and len(shown) > self._tail:
+                cut = len(shown) - self._tail
+                src.cut_noise = shown[cut][1] if shown[cut:] else src.hidden
+                shown = shown[cut:]
+            for line, _ in shown:
                 self._out.write(f"{src.prefix}{line}\n")
                 printed += 1
         self._tail = None  # only what the logs held at the first poll is cut
@@ -172,9 +180,11 @@ class LogFollower:
             self._thread = None
         self.poll_once(final=True)
         for src in self._sources:
-            if src.noise is not None and src.noise.count:
-                self._out.write(f"{src.prefix}tfl: {src.noise.count} line(s) of TensorFlow start-up noise hidden "
+            if src.hidden:
+                self._out.write(f"{src.prefix}tfl: {src.hidden} line(s) of TensorFlow start-up noise hidden "
                                 "(the task's log keeps them; --verbose shows them)\n")
+            if src.noise is not None:
                 src.noise.hidden.clear()
+                src.cut_noise = 0
             src.close()
         self._out.flush()
