@@ -360,7 +360,7 @@ def parse_cluster(data: Any, name: str = "cluster") -> ClusterSpec:
     try:
         return ClusterSpec.model_validate(data)
     except ValidationError as exc:
-        raise ClusterFileError(one_line(f"{name}: {describe_error(exc)}")) from None
+        raise ClusterFileError(one_line(f"{name}: {describe_error(exc, ClusterSpec)}")) from None
 
 
 def local_cluster(workers: int, evaluator: bool = False) -> ClusterSpec:
