@@ -34,7 +34,8 @@ from pydantic import AfterValidator, BaseModel, ValidationError
 
 MAX_PATH_BYTES = 4096
 MAX_ENV_NAME = 255
-MAX_ENV_VALUE_BYTES = 131072 - 1 - MAX_ENV_NAME - 1  # NAME=value within MAX_ARG_STRLEN, NUL included
+MAX_ENV_STRING = 131072  # Linux's MAX_ARG_STRLEN: the most bytes of one NAME=value a process can be given
+MAX_ENV_VALUE_BYTES = MAX_ENV_STRING - 1 - MAX_ENV_NAME - 1  # NAME=value within MAX_ARG_STRLEN, NUL included
 MAX_NESTING = 64  # a cluster file needs 5 levels; JSON's own limit is a RecursionError
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -80,6 +80,12 @@ def tf_config_table(name: str, roles: list[Role]) -> dict[str, Any]:
     return {r.name: tf_config(topology, TaskId(r.name, 0)) for r in roles}
 
 
+def pod_tf_configs(name: str, roles: list[Role]) -> dict[str, str]:
+    """The TF_CONFIG the shim gives the last pod of each role (the longest index), as it writes it."""
+    table = tf_config_table(name, roles)
+    return {f"{r.name}:{r.count - 1}": entry.tf_config_for(table, r.name, r.count - 1) for r in roles}
+
+
 def entry_config_map(options: ExportOptions, roles: list[Role]) -> dict[str, Any]:
     source = resources.files("launcher.engines.k8s.node").joinpath("entry.py").read_text()
     rows = [f" {json.dumps(role)}: {json.dumps(config)}" for role, config in tf_config_table(options.name, roles).items()]

@@ -12,6 +12,7 @@ from typing import Any
 
 from launcher import contract
 from launcher.contract import TASK_TYPES
+from launcher.describe.fields import MAX_ENV_STRING
 from launcher.describe.placement import VISIBLE_DEVICES
 from launcher.describe.spec import ClusterSpec
 from launcher.errors import ExportError
@@ -190,3 +191,14 @@ def check_pod_names(roles: list[Role], pod_name: Callable[[str, int], str], fmt:
             raise ExportError(f"--name: the {fmt} pod name {name!r} of {role.name}:{role.count - 1} has {len(name)} "
                               f"characters and Kubernetes allows {MAX_NAME}; shorten --name by {len(name) - MAX_NAME} "
                               f"or run fewer {role.name} tasks")
+
+
+def check_tf_config_size(configs: dict[str, str], fmt: str) -> None:
+    """Each role's longest TF_CONFIG (its last pod's, as JSON, keyed by that task) must fit one
+    environment string: Linux starts no process given a longer one (E2BIG), so the pod's job never runs."""
+    for task, text in configs.items():
+        size = len(f"{contract.TF_CONFIG}={text}".encode()) + 1
+        if size > MAX_ENV_STRING:
+            raise ExportError(f"cluster: the {fmt} pod of {task} would get a TF_CONFIG of {size} bytes, and Linux starts no "
+                              f"process with an environment variable over {MAX_ENV_STRING} (the pod's job could never "
+                              "start); run fewer tasks, or give a shorter --name")
