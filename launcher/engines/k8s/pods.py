@@ -26,6 +26,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 MAX_NAME = 63
 MAX_GRACE = 31_536_000  # a year: far beyond what a preemption notice gives  # a DNS label: pod hostnames, Job and Service names
 _DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # RFC 1035, as Services and TFJobs require
+_DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # RFC 1123, as namespaces require: may start with a digit
 _HOST_SETTINGS_IGNORED = ("python", "workdir", "env", "ssh", "share_gpus", "gpu_memory_limit_mb")
 
 
@@ -59,7 +60,7 @@ def check_options(options: ExportOptions) -> None:
         raise ExportError(f"--image {options.image!r}: give the container image, e.g. registry.example.com/train:1")
     check_dns_label(options.name, "--name")
     if options.namespace is not None:
-        check_dns_label(options.namespace, "--namespace")
+        check_namespace(options.namespace)
     if options.max_restarts < 0:
         raise ExportError(f"--max-restarts {options.max_restarts}: give 0 or more")
     if options.termination_grace is not None and not 0 <= options.termination_grace <= MAX_GRACE:
@@ -71,6 +72,12 @@ def check_dns_label(value: str, option: str) -> None:
     if len(value) > MAX_NAME or not _DNS_LABEL.fullmatch(value):
         raise ExportError(f"{option} {value!r} is not a DNS label: use at most {MAX_NAME} lowercase letters, "
                           "digits and '-', starting with a letter and ending with a letter or digit (e.g. mnist-1)")
+
+
+def check_namespace(value: str) -> None:
+    if len(value) > MAX_NAME or not _DNS_1123_LABEL.fullmatch(value):
+        raise ExportError(f"--namespace {value!r} is not a DNS label: use at most {MAX_NAME} lowercase letters, "
+                          "digits and '-', starting and ending with a letter or digit (e.g. ml-team)")
 
 
 def default_name(job: str, stamp: str) -> str:
