@@ -38,3 +38,23 @@ def test_the_run_name_stays_an_rfc_1035_label(name: str) -> None:
     options = ExportOptions(job="jobs/mnist.py", image="img:1", name=name)
     with pytest.raises(ExportError, match=rf"^--name '{name}' is not a DNS label"):
         export_k8s(parse_cluster(CLUSTER), options)
+
+
+@pytest.mark.parametrize("path", ["/etc/tfl", "/etc/tfl/", "/etc//tfl", "/etc/tfl/runs"])
+def test_storage_cannot_be_mounted_over_the_entry_shim(path: str) -> None:
+    """The pods mount the shim's ConfigMap at /etc/tfl, read-only. The claim there too was two
+    volumes at one path (the API server refuses an equal mountPath, and '/etc/tfl/' is not equal:
+    one hid the other); inside it, a mount point that cannot be made in a read-only volume."""
+    data = {**CLUSTER, "storage": {"path": path, "k8s_claim": "shared"}}
+    options = ExportOptions(job="jobs/mnist.py", image="img:1", name="m1")
+    with pytest.raises(ExportError, match=rf"^storage.path {path}: the JobSet pods mount tfl's entry shim at /etc/tfl"):
+        export_k8s(parse_cluster(data), options)
+
+
+@pytest.mark.parametrize("path", ["/etc", "/etc/tfl-runs", "/mnt/shared"])
+def test_storage_beside_or_above_the_entry_shim_is_mounted(path: str) -> None:
+    data = {**CLUSTER, "storage": {"path": path, "k8s_claim": "shared"}}
+    options = ExportOptions(job="jobs/mnist.py", image="img:1", name="m1")
+    jobset = export_k8s(parse_cluster(data), options).documents[1]
+    pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert [m["mountPath"] for m in pod["containers"][0]["volumeMounts"]] == ["/etc/tfl", path]
