@@ -3,7 +3,10 @@ every address of the machine, which is how a task's TensorFlow server binds them
 
 from __future__ import annotations
 
+import resource
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -50,3 +53,29 @@ def test_local_clusters_use_them(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = local_cluster(2, evaluator=True)
     assert [*spec.cluster.chief, *spec.cluster.worker, *spec.cluster.evaluator] == [
         "127.0.0.1:40001", "127.0.0.1:40002", "127.0.0.1:40003"]
+
+
+def _tfl_under_limit(args: list[str], env: dict[str, str], open_files: int | None = None) -> subprocess.CompletedProcess[str]:
+    def limit() -> None:
+        if open_files is not None:  # soft and hard: the CLI's own raise to the hard limit cannot undo it
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
+    return subprocess.run([sys.executable, "-m", "launcher", *args], env=env, capture_output=True, text=True,
+                          timeout=120, preexec_fn=limit)
+
+
+@pytest.mark.parametrize("command", [["launch", "job.py", "--dry-run"], ["export", "k8s", "job.py", "--image", "i", "--name", "n"]])
+def test_more_local_tasks_than_ports_is_one_line(command: list[str], child_env: dict[str, str]) -> None:
+    """`--local 100000` was a traceback (EMFILE from the port picker), and with a high enough
+    limit a search of millions of binds for ports that cannot exist."""
+    done = _tfl_under_limit([*command, "--local", "100000"], child_env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("tfl: error: --local 100000: 100000 tasks need 100000 ports") and done.stderr.count("\n") == 1
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_local_tasks_beyond_the_open_files_limit_name_the_limit(child_env: dict[str, str]) -> None:
+    done = _tfl_under_limit(["launch", "job.py", "--dry-run", "--local", "300"], child_env, open_files=200)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("tfl: error: tfl ran out of file descriptors while holding 300 free ports for --local 300")
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr

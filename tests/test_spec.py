@@ -182,3 +182,23 @@ def test_localhost_in_any_case_is_this_machine() -> None:
     assert all(a.is_local for a in (parse_address("LOCALHOST:1"), parse_address("Localhost:1")))
     assert not is_remote(spec, "LOCALHOST") and not is_remote(spec, "Localhost")
     assert "the same address" in error_of({"cluster": {"chief": ["LOCALHOST:5"], "worker": ["127.0.0.1:5"]}})
+
+
+@pytest.mark.parametrize("data, expected", [
+    # a misspelt required key is named as such, not reported as the key that is missing
+    ({"clustr": {"chief": ["a:1"]}}, "c.json: clustr: unknown key; remove it or check its spelling (did you mean 'cluster'?"),
+    ({"cluster": {"cheif": ["a:1"]}}, "c.json: cluster.cheif: unknown key; remove it or check its spelling (did you mean 'chief'?"),
+    ({"cluster": {"chief": ["a:1"], "workers": ["b:1"]}}, "cluster.workers: unknown key; remove it or check its spelling (did you mean 'worker'?"),
+    ({"cluster": {"chief": ["a:1"]}, "hosts": {"a": {"pyhton": "/p"}}}, "hosts.a.pyhton: unknown key; remove it or check its spelling (did you mean 'python'?"),
+    ({"cluster": {"chief": ["a:1"]}, "hosts": {"a": {"ssh": {"usr": "u"}}}}, "hosts.a.ssh.usr: unknown key; remove it or check its spelling (did you mean 'user'?"),
+    ({"cluster": {"chief": ["a:1"]}, "devices": {"worker:0": {"gpu": [0]}}}, "devices.worker:0.gpu: unknown key; remove it or check its spelling (did you mean 'gpus'?"),
+    ({"cluster": {"chief": ["a:1"]}, "storage": {"path": "/s", "k8s-claim": "c"}}, "storage.k8s-claim: unknown key; remove it or check its spelling (did you mean 'k8s_claim'?"),
+    ({"cluster": {"chief": ["a:1"]}, "elastic": {"min_task": 1}}, "elastic.min_task: unknown key; remove it or check its spelling (did you mean 'min_tasks'?"),
+])
+def test_misspelt_key_names_the_key_it_meant(data: object, expected: str) -> None:
+    assert expected in error_of(data)
+
+
+def test_unknown_key_like_no_allowed_key_suggests_none() -> None:
+    message = error_of({"cluster": {"chief": ["a:1"]}, "wrokers": 1})
+    assert message.endswith("wrokers: unknown key; remove it or check its spelling (see `tfl schema` for the allowed keys)")

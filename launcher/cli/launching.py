@@ -224,7 +224,7 @@ def export_k8s(
         None, "--termination-grace", min=0, metavar="SECONDS",
         help="every pod's terminationGracePeriodSeconds: from the notice (SIGTERM) to SIGKILL, the time for the agreed "
              "checkpoint (default: Kubernetes' 30)"),
-    output: Path | None = typer.Option(None, "--output", "-o", help="write the YAML to FILE instead of printing it"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="write the YAML to FILE instead of printing it ('-': print it)"),
 ) -> None:
     """Print JOB on a cluster's roles as Kubernetes manifests: a JobSet (default) or a Kubeflow TFJob."""
     import time
@@ -248,7 +248,7 @@ def export_k8s(
     result = _core(lambda: export(spec, options))
     for warning in result.warnings:
         typer.echo(f"tfl: warning: {warning}", err=True)
-    if output is None:
+    if output is None or str(output) == "-":  # `-o - | kubectl apply -f -`: a file named '-' would leave the pipe empty
         typer.echo(result.text, nl=False)
         return
     _core(lambda: write_manifests(output, result.text))

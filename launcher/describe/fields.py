@@ -23,16 +23,19 @@ through). Messages quote the offending text with ``shown``, so they stay one lin
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import re
-from typing import Annotated, Any
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import AfterValidator, ValidationError
+from pydantic import AfterValidator, BaseModel, ValidationError
 
 MAX_PATH_BYTES = 4096
 MAX_ENV_NAME = 255
-MAX_ENV_VALUE_BYTES = 131072 - 1 - MAX_ENV_NAME - 1  # NAME=value within MAX_ARG_STRLEN, NUL included
+MAX_ENV_STRING = 131072  # Linux's MAX_ARG_STRLEN: the most bytes of one NAME=value a process can be given
+MAX_ENV_VALUE_BYTES = MAX_ENV_STRING - 1 - MAX_ENV_NAME - 1  # NAME=value within MAX_ARG_STRLEN, NUL included
 MAX_NESTING = 64  # a cluster file needs 5 levels; JSON's own limit is a RecursionError
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -222,16 +225,20 @@ def _no_constant(name: str) -> Any:
     raise _Refused(f"not valid JSON: {name} is not a number; write a number")
 
 
-def describe_error(exc: ValidationError) -> str:
-    """The first error of a ValidationError as one line: field path, problem, fix."""
-    err = exc.errors(include_url=False)[0]
+def describe_error(exc: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """The first error of a ValidationError as one line: field path, problem, fix. Given the
+    ``model`` validated, a misspelt key is named with the key it most likely meant."""
+    errors = exc.errors(include_url=False)
+    err = _misspelt_required(errors, model) or errors[0]
     parts = list(err["loc"])
     kind, msg = err["type"], err["msg"].removeprefix("Value error, ")
     if parts[-1:] == ["[key]"]:  # a dict key, e.g. env's: loc is (..., key, "[key]")
         return f"{_path(parts[:-2])}: key {msg}"
     loc = _path(parts)
     if kind == "extra_forbidden":
-        return f"{loc}: unknown key; remove it or check its spelling (see `tfl schema` for the allowed keys)"
+        meant = _meant(model, parts)
+        hint = f"did you mean '{meant}'? " if meant else ""
+        return f"{loc}: unknown key; remove it or check its spelling ({hint}see `tfl schema` for the allowed keys)"
     if kind == "missing" and loc != "cluster":  # a nested key, e.g. devices.worker:0.gpus
         return f"{loc}: required key is missing (see `tfl schema`); add it"
     if kind == "missing":
@@ -250,6 +257,49 @@ _EXPECTED = {
     "bool_type": "true or false", "list_type": "a list [...]", "dict_type": "an object {...}",
     "model_type": "an object {...}",
 }
+
+
+def _meant(model: type[BaseModel] | None, parts: list[Any]) -> str | None:
+    """The allowed key closest to the unknown key at ``parts`` (``clustr`` -> ``cluster``), if any is close."""
+    if model is None or not parts or not isinstance(parts[-1], str):
+        return None
+    close = difflib.get_close_matches(parts[-1], _keys_at(model, parts[:-1]), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _misspelt_required(errors: list[Any], model: type[BaseModel] | None) -> Any:
+    """An unknown key that is a required key misspelt: reported instead of "missing", which
+    it caused (``{"clustr": ...}`` says ``clustr``, not that ``cluster`` is missing)."""
+    missing = [tuple(e["loc"]) for e in errors if e["type"] == "missing"]
+    for err in errors:
+        loc = list(err["loc"])
+        if err["type"] == "extra_forbidden" and (*loc[:-1], _meant(model, loc)) in missing:
+            return err
+    return None
+
+
+def _keys_at(model: type[BaseModel], parts: list[Any]) -> list[str]:
+    """The keys the object at ``parts`` inside ``model`` may hold; none where no model is there."""
+    node: Any = model
+    for part in parts:
+        target = _model_in(node)
+        if target is not None and isinstance(part, str) and part in target.model_fields:
+            node = target.model_fields[part].annotation
+        elif target is None and get_origin(node) in (dict, list):  # a dict's key or a list's index: the values
+            node = get_args(node)[-1]
+        else:
+            return []
+    target = _model_in(node)
+    return list(target.model_fields) if target is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation holds: itself, or the model of an optional one (``X | None``)."""
+    options = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else ()
+    for candidate in (annotation, *options):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
 
 
 def _json_kind(value: object) -> str:

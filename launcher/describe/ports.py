@@ -14,7 +14,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import socket
+from pathlib import Path
 
+_PORT_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+_LINUX_DEFAULT_RANGE = (32768, 60999)
 _TRIES = 50  # per port asked for: the kernel hands out a port IPv6 holds only by rare chance
 
 
@@ -43,6 +46,15 @@ def free_ports(count: int) -> list[int]:
     if len(picked) < count:
         raise OSError(errno.EADDRINUSE, f"no {count} free ports found on this machine")
     return picked
+
+
+def kernel_port_range() -> tuple[int, int]:
+    """The ports the kernel hands out for port 0 (``net.ipv4.ip_local_port_range``), which ``free_ports`` picks from."""
+    try:
+        low, high = (int(v) for v in Path(_PORT_RANGE).read_text().split())
+    except (OSError, ValueError):
+        return _LINUX_DEFAULT_RANGE
+    return low, high
 
 
 def free_everywhere(port: int) -> bool:

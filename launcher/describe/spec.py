@@ -33,8 +33,9 @@ from launcher.describe.fields import (
     valid_host,
 )
 from launcher.describe.placement import GpuInputs, Placement, place_gpus
-from launcher.describe.ports import free_ports
+from launcher.describe.ports import free_ports, kernel_port_range
 from launcher.errors import ClusterFileError
+from launcher.limits import limit_error, own_fault
 from launcher.tasks import TaskId, is_local_host, task_ids
 
 MAX_GPUS = 1024  # per host; a count beyond any machine is a typo (and a huge range to build)
@@ -360,14 +361,26 @@ def parse_cluster(data: Any, name: str = "cluster") -> ClusterSpec:
     try:
         return ClusterSpec.model_validate(data)
     except ValidationError as exc:
-        raise ClusterFileError(one_line(f"{name}: {describe_error(exc)}")) from None
+        raise ClusterFileError(one_line(f"{name}: {describe_error(exc, ClusterSpec)}")) from None
 
 
 def local_cluster(workers: int, evaluator: bool = False) -> ClusterSpec:
     """``--local N``: a chief and N-1 workers (plus an evaluator) on free localhost ports."""
     if workers < 1:
         raise ClusterFileError(f"--local {workers}: needs at least 1 training task (e.g. --local 2)")
-    ports = free_ports(workers + int(evaluator))
+    count = workers + int(evaluator)
+    low, high = kernel_port_range()
+    if count > high - low + 1:
+        raise ClusterFileError(f"--local {workers}: {count} tasks need {count} ports, and this machine hands out "
+                               f"{high - low + 1} (net.ipv4.ip_local_port_range {low}-{high}); give fewer tasks")
+    try:
+        ports = free_ports(count)
+    except OSError as exc:  # out of descriptors, or fewer free ports than tasks: one line, not a traceback
+        fault = own_fault(exc)
+        if fault is not None:
+            raise limit_error(fault, f"holding {count} free ports for --local {workers}") from None
+        raise ClusterFileError(f"--local {workers}: this machine has no {count} free ports for the tasks "
+                               f"({exc.strerror}); give fewer tasks, or a cluster file") from None
     addr = [f"127.0.0.1:{p}" for p in ports]
     topology: dict[str, list[str]] = {"chief": addr[:1], "worker": addr[1:workers]}
     if evaluator:

@@ -16,7 +16,14 @@ from typing import Any
 from launcher.describe.spec import ClusterSpec
 from launcher.engines.k8s import jobset, tfjob
 from launcher.engines.k8s.netpol import network_policy
-from launcher.engines.k8s.pods import ExportOptions, check_options, check_pod_names, ignored_settings, roles_of
+from launcher.engines.k8s.pods import (
+    ExportOptions,
+    check_options,
+    check_pod_names,
+    check_tf_config_size,
+    ignored_settings,
+    roles_of,
+)
 from launcher.engines.k8s.render import render_yaml
 from launcher.errors import ExportError
 
@@ -41,9 +48,11 @@ def export_k8s(spec: ClusterSpec, options: ExportOptions) -> Export:
     roles = roles_of(spec)
     if options.format == "jobset":
         check_pod_names(roles, partial(jobset.pod_hostname, options.name), "JobSet")
+        check_tf_config_size(jobset.pod_tf_configs(options.name, roles), "JobSet")
         documents = jobset.jobset_manifests(spec, options, roles)
     else:
         check_pod_names(roles, partial(tfjob.pod_name, options.name), "TFJob")
+        check_tf_config_size(tfjob.operator_tf_configs(options, roles), "TFJob")
         documents = tfjob.tfjob_manifests(spec, options, roles)
     documents = [*documents, network_policy(options)]  # only the job's own pods reach its task ports
     header = (f"Written by `tfl export k8s --format {options.format}`; apply with `kubectl apply -f FILE`.\n"

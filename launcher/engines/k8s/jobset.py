@@ -22,6 +22,7 @@ as hosts, and the entry shim (launcher/engines/k8s/node/entry.py) picks the pod'
 from __future__ import annotations
 
 import json
+import posixpath
 from importlib import resources
 from typing import Any
 
@@ -78,6 +79,12 @@ def tf_config_table(name: str, roles: list[Role]) -> dict[str, Any]:
     """tfl's TF_CONFIG for index 0 of each role; the shim puts in the pod's own index."""
     topology = dns_topology(name, roles)
     return {r.name: tf_config(topology, TaskId(r.name, 0)) for r in roles}
+
+
+def pod_tf_configs(name: str, roles: list[Role]) -> dict[str, str]:
+    """The TF_CONFIG the shim gives the last pod of each role (the longest index), as it writes it."""
+    table = tf_config_table(name, roles)
+    return {f"{r.name}:{r.count - 1}": entry.tf_config_for(table, r.name, r.count - 1) for r in roles}
 
 
 def entry_config_map(options: ExportOptions, roles: list[Role]) -> dict[str, Any]:
@@ -152,6 +159,18 @@ def replicated_job(spec: ClusterSpec, options: ExportOptions, role: Role) -> dic
     return {"name": role.name, "replicas": 1, "template": {"metadata": {"labels": labels(options)}, "spec": job_spec}}
 
 
+def check_storage_mount(spec: ClusterSpec) -> None:
+    """The claim cannot go where the shim's ConfigMap is mounted: the same path twice hides one of
+    them, and a path inside it cannot be made (the ConfigMap's volume is read-only)."""
+    if spec.storage is None or spec.storage.k8s_claim is None:
+        return
+    path = posixpath.normpath(spec.storage.path)
+    if path == ENTRY_DIR or path.startswith(f"{ENTRY_DIR}/"):
+        raise ExportError(f"storage.path {spec.storage.path}: the JobSet pods mount tfl's entry shim at {ENTRY_DIR} "
+                          "(read-only), so the claim cannot be mounted there; mount it elsewhere, e.g. /mnt/shared")
+
+
 def jobset_manifests(spec: ClusterSpec, options: ExportOptions, roles: list[Role]) -> list[dict[str, Any]]:
     check_roles(roles)
+    check_storage_mount(spec)
     return [entry_config_map(options, roles), jobset(spec, options, roles)]

@@ -12,6 +12,7 @@ from typing import Any
 
 from launcher import contract
 from launcher.contract import TASK_TYPES
+from launcher.describe.fields import MAX_ENV_STRING
 from launcher.describe.placement import VISIBLE_DEVICES
 from launcher.describe.spec import ClusterSpec
 from launcher.errors import ExportError
@@ -25,6 +26,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 MAX_NAME = 63
 MAX_GRACE = 31_536_000  # a year: far beyond what a preemption notice gives  # a DNS label: pod hostnames, Job and Service names
 _DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # RFC 1035, as Services and TFJobs require
+_DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # RFC 1123, as namespaces require: may start with a digit
 _HOST_SETTINGS_IGNORED = ("python", "workdir", "env", "ssh", "share_gpus", "gpu_memory_limit_mb")
 
 
@@ -58,7 +60,7 @@ def check_options(options: ExportOptions) -> None:
         raise ExportError(f"--image {options.image!r}: give the container image, e.g. registry.example.com/train:1")
     check_dns_label(options.name, "--name")
     if options.namespace is not None:
-        check_dns_label(options.namespace, "--namespace")
+        check_namespace(options.namespace)
     if options.max_restarts < 0:
         raise ExportError(f"--max-restarts {options.max_restarts}: give 0 or more")
     if options.termination_grace is not None and not 0 <= options.termination_grace <= MAX_GRACE:
@@ -70,6 +72,12 @@ def check_dns_label(value: str, option: str) -> None:
     if len(value) > MAX_NAME or not _DNS_LABEL.fullmatch(value):
         raise ExportError(f"{option} {value!r} is not a DNS label: use at most {MAX_NAME} lowercase letters, "
                           "digits and '-', starting with a letter and ending with a letter or digit (e.g. mnist-1)")
+
+
+def check_namespace(value: str) -> None:
+    if len(value) > MAX_NAME or not _DNS_1123_LABEL.fullmatch(value):
+        raise ExportError(f"--namespace {value!r} is not a DNS label: use at most {MAX_NAME} lowercase letters, "
+                          "digits and '-', starting and ending with a letter or digit (e.g. ml-team)")
 
 
 def default_name(job: str, stamp: str) -> str:
@@ -190,3 +198,14 @@ def check_pod_names(roles: list[Role], pod_name: Callable[[str, int], str], fmt:
             raise ExportError(f"--name: the {fmt} pod name {name!r} of {role.name}:{role.count - 1} has {len(name)} "
                               f"characters and Kubernetes allows {MAX_NAME}; shorten --name by {len(name) - MAX_NAME} "
                               f"or run fewer {role.name} tasks")
+
+
+def check_tf_config_size(configs: dict[str, str], fmt: str) -> None:
+    """Each role's longest TF_CONFIG (its last pod's, as JSON, keyed by that task) must fit one
+    environment string: Linux starts no process given a longer one (E2BIG), so the pod's job never runs."""
+    for task, text in configs.items():
+        size = len(f"{contract.TF_CONFIG}={text}".encode()) + 1
+        if size > MAX_ENV_STRING:
+            raise ExportError(f"cluster: the {fmt} pod of {task} would get a TF_CONFIG of {size} bytes, and Linux starts no "
+                              f"process with an environment variable over {MAX_ENV_STRING} (the pod's job could never "
+                              "start); run fewer tasks, or give a shorter --name")

@@ -18,10 +18,12 @@ out of training), plus ``"environment": "cloud"``. So no entry shim here.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from launcher.describe.spec import ClusterSpec
 from launcher.engines.k8s.pods import (
+    PORT,
     ExportOptions,
     Role,
     base_env,
@@ -42,6 +44,17 @@ PORT_NAME = "tfjob-port"  # the operator reads the task port from this container
 
 def pod_name(name: str, role: str, index: int) -> str:
     return f"{name}-{role}-{index}"
+
+
+def operator_tf_configs(options: ExportOptions, roles: list[Role]) -> dict[str, str]:
+    """The TF_CONFIG the operator gives the last pod of each role: every role's Services, named
+    ``<pod>.<namespace>.svc:<port>`` (a custom cluster domain makes them longer still), the
+    evaluator included, and ``"environment": "cloud"``."""
+    namespace = options.namespace or "default"
+    cluster = {r.name: [f"{pod_name(options.name, r.name, i)}.{namespace}.svc:{PORT}" for i in range(r.count)]
+               for r in roles}
+    return {f"{r.name}:{r.count - 1}": json.dumps({"cluster": cluster, "task": {"type": r.name, "index": r.count - 1},
+                                "environment": "cloud"}, separators=(",", ":")) for r in roles}
 
 
 def check_roles(roles: list[Role]) -> None:
