@@ -150,6 +150,22 @@ def pod_failure_policy_violations(name: str, job: dict[str, Any]) -> list[str]:
     return problems
 
 
+def pod_failure_verdict(job: dict[str, Any], exit_code: int | None, conditions: tuple[str, ...] = ()) -> str:
+    """What the Job controller does with a pod that ended (batch/v1 podFailurePolicy, Kubernetes 1.31):
+    ``Succeeded`` for exit 0; else the action of the first rule that matches its container's exit code
+    (``None``: it never ran to an exit, e.g. its node was lost) or one of its true conditions; else
+    ``Count`` (against backoffLimit)."""
+    if exit_code == 0:
+        return "Succeeded"
+    for rule in (job.get("podFailurePolicy") or {}).get("rules", []):
+        exits = rule.get("onExitCodes")
+        if exits is not None and exit_code is not None and (exit_code in exits["values"]) == (exits["operator"] == "In"):
+            return str(rule["action"])
+        if any(c["type"] in conditions and c.get("status", "True") == "True" for c in rule.get("onPodConditions") or []):
+            return str(rule["action"])
+    return "Count"
+
+
 def core_objects(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every core object of an export, the ones embedded in custom resources included: each
     replicated job's Job template as a Job, each TFJob replica's pod template as a Pod."""

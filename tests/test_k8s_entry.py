@@ -188,7 +188,9 @@ def test_shim_refuses_a_pod_it_cannot_place_in_one_line(shim: Path, env: dict[st
     assert len(result.stderr.splitlines()) == 1 and message in result.stderr, result.stderr
 
 
-def test_sidecar_shim_exits_0_after_a_failure_and_passes_sigterm_on(shim: Path) -> None:
+def test_sidecar_shim_exits_0_after_a_failure_and_143_when_told_to_go(shim: Path) -> None:
+    """The evaluator's own failure never fails its pod; a SIGTERM (a drain, an eviction, a deletion)
+    does, so that its Job makes it again (the manifest's podFailurePolicy ignores 143)."""
     env = {"TFL_K8S_ROLE": "chief", "JOB_COMPLETION_INDEX": "0"}
     failed = run_shim(shim, ["--sidecar", "--", sys.executable, "-c", "raise SystemExit(5)"], env)
     assert failed.returncode == 0
@@ -203,8 +205,9 @@ def test_sidecar_shim_exits_0_after_a_failure_and_passes_sigterm_on(shim: Path) 
         child = int(shim_proc.stdout.readline())
         started = time.monotonic()
         shim_proc.send_signal(signal.SIGTERM)  # as the kubelet does when the pod is deleted
-        assert shim_proc.wait(timeout=120) == 0 and time.monotonic() - started < 100  # the job's 300 s sleep was cut short
-        assert "exited with -15" in shim_proc.stderr.read()  # type: ignore[union-attr]
+        assert shim_proc.wait(timeout=120) == 128 + signal.SIGTERM and time.monotonic() - started < 100  # the sleep cut short
+        assert ("chief:0 was told to stop (SIGTERM); it exited with -15, and the pod leaves with 143 to be made again"
+                in shim_proc.stderr.read())  # type: ignore[union-attr]
         assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
     finally:
         if shim_proc.poll() is None:
@@ -240,7 +243,8 @@ time.sleep(300)
 @pytest.mark.parametrize("sidecar", [False, True], ids=["training", "evaluator"])
 def test_sigterm_to_the_pod_reaches_the_jobs_own_handler(shim: Path, tmp_path: Path, sidecar: bool) -> None:
     """As the kubelet does on eviction or preemption: SIGTERM to the container's process. A
-    training pod's exit code is the job's (170, for the failure policy); the evaluator's is 0."""
+    training pod's exit code is the job's (170, for the failure policy); the evaluator's is 143,
+    whatever its job's (its pod is made again)."""
     job, record = tmp_path / "noticed.py", tmp_path / "noticed.txt"
     job.write_text(NOTICED_JOB)
     env = {"PATH": "/usr/bin:/bin", "TFL_K8S_ROLE": "worker", "JOB_COMPLETION_INDEX": "0"}
@@ -260,7 +264,50 @@ def test_sigterm_to_the_pod_reaches_the_jobs_own_handler(shim: Path, tmp_path: P
         shim_proc.wait(timeout=10)
     assert record.read_text() == f"SIGTERM {job_pid}"  # the job's handler got it (forwarded, for the sidecar)
     if sidecar:
-        assert code == 0 and "worker:0 exited with 170" in err
+        assert code == 128 + signal.SIGTERM and "worker:0 was told to stop (SIGTERM); it exited with 170" in err
     else:
         assert code == PREEMPTED_EXIT_CODE, err  # 170 reaches Kubernetes as the container's exit code
     assert not psutil.pid_exists(job_pid) or psutil.Process(job_pid).status() == psutil.STATUS_ZOMBIE
+
+
+def shim_exit(shim: Path, sidecar: bool, how: str) -> int:
+    """The pod's exit code, from the real shim: its job fails (exit 5), or the pod is told to go
+    (SIGTERM, as a drain, an eviction or a deletion gives it) while its job runs."""
+    env = {"PATH": "/usr/bin:/bin", "TFL_K8S_ROLE": "worker", "JOB_COMPLETION_INDEX": "0"}
+    args = [sys.executable, str(shim), *(["--sidecar"] if sidecar else []), "--", sys.executable, "-c"]
+    if how == "fails":
+        return subprocess.run([*args, "raise SystemExit(5)"], env=env, capture_output=True, timeout=60).returncode
+    proc = subprocess.Popen([*args, "import time; print('up', flush=True); time.sleep(300)"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "up\n"
+        proc.send_signal(signal.SIGTERM)
+        return proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize(("role", "how", "expected"), [
+    ("evaluator", "fails", "Succeeded"),  # as in a local run: recorded, training goes on, not made again
+    ("evaluator", "told to go", "Ignore"),  # made again, not counted: a drained evaluator comes back
+    ("evaluator", "lost with its node", "Ignore"),  # DisruptionTarget, no exit code
+    ("worker", "fails", "Count"),  # backoffLimit 0: the Job fails, JobSet restarts the group (counted)
+    ("worker", "lost with its node", "FailJob"),  # reason PodFailurePolicy: the group restarted, uncounted
+])
+def test_what_kubernetes_does_with_each_pod_s_end(shim: Path, tmp_path: Path, role: str, how: str,
+                                                   expected: str) -> None:
+    """The shim's real exit codes against the exported Job's podFailurePolicy, as the Job controller
+    matches them: an evaluator never fails its Job (which would restart or fail the whole group)."""
+    from tests.k8s_checks import pod_failure_verdict
+
+    cluster = {"cluster": {"chief": ["c:2222"], "worker": ["w:2222"], "evaluator": ["e:2222"]}}
+    (js,) = [d for d in export_jobset(tmp_path, cluster, []) if d["kind"] == "JobSet"]
+    (job,) = [r["template"]["spec"] for r in js["spec"]["replicatedJobs"] if r["name"] == role]
+    if how == "lost with its node":
+        verdict = pod_failure_verdict(job, None, ("DisruptionTarget",))
+    else:
+        verdict = pod_failure_verdict(job, shim_exit(shim, role == "evaluator", how))
+    assert verdict == expected
+

@@ -98,7 +98,9 @@ def test_jobset_restarts_a_preempted_group_without_counting() -> None:
         "name": "preempted", "action": "RestartJobSetAndIgnoreMaxRestarts", "onJobFailureReasons": ["PodFailurePolicy"],
         "targetReplicatedJobs": ["chief", "worker"]}]
     policies = {r["name"]: r["template"]["spec"].get("podFailurePolicy") for r in spec["replicatedJobs"]}
-    assert policies["evaluator"] is None  # its shim exits 0 whatever happens; its pods are retried on their own
+    assert policies["evaluator"] == {"rules": [  # told to go (its shim's 143) or disrupted: made again, not counted
+        {"action": "Ignore", "onExitCodes": {"containerName": "tensorflow", "operator": "In", "values": [143]}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}
     for role in ("chief", "worker"):
         exits, disrupted = policies[role]["rules"]
         assert exits == {"action": "FailJob", "onExitCodes": {"containerName": "tensorflow", "operator": "In",

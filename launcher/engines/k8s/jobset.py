@@ -16,13 +16,15 @@ as hosts, and the entry shim (launcher/engines/k8s/node/entry.py) picks the pod'
   (``RestartJobSet``, counted).
 - ``successPolicy``: the chief's Job (the workers' when there is no chief, worker 0 being chief
   then). The evaluator never decides: its shim exits 0 whatever the job returns, and JobSet
-  deletes it once the JobSet has succeeded.
+  deletes it once the JobSet has succeeded. An evaluator pod told to go (its shim exits 143)
+  or disrupted is made again by its Job (``podFailurePolicy``: ``Ignore``), never counted.
 """
 
 from __future__ import annotations
 
 import json
 import posixpath
+import signal
 from importlib import resources
 from typing import Any
 
@@ -131,6 +133,16 @@ def pod_failure_policy() -> dict[str, Any]:
     ]}
 
 
+def evaluator_failure_policy() -> dict[str, Any]:
+    """The evaluator's pod, told to go (its shim exits 128 + SIGTERM) or disrupted: made again,
+    not counted; its job's own failures end in exit 0 (the shim), so its Job never fails the group."""
+    return {"rules": [
+        {"action": "Ignore", "onExitCodes": {"containerName": CONTAINER, "operator": "In",
+                                             "values": [128 + signal.SIGTERM]}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]}
+
+
 def replicated_job(spec: ClusterSpec, options: ExportOptions, role: Role) -> dict[str, Any]:
     sidecar = role.name == "evaluator"
     command = [PYTHON, f"{ENTRY_DIR}/entry.py", *(["--sidecar"] if sidecar else []), "--", *job_command(options)]
@@ -151,9 +163,9 @@ def replicated_job(spec: ClusterSpec, options: ExportOptions, role: Role) -> dic
     job_spec = {
         "parallelism": role.count, "completions": role.count, "completionMode": "Indexed",
         # A training pod's failure fails the group (JobSet restarts it); the evaluator's pod
-        # is retried on its own when it is lost (its job's own failures end in exit 0).
+        # is made again on its own when it is told to go or lost (its job's own failures end in exit 0).
         "backoffLimit": options.max_restarts if sidecar else 0,
-        **({} if sidecar else {"podFailurePolicy": pod_failure_policy()}),
+        "podFailurePolicy": evaluator_failure_policy() if sidecar else pod_failure_policy(),
         "template": pod,
     }
     return {"name": role.name, "replicas": 1, "template": {"metadata": {"labels": labels(options)}, "spec": job_spec}}

@@ -17,7 +17,9 @@ fails with 170, which the manifest's failure policy retries without counting it 
 docs/kubernetes.md). ``--sidecar`` (the evaluator) runs the job as a child, passes SIGTERM
 and SIGINT on to it, and exits 0 whatever it returns, as in a local run, where an
 evaluator's failure is recorded but never stops training; a failed evaluator Job would make
-JobSet restart the group.
+JobSet restart the group. Told to go itself (SIGTERM: a drain, an eviction, a deletion), it
+exits 143 once its job is gone: the pod fails, and its Job, whose podFailurePolicy ignores 143
+and disruptions, makes it again without counting (an exit 0 would end the evaluator for good).
 """
 
 from __future__ import annotations
@@ -68,15 +70,23 @@ def task_env(env: Mapping[str, str], table: Mapping[str, Any]) -> dict[str, str]
 
 
 def run_sidecar(command: Sequence[str], env: Mapping[str, str]) -> int:
-    """Run the job as a child, passing on SIGTERM and SIGINT; 0 whatever it returns."""
+    """Run the job as a child, passing on SIGTERM and SIGINT. 0 whatever the job returns; but
+    128 + the signal when the pod was told to go (a drain, an eviction, a deletion), so that the
+    pod fails and its Job makes it again (the manifest's podFailurePolicy ignores that exit)."""
     child = subprocess.Popen(list(command), env=dict(env))
+    told: list[int] = []
 
     def forward(signum: int, _frame: FrameType | None) -> None:
+        told.append(signum)
         child.send_signal(signum)
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, forward)
     code = child.wait()
+    if told:
+        print(f"{PREFIX} {env.get('TFL_TASK')} was told to stop ({signal.Signals(told[0]).name}); it exited with "
+              f"{code}, and the pod leaves with {128 + told[0]} to be made again", file=sys.stderr, flush=True)
+        return 128 + told[0]
     if code != 0:
         print(f"{PREFIX} {env.get('TFL_TASK')} exited with {code}; as in a local run, "
               "an evaluator's failure does not stop training", file=sys.stderr, flush=True)
