@@ -199,6 +199,19 @@ def test_misspelt_key_names_the_key_it_meant(data: object, expected: str) -> Non
     assert expected in error_of(data)
 
 
+@pytest.mark.parametrize("data, expected", [
+    ({"slurm": {"nodes": 2, "tasks_per_nod": 1}}, "c.json: slurm.tasks_per_nod: unknown key; remove it or check its spelling "
+                                      "(did you mean 'tasks_per_node'?"),
+    ({"ray": {"adress": "auto"}}, "c.json: ray.adress: unknown key; remove it or check its spelling (did you mean 'address'?"),
+])
+def test_misspelt_key_of_a_slurm_or_ray_description_names_the_key_it_meant(data: object, expected: str) -> None:
+    from launcher.describe.kinds import parse_description
+
+    with pytest.raises(ClusterFileError) as info:
+        parse_description(data, "c.json")
+    assert expected in str(info.value)
+
+
 def test_unknown_key_like_no_allowed_key_suggests_none() -> None:
     message = error_of({"cluster": {"chief": ["a:1"]}, "wrokers": 1})
     assert message.endswith("wrokers: unknown key; remove it or check its spelling (see `tfl schema` for the allowed keys)")

@@ -142,4 +142,4 @@ def parse_ray_cluster(data: Any, name: str = "cluster") -> RayClusterSpec:
     try:
         return RayClusterSpec.model_validate(data)
     except ValidationError as exc:
-        raise ClusterFileError(one_line(f"{name}: {describe_error(exc)}")) from None
+        raise ClusterFileError(one_line(f"{name}: {describe_error(exc, RayClusterSpec)}")) from None

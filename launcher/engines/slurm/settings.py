@@ -192,7 +192,7 @@ def parse_slurm_cluster(data: Any, name: str = "cluster") -> SlurmClusterSpec:
     try:
         return SlurmClusterSpec.model_validate(data)
     except ValidationError as exc:
-        raise ClusterFileError(f"{name}: {describe_error(exc)}") from None
+        raise ClusterFileError(f"{name}: {describe_error(exc, SlurmClusterSpec)}") from None
 
 
 class AllocationSpec(SlurmClusterSpec):
