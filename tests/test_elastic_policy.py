@@ -260,3 +260,16 @@ def test_a_resumed_run_starts_without_the_hosts_it_had_lost_and_takes_them_back(
     assert hosts.attempts()[0] == [("chief:0", "h1"), ("worker:0", "h2")]  # as it was when it stopped
     assert hosts.attempts()[1] == [("chief:0", "h0"), ("worker:0", "h1"), ("worker:1", "h2")]  # h0 answers: back
     assert [(r.from_tasks, r.to_tasks, r.hosts) for r in record.resizes] == [(2, 3, ["h0"])]
+
+
+def test_below_the_minimum_with_only_failing_hosts_lost_it_ends_at_once(tmp_path: Path) -> None:
+    # h1 fails twice: blacklisted, never probed to come back, so waiting up to --elastic-wait could not help.
+    sup, hosts, clock, said = make(tmp_path, script={"fails": {"h1": {0, 1}}}, max_restarts=1, min_tasks=3,
+                                   elastic_wait=600.0)
+    record = sup.run()
+    assert record.state == RunState.FAILED and record.exit_code == 1
+    assert clock.now < 60 and len(hosts.attempts()) == 2  # not the 600 s wait
+    assert record.message == ("2 training tasks left, below --min-tasks 3, and no wait brings back a host lost for "
+                              "failing (fix what fails there, then tfl resume the run): h1 (tasks on it failed 2 "
+                              "attempts in a row (--blacklist-after 2; not taken back))")
+    assert not any("waiting up to" in line for line in said)

@@ -110,6 +110,9 @@ class ElasticPolicy:
         """Below the minimum: probe the lost hosts until enough answer, or ``elastic_wait`` ends."""
         deadline = self._clock() + self.config.elastic_wait
         left = training_size(self.full, self.lost)
+        hopeless = self._never_enough(left)
+        if hopeless is not None:
+            return ElasticOutcome(None, hopeless)
         self._say(f"tfl: lost {_why(newly)}; {left} training task{'s' * (left != 1)} left, below --min-tasks "
                   f"{self.min_tasks}: waiting up to {self.config.elastic_wait:g} s for {', '.join(sorted(self.lost))}")
         while not self._stopping():
@@ -127,6 +130,15 @@ class ElasticPolicy:
                                             f"{self.config.elastic_wait:g} s (--elastic-wait): {_why(self.lost)}")
             self._wait(min(self.config.probe_interval, remaining))
         return ElasticOutcome(None, "stopped by the user while waiting for lost hosts", stopped=True)
+
+    def _never_enough(self, left: int) -> str | None:
+        """Why no wait can help (None when one can): even if every lost host that may come back did,
+        too few training tasks would run, since hosts lost for failing are never taken back."""
+        kept_out = {h: why for h, why in self.lost.items() if h in self._blacklist}
+        if not kept_out or training_size(self.full, kept_out) >= self.min_tasks:
+            return None
+        return (f"{left} training task{'s' * (left != 1)} left, below --min-tasks {self.min_tasks}, and no wait "
+                f"brings back a host lost for failing (fix what fails there, then tfl resume the run): {_why(kept_out)}")
 
     # --- while running smaller ----------------------------------------------------------
     def taken_back(self) -> list[str]:
