@@ -273,3 +273,25 @@ def test_below_the_minimum_with_only_failing_hosts_lost_it_ends_at_once(tmp_path
                               "failing (fix what fails there, then tfl resume the run): h1 (tasks on it failed 2 "
                               "attempts in a row (--blacklist-after 2; not taken back))")
     assert not any("waiting up to" in line for line in said)
+
+
+def test_a_resumed_run_below_the_minimum_takes_back_the_hosts_that_answer_before_it_starts(tmp_path: Path) -> None:
+    sup, hosts, _, said = make(tmp_path, lost={"h1": "h1 stopped answering", "h2": "h2 stopped answering"})
+    record = sup.run()
+    assert record.exit_code == 0
+    # Not one task alone (below --min-tasks 2): the first attempt waits for the hosts, which answer at once.
+    assert hosts.attempts() == {0: [("chief:0", "h0"), ("worker:0", "h1"), ("worker:1", "h2")]}
+    assert [(r.attempt, r.from_tasks, r.to_tasks, r.reason) for r in record.resizes] == [(0, 1, 3, "back: h1, h2")]
+    assert said[0].startswith("tfl: resumed without h1 (h1 stopped answering), h2 (h2 stopped answering); 1 "
+                              "training task left, below --min-tasks 2: waiting up to 60 s")
+
+
+def test_a_resumed_run_whose_every_host_is_lost_and_silent_fails_and_runs_nothing(tmp_path: Path) -> None:
+    one_host = {"chief": ["h0:1000"], "worker": ["h0:1001", "h0:1002"]}
+    sup, hosts, clock, _ = make(tmp_path, cluster=one_host, script={"down": {"h0": (0.0, 1e9)}},
+                                lost={"h0": "h0 stopped answering"})
+    record = sup.run()
+    assert record.state == RunState.FAILED and record.exit_code == 1 and hosts.started == []
+    assert record.message == ("0 training tasks left, below --min-tasks 2, and the lost hosts did not return within "
+                              "60 s (--elastic-wait): h0 (h0 stopped answering)")
+    assert clock.now >= 60

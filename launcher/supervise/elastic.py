@@ -78,6 +78,12 @@ class ElasticPolicy:
         """The plan of the first attempt: the full plan, without the hosts a resumed run had lost."""
         return self._plan_without(self.lost).plan if self.lost else self.full
 
+    def before_start(self) -> ElasticOutcome | None:
+        """A resumed run whose lost hosts leave fewer than ``min_tasks`` training tasks waits for
+        them before its first attempt, as below the minimum (None: start as planned)."""
+        left = training_size(self.full, self.lost)
+        return self._wait_for_hosts(left, {}) if left < self.min_tasks else None
+
     # --- after a training failure -------------------------------------------------------
     def after_failure(self, current: LaunchPlan, procs: Iterable[TaskProcess]) -> ElasticOutcome | None:
         """The group (``procs``) has stopped after a failure: the hosts lost in this attempt, and
@@ -113,15 +119,18 @@ class ElasticPolicy:
         hopeless = self._never_enough(left)
         if hopeless is not None:
             return ElasticOutcome(None, hopeless)
-        self._say(f"tfl: lost {_why(newly)}; {left} training task{'s' * (left != 1)} left, below --min-tasks "
+        what = f"lost {_why(newly)}" if newly else f"resumed without {_why(self.lost)}"
+        self._say(f"tfl: {what}; {left} training task{'s' * (left != 1)} left, below --min-tasks "
                   f"{self.min_tasks}: waiting up to {self.config.elastic_wait:g} s for {', '.join(sorted(self.lost))}")
         while not self._stopping():
             back = self._answering(self._probed())
             for host in back:
                 del self.lost[host]
             if training_size(self.full, self.lost) >= self.min_tasks:
-                reason = f"lost: {_why(newly)}" + (f"; back: {', '.join(back)}" if back else "")
-                return ElasticOutcome(self._resize(before, reason, sorted({*newly, *back})))
+                parts = ([f"lost: {_why(newly)}"] if newly else []) + ([f"back: {', '.join(back)}"] if back else [])
+                reason = "; ".join(parts)
+                # None newly lost: a resumed run, whose first attempt (this one) is not yet started.
+                return ElasticOutcome(self._resize(before, reason, sorted({*newly, *back}), starts=not newly))
             remaining = deadline - self._clock()
             if remaining <= 0:
                 left = training_size(self.full, self.lost)
@@ -160,11 +169,12 @@ class ElasticPolicy:
                                     "(taken back at an agreed checkpoint)", sorted(hosts))
 
     # --- shared ---------------------------------------------------------------------------
-    def _resize(self, before: int, reason: str, hosts: list[str]) -> LaunchPlan:
+    def _resize(self, before: int, reason: str, hosts: list[str], starts: bool = False) -> LaunchPlan:
+        """``starts``: the record's attempt is the one this plan runs (a resume's first), not the one before it."""
         resize = self._plan_without(self.lost)
         notes = [*resize.notes, *_evaluator_home(self.full, resize, self.record)]
         self.record.resizes.append(ResizeRecord(
-            attempt=self.record.attempt + 1, time=self._wall(), from_tasks=before, to_tasks=resize.training_size,
+            attempt=self.record.attempt + (0 if starts else 1), time=self._wall(), from_tasks=before, to_tasks=resize.training_size,
             reason=reason, hosts=hosts, notes=notes))
         self.record.tasks = _task_records(resize, self.record)
         self._say(f"tfl: resize: {before} -> {resize.training_size} training tasks; {reason}"

@@ -86,8 +86,10 @@ class Supervisor:
     # --- the state machine --------------------------------------------------------------
     def run(self) -> RunRecord:
         try:
-            while self._run_attempt():
-                self.record.attempt += 1
+            start = self._elastic.before_start() if self._elastic else None  # a resumed run that lost too many
+            if start is None or self._resized(start):
+                while self._run_attempt():
+                    self.record.attempt += 1
         except LaunchError as exc:
             self._finish(RunState.FAILED, 1, str(exc))
             raise
