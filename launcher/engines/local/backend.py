@@ -82,7 +82,7 @@ class LocalBackend:
         under the host's python for the full ones (its packages are what counts). The agent is
         the one place host facts are gathered, whatever the backend."""
         from launcher.engines.ssh.node import agent
-        from launcher.engines.ssh.wire import BOOTSTRAP, agent_input, kit_data, python_failure, reply
+        from launcher.engines.ssh.wire import BOOTSTRAP, MARK, agent_input, kit_data, python_failure, reply
 
         if quick:
             facts = agent.probe(probe_request(h, quick=True))
@@ -102,7 +102,7 @@ class LocalBackend:
                                  capture_output=True, timeout=60)
         except (FileNotFoundError, PermissionError):
             raise LaunchError(f"{h.host}: {python_failure(h.python, 127, b'no such file', h.host)}") from None
-        if out.returncode != 0:
+        if out.returncode != 0 or MARK not in out.stdout:  # exit 0 without the answer: not a python
             raise LaunchError(f"{h.host}: {python_failure(h.python, out.returncode, out.stderr, h.host)}")
         result: dict[str, Any] = reply(out.stdout)
         return result
