@@ -340,3 +340,17 @@ def test_a_resumed_private_run_gets_a_namespace_again(tmp_path: Path, child_env:
     assert len(second) == 1 and os.readlink("/proc/self/ns/net") not in first | second
     assert json.loads(_tfl(["status", run.name, "--json"], child_env).stdout)["network"] == "private"
     assert not _netns_pids(second.pop(), child_env["TFL_HOME"])
+
+
+def test_network_private_without_nsenter_names_the_install_not_user_namespaces(tmp_path: Path,
+                                                                               child_env: dict[str, str]) -> None:
+    """Without nsenter the refusal said to allow user namespaces (sysctl), which would not help."""
+    (tmp_path / "job.py").write_text("print('ran')\n")
+    (tmp_path / "bin").mkdir()  # a PATH with no nsenter on it
+    result = _tfl(["launch", str(tmp_path / "job.py"), "--local", "2", "--network", "private"],
+                  {**child_env, "PATH": str(tmp_path / "bin")})
+    assert result.returncode == 2
+    assert result.stderr == ("tfl: error: --network private: this machine cannot make a network namespace (nsenter not "
+                             "found); install nsenter (Debian: apt-get install util-linux), or run with --network "
+                             "host\n"), result.stderr
+    assert not list((Path(child_env["TFL_HOME"]) / "runs").glob("*/state.json"))  # refused before the run existed
