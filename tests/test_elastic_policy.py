@@ -295,3 +295,24 @@ def test_a_resumed_run_whose_every_host_is_lost_and_silent_fails_and_runs_nothin
     assert record.message == ("0 training tasks left, below --min-tasks 2, and the lost hosts did not return within "
                               "60 s (--elastic-wait): h0 (h0 stopped answering)")
     assert clock.now >= 60
+
+
+def test_status_while_waiting_below_the_minimum_counts_without_the_lost_host_and_says_it_waits(tmp_path: Path) -> None:
+    """A second terminal's `tfl status RUN` during the wait said `elastic: 3 of 3 training tasks` and nothing of it."""
+    sup, _, clock, _ = make(tmp_path, script={"down": {"h2": (10.0, 1e9)}}, min_tasks=3, elastic_wait=60.0)
+    seen: list[str] = []
+    sleep = clock.sleep
+
+    def look(seconds: float) -> None:  # mid-wait, the record as `tfl status` reads it
+        sleep(seconds)
+        if 30 < clock.now and not seen:
+            saved = RunStore(tmp_path).load("r")
+            saved.backend = "local"  # a backend the view can ask (it finds none of the fake's pids)
+            seen.append(run_detail(run_view(saved)))
+
+    clock.sleep = look  # type: ignore[method-assign]
+    record = sup.run()
+    assert "  elastic: 2 of 3 training tasks (--min-tasks 3); lost: h2 (h2 stopped answering); below the minimum: " \
+           "waiting for lost hosts to return (--elastic-wait)" in seen[0].splitlines()
+    ended = run_detail(run_view(record))
+    assert "  elastic: 2 of 3 training tasks (--min-tasks 3); lost: h2 (h2 stopped answering)" in ended.splitlines()
