@@ -105,6 +105,7 @@ class LocalBackend:
         if out.returncode != 0 or MARK not in out.stdout:  # exit 0 without the answer: not a python
             raise LaunchError(f"{h.host}: {python_failure(h.python, out.returncode, out.stderr, h.host)}")
         result: dict[str, Any] = reply(out.stdout)
+        result["found"] = {"workdir": not h.workdir or os.path.isdir(h.workdir)}  # as the quick checks: launch refuses it
         return result
 
     # --- a live run ---------------------------------------------------------------------
