@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -354,3 +355,24 @@ def test_network_private_without_nsenter_names_the_install_not_user_namespaces(t
                              "found); install nsenter (Debian: apt-get install util-linux), or run with --network "
                              "host\n"), result.stderr
     assert not list((Path(child_env["TFL_HOME"]) / "runs").glob("*/state.json"))  # refused before the run existed
+
+
+def test_a_port_held_on_this_machine_does_not_refuse_a_private_run(tmp_path: Path, child_env: dict[str, str]) -> None:
+    """The launch checked the task ports on this machine's network, so a port held there refused a
+    --network private run, whose tasks bind it in a namespace of their own; on the host network (and
+    under auto, which may fall back to it: tests/test_lifecycle.py) it still refuses."""
+    job = tmp_path / "job.py"
+    job.write_text("import json, os, socket\n"
+                   "port = int(json.loads(os.environ['TF_CONFIG'])['cluster']['chief'][0].rsplit(':', 1)[1])\n"
+                   "socket.socket().bind(('0.0.0.0', port)); print('bound', port)\n")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        cluster = tmp_path / "c.json"
+        cluster.write_text(json.dumps({"cluster": {"chief": [f"localhost:{port}"]}}))
+        private = _tfl(["launch", str(job), "--cluster", str(cluster), "--network", "private"], child_env)
+        host = _tfl(["launch", str(job), "--cluster", str(cluster), "--network", "host"], child_env)
+    assert private.returncode == 0, private.stderr
+    assert f"bound {port}" in private.stdout
+    assert host.returncode == 2 and f"port {port} of chief:0 is in use" in host.stderr, host.stderr

@@ -69,7 +69,11 @@ class LocalBackend:
         return diagnose(hosts, lambda h: ([], self._facts(h, quick)), quick=quick)
 
     def prepare(self, plan: LaunchPlan) -> list[Check]:
-        return self.probe(host_tasks(plan), quick=True)
+        checks = self.probe(host_tasks(plan), quick=True)
+        if plan.network != "private":  # ``auto`` may yet run on this machine's network (``resolve``)
+            return checks
+        # In the run's own namespace (or no run: ``resolve`` refuses) what holds a port here is no conflict.
+        return [c for c in checks if not c.name.startswith("port ")]
 
     def resolve(self, plan: LaunchPlan) -> LaunchPlan:
         """Every path is this machine's already; the network is made here (``netns``)."""
