@@ -316,3 +316,26 @@ def test_status_while_waiting_below_the_minimum_counts_without_the_lost_host_and
            "waiting for lost hosts to return (--elastic-wait)" in seen[0].splitlines()
     ended = run_detail(run_view(record))
     assert "  elastic: 2 of 3 training tasks (--min-tasks 3); lost: h2 (h2 stopped answering)" in ended.splitlines()
+
+
+@pytest.mark.parametrize(("by_tfl_stop", "state", "code"), [(True, RunState.STOPPED, 130),
+                                                              (False, RunState.PREEMPTED, PREEMPTED_EXIT_CODE)])
+def test_a_sigterm_while_waiting_for_hosts_ends_as_any_stop(tmp_path: Path, by_tfl_stop: bool, state: RunState,
+                                                            code: int) -> None:
+    """The machine's SIGTERM (no `tfl stop`) during the wait below the minimum ended the run `stopped by the
+    user`, 130, where everywhere else it ends preempted, 170, to be resumed."""
+    sup, _, clock, _ = make(tmp_path, script={"down": {"h2": (10.0, 1e9)}}, min_tasks=3, elastic_wait=600.0)
+    store, sleep = RunStore(tmp_path), clock.sleep
+
+    def sigterm_at_30(seconds: float) -> None:
+        sleep(seconds)
+        if clock.now > 30:
+            if by_tfl_stop:
+                store.request_stop(sup.record)
+            sup.request_stop(notice=True)
+
+    clock.sleep = sigterm_at_30  # type: ignore[method-assign]
+    record = sup.run()
+    assert (record.state, record.exit_code) == (state, code) and clock.now < 100
+    assert record.message == ("stopped by the user" if by_tfl_stop else "preempted: tfl got SIGTERM") + \
+        " while waiting for lost hosts"

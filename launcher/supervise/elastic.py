@@ -52,8 +52,9 @@ class ElasticOutcome:
 
     @property
     def end(self) -> tuple[RunState, int, str]:
-        """How the run ends when there is no next plan: state, exit code, message."""
-        return (RunState.STOPPED, 130, self.message or "") if self.stopped else (RunState.FAILED, 1, self.message or "")
+        """How the run fails when there is no next plan: state, exit code, message (a stop ends as
+        any stop does: ``Supervisor._stop``)."""
+        return RunState.FAILED, 1, self.message or ""
 
 
 class ElasticPolicy:
