@@ -148,3 +148,29 @@ def test_a_detached_launch_refuses_a_working_dir_that_does_not_exist(tmp_path: P
     assert result.stderr == (f"tfl: error: localhost: working dir {tmp_path / 'nowhere'} does not exist; fix: set "
                              "hosts.localhost.workdir to a directory there\n")
     assert not list((tfl_home / "runs").glob("*/state.json"))
+
+
+def test_a_local_python_that_is_no_python_is_named_with_the_fix_not_a_json_error(tmp_path: Path) -> None:
+    """A python that exits 0 without the agent's answer (here /bin/true) was reported as
+    `preflight: Expecting value: line 1 column 1 (char 0)`: neither the python nor the fix."""
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps({"cluster": {"chief": [f"localhost:{free_port()}"]},
+                                   "hosts": {"localhost": {"python": "/bin/true"}}}))
+    result = runner.invoke(app, ["doctor", "--cluster", str(cluster)])
+    assert result.exit_code == 1, result.output
+    row, _ = result.stdout.splitlines()
+    assert row == ("localhost  FAIL  preflight: localhost: the tfl agent failed under '/bin/true' (it ended without "
+                   "the agent's answer: is it a python?); set hosts.localhost.python to a Python >= 3.8")
+
+
+def test_doctor_fails_a_local_working_dir_that_launch_would_refuse(tmp_path: Path) -> None:
+    """Only the launch's quick checks looked for the working dir: doctor said `all 1 host(s) ready`
+    (and `disk: ... free at /`) for a cluster that `tfl launch` then refused."""
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps({"cluster": {"chief": [f"localhost:{free_port()}"]},
+                                   "hosts": {"localhost": {"workdir": str(tmp_path / "nowhere")}}}))
+    result = runner.invoke(app, ["doctor", "--cluster", str(cluster)])
+    assert result.exit_code == 1, result.output
+    assert (f"localhost  FAIL  working dir: working dir {tmp_path / 'nowhere'} does not exist; fix: set "
+            "hosts.localhost.workdir to a directory there") in result.stdout.splitlines()
+    assert result.stdout.splitlines()[-1] == "doctor: 1 of 1 host(s) have problems (localhost)"

@@ -260,3 +260,82 @@ def test_a_resumed_run_starts_without_the_hosts_it_had_lost_and_takes_them_back(
     assert hosts.attempts()[0] == [("chief:0", "h1"), ("worker:0", "h2")]  # as it was when it stopped
     assert hosts.attempts()[1] == [("chief:0", "h0"), ("worker:0", "h1"), ("worker:1", "h2")]  # h0 answers: back
     assert [(r.from_tasks, r.to_tasks, r.hosts) for r in record.resizes] == [(2, 3, ["h0"])]
+
+
+def test_below_the_minimum_with_only_failing_hosts_lost_it_ends_at_once(tmp_path: Path) -> None:
+    # h1 fails twice: blacklisted, never probed to come back, so waiting up to --elastic-wait could not help.
+    sup, hosts, clock, said = make(tmp_path, script={"fails": {"h1": {0, 1}}}, max_restarts=1, min_tasks=3,
+                                   elastic_wait=600.0)
+    record = sup.run()
+    assert record.state == RunState.FAILED and record.exit_code == 1
+    assert clock.now < 60 and len(hosts.attempts()) == 2  # not the 600 s wait
+    assert record.message == ("2 training tasks left, below --min-tasks 3, and no wait brings back a host lost for "
+                              "failing (fix what fails there, then tfl resume the run): h1 (tasks on it failed 2 "
+                              "attempts in a row (--blacklist-after 2; not taken back))")
+    assert not any("waiting up to" in line for line in said)
+
+
+def test_a_resumed_run_below_the_minimum_takes_back_the_hosts_that_answer_before_it_starts(tmp_path: Path) -> None:
+    sup, hosts, _, said = make(tmp_path, lost={"h1": "h1 stopped answering", "h2": "h2 stopped answering"})
+    record = sup.run()
+    assert record.exit_code == 0
+    # Not one task alone (below --min-tasks 2): the first attempt waits for the hosts, which answer at once.
+    assert hosts.attempts() == {0: [("chief:0", "h0"), ("worker:0", "h1"), ("worker:1", "h2")]}
+    assert [(r.attempt, r.from_tasks, r.to_tasks, r.reason) for r in record.resizes] == [(0, 1, 3, "back: h1, h2")]
+    assert said[0].startswith("tfl: resumed without h1 (h1 stopped answering), h2 (h2 stopped answering); 1 "
+                              "training task left, below --min-tasks 2: waiting up to 60 s")
+
+
+def test_a_resumed_run_whose_every_host_is_lost_and_silent_fails_and_runs_nothing(tmp_path: Path) -> None:
+    one_host = {"chief": ["h0:1000"], "worker": ["h0:1001", "h0:1002"]}
+    sup, hosts, clock, _ = make(tmp_path, cluster=one_host, script={"down": {"h0": (0.0, 1e9)}},
+                                lost={"h0": "h0 stopped answering"})
+    record = sup.run()
+    assert record.state == RunState.FAILED and record.exit_code == 1 and hosts.started == []
+    assert record.message == ("0 training tasks left, below --min-tasks 2, and the lost hosts did not return within "
+                              "60 s (--elastic-wait): h0 (h0 stopped answering)")
+    assert clock.now >= 60
+
+
+def test_status_while_waiting_below_the_minimum_counts_without_the_lost_host_and_says_it_waits(tmp_path: Path) -> None:
+    """A second terminal's `tfl status RUN` during the wait said `elastic: 3 of 3 training tasks` and nothing of it."""
+    sup, _, clock, _ = make(tmp_path, script={"down": {"h2": (10.0, 1e9)}}, min_tasks=3, elastic_wait=60.0)
+    seen: list[str] = []
+    sleep = clock.sleep
+
+    def look(seconds: float) -> None:  # mid-wait, the record as `tfl status` reads it
+        sleep(seconds)
+        if 30 < clock.now and not seen:
+            saved = RunStore(tmp_path).load("r")
+            saved.backend = "local"  # a backend the view can ask (it finds none of the fake's pids)
+            seen.append(run_detail(run_view(saved)))
+
+    clock.sleep = look  # type: ignore[method-assign]
+    record = sup.run()
+    assert "  elastic: 2 of 3 training tasks (--min-tasks 3); lost: h2 (h2 stopped answering); below the minimum: " \
+           "waiting for lost hosts to return (--elastic-wait)" in seen[0].splitlines()
+    ended = run_detail(run_view(record))
+    assert "  elastic: 2 of 3 training tasks (--min-tasks 3); lost: h2 (h2 stopped answering)" in ended.splitlines()
+
+
+@pytest.mark.parametrize(("by_tfl_stop", "state", "code"), [(True, RunState.STOPPED, 130),
+                                                              (False, RunState.PREEMPTED, PREEMPTED_EXIT_CODE)])
+def test_a_sigterm_while_waiting_for_hosts_ends_as_any_stop(tmp_path: Path, by_tfl_stop: bool, state: RunState,
+                                                            code: int) -> None:
+    """The machine's SIGTERM (no `tfl stop`) during the wait below the minimum ended the run `stopped by the
+    user`, 130, where everywhere else it ends preempted, 170, to be resumed."""
+    sup, _, clock, _ = make(tmp_path, script={"down": {"h2": (10.0, 1e9)}}, min_tasks=3, elastic_wait=600.0)
+    store, sleep = RunStore(tmp_path), clock.sleep
+
+    def sigterm_at_30(seconds: float) -> None:
+        sleep(seconds)
+        if clock.now > 30:
+            if by_tfl_stop:
+                store.request_stop(sup.record)
+            sup.request_stop(notice=True)
+
+    clock.sleep = sigterm_at_30  # type: ignore[method-assign]
+    record = sup.run()
+    assert (record.state, record.exit_code) == (state, code) and clock.now < 100
+    assert record.message == ("stopped by the user" if by_tfl_stop else "preempted: tfl got SIGTERM") + \
+        " while waiting for lost hosts"

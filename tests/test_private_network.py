@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -340,3 +341,38 @@ def test_a_resumed_private_run_gets_a_namespace_again(tmp_path: Path, child_env:
     assert len(second) == 1 and os.readlink("/proc/self/ns/net") not in first | second
     assert json.loads(_tfl(["status", run.name, "--json"], child_env).stdout)["network"] == "private"
     assert not _netns_pids(second.pop(), child_env["TFL_HOME"])
+
+
+def test_network_private_without_nsenter_names_the_install_not_user_namespaces(tmp_path: Path,
+                                                                               child_env: dict[str, str]) -> None:
+    """Without nsenter the refusal said to allow user namespaces (sysctl), which would not help."""
+    (tmp_path / "job.py").write_text("print('ran')\n")
+    (tmp_path / "bin").mkdir()  # a PATH with no nsenter on it
+    result = _tfl(["launch", str(tmp_path / "job.py"), "--local", "2", "--network", "private"],
+                  {**child_env, "PATH": str(tmp_path / "bin")})
+    assert result.returncode == 2
+    assert result.stderr == ("tfl: error: --network private: this machine cannot make a network namespace (nsenter not "
+                             "found); install nsenter (Debian: apt-get install util-linux), or run with --network "
+                             "host\n"), result.stderr
+    assert not list((Path(child_env["TFL_HOME"]) / "runs").glob("*/state.json"))  # refused before the run existed
+
+
+def test_a_port_held_on_this_machine_does_not_refuse_a_private_run(tmp_path: Path, child_env: dict[str, str]) -> None:
+    """The launch checked the task ports on this machine's network, so a port held there refused a
+    --network private run, whose tasks bind it in a namespace of their own; on the host network (and
+    under auto, which may fall back to it: tests/test_lifecycle.py) it still refuses."""
+    job = tmp_path / "job.py"
+    job.write_text("import json, os, socket\n"
+                   "port = int(json.loads(os.environ['TF_CONFIG'])['cluster']['chief'][0].rsplit(':', 1)[1])\n"
+                   "socket.socket().bind(('0.0.0.0', port)); print('bound', port)\n")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        cluster = tmp_path / "c.json"
+        cluster.write_text(json.dumps({"cluster": {"chief": [f"localhost:{port}"]}}))
+        private = _tfl(["launch", str(job), "--cluster", str(cluster), "--network", "private"], child_env)
+        host = _tfl(["launch", str(job), "--cluster", str(cluster), "--network", "host"], child_env)
+    assert private.returncode == 0, private.stderr
+    assert f"bound {port}" in private.stdout
+    assert host.returncode == 2 and f"port {port} of chief:0 is in use" in host.stderr, host.stderr

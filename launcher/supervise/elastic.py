@@ -52,8 +52,9 @@ class ElasticOutcome:
 
     @property
     def end(self) -> tuple[RunState, int, str]:
-        """How the run ends when there is no next plan: state, exit code, message."""
-        return (RunState.STOPPED, 130, self.message or "") if self.stopped else (RunState.FAILED, 1, self.message or "")
+        """How the run fails when there is no next plan: state, exit code, message (a stop ends as
+        any stop does: ``Supervisor._stop``)."""
+        return RunState.FAILED, 1, self.message or ""
 
 
 class ElasticPolicy:
@@ -77,6 +78,12 @@ class ElasticPolicy:
     def resumed(self) -> LaunchPlan:
         """The plan of the first attempt: the full plan, without the hosts a resumed run had lost."""
         return self._plan_without(self.lost).plan if self.lost else self.full
+
+    def before_start(self) -> ElasticOutcome | None:
+        """A resumed run whose lost hosts leave fewer than ``min_tasks`` training tasks waits for
+        them before its first attempt, as below the minimum (None: start as planned)."""
+        left = training_size(self.full, self.lost)
+        return self._wait_for_hosts(left, {}) if left < self.min_tasks else None
 
     # --- after a training failure -------------------------------------------------------
     def after_failure(self, current: LaunchPlan, procs: Iterable[TaskProcess]) -> ElasticOutcome | None:
@@ -110,15 +117,21 @@ class ElasticPolicy:
         """Below the minimum: probe the lost hosts until enough answer, or ``elastic_wait`` ends."""
         deadline = self._clock() + self.config.elastic_wait
         left = training_size(self.full, self.lost)
-        self._say(f"tfl: lost {_why(newly)}; {left} training task{'s' * (left != 1)} left, below --min-tasks "
+        hopeless = self._never_enough(left)
+        if hopeless is not None:
+            return ElasticOutcome(None, hopeless)
+        what = f"lost {_why(newly)}" if newly else f"resumed without {_why(self.lost)}"
+        self._say(f"tfl: {what}; {left} training task{'s' * (left != 1)} left, below --min-tasks "
                   f"{self.min_tasks}: waiting up to {self.config.elastic_wait:g} s for {', '.join(sorted(self.lost))}")
         while not self._stopping():
             back = self._answering(self._probed())
             for host in back:
                 del self.lost[host]
             if training_size(self.full, self.lost) >= self.min_tasks:
-                reason = f"lost: {_why(newly)}" + (f"; back: {', '.join(back)}" if back else "")
-                return ElasticOutcome(self._resize(before, reason, sorted({*newly, *back})))
+                parts = ([f"lost: {_why(newly)}"] if newly else []) + ([f"back: {', '.join(back)}"] if back else [])
+                reason = "; ".join(parts)
+                # None newly lost: a resumed run, whose first attempt (this one) is not yet started.
+                return ElasticOutcome(self._resize(before, reason, sorted({*newly, *back}), starts=not newly))
             remaining = deadline - self._clock()
             if remaining <= 0:
                 left = training_size(self.full, self.lost)
@@ -127,6 +140,15 @@ class ElasticPolicy:
                                             f"{self.config.elastic_wait:g} s (--elastic-wait): {_why(self.lost)}")
             self._wait(min(self.config.probe_interval, remaining))
         return ElasticOutcome(None, "stopped by the user while waiting for lost hosts", stopped=True)
+
+    def _never_enough(self, left: int) -> str | None:
+        """Why no wait can help (None when one can): even if every lost host that may come back did,
+        too few training tasks would run, since hosts lost for failing are never taken back."""
+        kept_out = {h: why for h, why in self.lost.items() if h in self._blacklist}
+        if not kept_out or training_size(self.full, kept_out) >= self.min_tasks:
+            return None
+        return (f"{left} training task{'s' * (left != 1)} left, below --min-tasks {self.min_tasks}, and no wait "
+                f"brings back a host lost for failing (fix what fails there, then tfl resume the run): {_why(kept_out)}")
 
     # --- while running smaller ----------------------------------------------------------
     def taken_back(self) -> list[str]:
@@ -148,11 +170,12 @@ class ElasticPolicy:
                                     "(taken back at an agreed checkpoint)", sorted(hosts))
 
     # --- shared ---------------------------------------------------------------------------
-    def _resize(self, before: int, reason: str, hosts: list[str]) -> LaunchPlan:
+    def _resize(self, before: int, reason: str, hosts: list[str], starts: bool = False) -> LaunchPlan:
+        """``starts``: the record's attempt is the one this plan runs (a resume's first), not the one before it."""
         resize = self._plan_without(self.lost)
         notes = [*resize.notes, *_evaluator_home(self.full, resize, self.record)]
         self.record.resizes.append(ResizeRecord(
-            attempt=self.record.attempt + 1, time=self._wall(), from_tasks=before, to_tasks=resize.training_size,
+            attempt=self.record.attempt + (0 if starts else 1), time=self._wall(), from_tasks=before, to_tasks=resize.training_size,
             reason=reason, hosts=hosts, notes=notes))
         self.record.tasks = _task_records(resize, self.record)
         self._say(f"tfl: resize: {before} -> {resize.training_size} training tasks; {reason}"

@@ -86,8 +86,10 @@ class Supervisor:
     # --- the state machine --------------------------------------------------------------
     def run(self) -> RunRecord:
         try:
-            while self._run_attempt():
-                self.record.attempt += 1
+            start = self._elastic.before_start() if self._elastic else None  # a resumed run that lost too many
+            if start is None or self._resized(start):
+                while self._run_attempt():
+                    self.record.attempt += 1
         except LaunchError as exc:
             self._finish(RunState.FAILED, 1, str(exc))
             raise
@@ -125,7 +127,7 @@ class Supervisor:
                 continue
             self._wait(self._config.poll_interval)
 
-    def _stop(self) -> None:
+    def _stop(self, during: str = "") -> None:
         """Every task gets the notice (SIGTERM) and the grace to save the agreed checkpoint, then SIGKILL."""
         self._set_state(RunState.STOPPING)
         self._teardown(list(self._procs.values()), TaskState.STOPPED)
@@ -133,9 +135,9 @@ class Supervisor:
         if self._save_error is not None:
             self._finish(RunState.FAILED, 1, f"tasks stopped: {self._save_error}")
         elif self._notice and not self._store.stop_requested(self.record):
-            self._finish(RunState.PREEMPTED, PREEMPTED_EXIT_CODE, f"preempted: tfl got SIGTERM{saved}")
+            self._finish(RunState.PREEMPTED, PREEMPTED_EXIT_CODE, f"preempted: tfl got SIGTERM{during}{saved}")
         else:
-            self._finish(RunState.STOPPED, 130, f"stopped by the user{saved}")
+            self._finish(RunState.STOPPED, 130, f"stopped by the user{during}{saved}")
 
     def _start_group(self) -> None:
         """Start every task: one after another, or all at once where the backend's start is a
@@ -271,12 +273,15 @@ class Supervisor:
 
     def _resized(self, outcome: ElasticOutcome) -> bool:
         """An elastic run lost hosts or takes them back: go on at the new size (True), or end."""
-        if outcome.plan is None:
+        if outcome.plan is not None:
+            self.plan, self._procs = outcome.plan, {}
+            self._save()
+            return True
+        if outcome.stopped:  # as any stop: the machine's SIGTERM (no `tfl stop`) ends it preempted
+            self._stop(" while waiting for lost hosts")
+        else:
             self._finish(*outcome.end)
-            return False
-        self.plan, self._procs = outcome.plan, {}
-        self._save()
-        return True
+        return False
 
     def _take_back(self, elastic: ElasticPolicy, hosts: list[str]) -> bool:
         """Lost hosts answer again: the notice (SIGTERM: the group saves at an agreed step), then the hosts back."""

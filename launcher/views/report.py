@@ -137,13 +137,18 @@ NETWORK_TEXT = {"private": "private (the tasks' own network namespace: their por
                 "host": "host (the task ports are open to this machine's networks; docs/security.md)"}
 
 
+LIVE_STATES = {RunState.STARTING.value, RunState.RUNNING.value, RunState.RESTARTING.value}
+
+
 def _elastic_lines(view: RunView) -> list[str]:
     """An elastic run's size, lost hosts and resizes (``tfl status RUN``)."""
     if view.min_tasks is None:
         return []
     lines = [f"  elastic: {view.training_tasks} of {view.full_training_tasks} training tasks (--min-tasks {view.min_tasks})"
              + (f"; lost: {', '.join(f'{h} ({why})' for h, why in sorted(view.lost_hosts.items()))}"
-                if view.lost_hosts else "")]
+                if view.lost_hosts else "")
+             + ("; below the minimum: waiting for lost hosts to return (--elastic-wait)"
+                if view.training_tasks < view.min_tasks and view.state in LIVE_STATES else "")]
     return lines + [f"  resize at attempt {r['attempt']}: {r['from_tasks']} -> {r['to_tasks']} tasks; {r['reason']}"
                     for r in view.resizes]
 

@@ -108,7 +108,8 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
         elsewhere=None if record.state.is_terminal else launcher_identity(record).elsewhere,
         backend=record.backend, backend_state=backend_state,
         preemptions=sum(r.kind == "preemption" for r in record.restarts), min_tasks=record.min_tasks,
-        training_tasks=sum(TaskId.parse(t.task).is_training for t in record.tasks),
+        # Not those on hosts just lost: while the run waits for them they are still the record's tasks.
+        training_tasks=sum(TaskId.parse(t.task).is_training and t.host not in record.lost_hosts for t in record.tasks),
         full_training_tasks=sum(TaskId.parse(t["task"]).is_training for t in record.plan.get("tasks", [])),
         lost_hosts=dict(record.lost_hosts), resizes=[asdict(r) for r in record.resizes],
         network=str(record.plan.get("network", "host")),

@@ -69,7 +69,11 @@ class LocalBackend:
         return diagnose(hosts, lambda h: ([], self._facts(h, quick)), quick=quick)
 
     def prepare(self, plan: LaunchPlan) -> list[Check]:
-        return self.probe(host_tasks(plan), quick=True)
+        checks = self.probe(host_tasks(plan), quick=True)
+        if plan.network != "private":  # ``auto`` may yet run on this machine's network (``resolve``)
+            return checks
+        # In the run's own namespace (or no run: ``resolve`` refuses) what holds a port here is no conflict.
+        return [c for c in checks if not c.name.startswith("port ")]
 
     def resolve(self, plan: LaunchPlan) -> LaunchPlan:
         """Every path is this machine's already; the network is made here (``netns``)."""
@@ -82,7 +86,7 @@ class LocalBackend:
         under the host's python for the full ones (its packages are what counts). The agent is
         the one place host facts are gathered, whatever the backend."""
         from launcher.engines.ssh.node import agent
-        from launcher.engines.ssh.wire import BOOTSTRAP, agent_input, kit_data, python_failure, reply
+        from launcher.engines.ssh.wire import BOOTSTRAP, MARK, agent_input, kit_data, python_failure, reply
 
         if quick:
             facts = agent.probe(probe_request(h, quick=True))
@@ -102,9 +106,10 @@ class LocalBackend:
                                  capture_output=True, timeout=60)
         except (FileNotFoundError, PermissionError):
             raise LaunchError(f"{h.host}: {python_failure(h.python, 127, b'no such file', h.host)}") from None
-        if out.returncode != 0:
+        if out.returncode != 0 or MARK not in out.stdout:  # exit 0 without the answer: not a python
             raise LaunchError(f"{h.host}: {python_failure(h.python, out.returncode, out.stderr, h.host)}")
         result: dict[str, Any] = reply(out.stdout)
+        result["found"] = {"workdir": not h.workdir or os.path.isdir(h.workdir)}  # as the quick checks: launch refuses it
         return result
 
     # --- a live run ---------------------------------------------------------------------

@@ -39,7 +39,12 @@ READY_TIMEOUT = 20.0  # a hang guard: both answer in milliseconds
 
 
 class NetnsUnavailable(LaunchError):
-    """This machine cannot give a run a network namespace (kernel, policy, or a missing tool)."""
+    """This machine cannot give a run a network namespace (kernel, policy, or a missing tool);
+    ``fix`` says what would let it."""
+
+    def __init__(self, reason: str, fix: str = "allow user namespaces (sysctl user.max_user_namespaces)") -> None:
+        super().__init__(reason)
+        self.fix = fix
 
 
 @dataclass
@@ -89,9 +94,9 @@ def resolve_network(plan: LaunchPlan, say: Callable[[str], None]) -> tuple[Launc
         network = make_private_network()
     except NetnsUnavailable as exc:
         if plan.network == "private":
-            raise NetnsUnavailable(f"--network private: this machine cannot make a network namespace ({exc}); allow "
-                                   f"user namespaces (sysctl user.max_user_namespaces) or run with --network host") from None
-        say(f"tfl: warning: no private network for this run ({exc}): its task ports are open to this machine's "
+            raise NetnsUnavailable(f"--network private: this machine cannot make a network namespace ({exc}); "
+                                   f"{exc.fix}, or run with --network host", exc.fix) from None
+        say(f"tfl: warning: no private network for this run ({exc}; {exc.fix}): its task ports are open to this machine's "
             f"networks, as with --network host (docs/security.md)")
         return dataclasses.replace(plan, network="host"), None
     if network.offline:
@@ -105,7 +110,7 @@ def make_private_network(outbound: bool = True) -> PrivateNetwork:
     user-mode route out. Raises ``NetnsUnavailable`` with the reason in one line."""
     nsenter = shutil.which("nsenter")
     if nsenter is None:
-        raise NetnsUnavailable("nsenter not found (Debian: apt-get install util-linux)")
+        raise NetnsUnavailable("nsenter not found", "install nsenter (Debian: apt-get install util-linux)")
     holder = subprocess.Popen([sys.executable, "-S", str(Path(__file__).parent / "node" / "netns_holder.py")],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     answer = _read_line(holder.stdout.fileno(), READY_TIMEOUT).strip() if holder.stdout else ""

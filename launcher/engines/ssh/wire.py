@@ -102,10 +102,11 @@ def kit_data() -> str:
 
 
 def python_failure(python: str, code: int | None, stderr: bytes, host: str) -> str:
-    said = " | ".join(stderr.decode(errors="replace").strip().splitlines()[-2:]) or f"exit status {code}"
+    said = " | ".join(stderr.decode(errors="replace").strip().splitlines()[-2:]) or (
+        f"exit status {code}" if code != 0 else "it ended without the agent's answer: is it a python?")
     if code == 127:
         return f"python '{python}' not found ({said}); set hosts.{host}.python to a python that has tensorflow"
-    return f"the tfl agent failed under '{python}' ({said}); it needs Python >= 3.8"
+    return f"the tfl agent failed under '{python}' ({said}); set hosts.{host}.python to a Python >= 3.8"
 
 
 class Tarballs:
