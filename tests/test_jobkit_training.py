@@ -210,6 +210,43 @@ def test_examples_per_sec_leave_out_the_time_of_callbacks(tmp_path: Path) -> Non
     assert done["phase"] == "done" and done["examples_per_sec"] > 2 * with_callbacks, done
 
 
+@pytest.mark.parametrize("users", [False, True])
+def test_the_slow_hook_warning_is_shown_only_for_the_users_callbacks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, users: bool) -> None:
+    """tf_keras warns "Callback method `on_train_batch_end` is slow ... Check your callbacks." when
+    the hooks of the first batches outlast the batch. Here one of the kit's own hooks takes 50 ms
+    (on a busy machine a context switch is enough): hidden when the user gave no callback, shown
+    when they did (it may be theirs)."""
+    import logging
+    import time
+
+    import tf_keras as keras
+
+    from launcher.jobkit.callbacks import ProgressCallback
+
+    kits = ProgressCallback.on_train_batch_end
+
+    def slow(self: Any, batch: int, logs: Any = None) -> None:
+        time.sleep(0.05)
+        kits(self, batch, logs)
+
+    monkeypatch.setattr(ProgressCallback, "on_train_batch_end", slow)
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("tensorflow")
+    logger.addHandler(handler)
+    try:
+        jobkit.fit(build(), batches(), context=context(tmp_path), model_dir=tmp_path / "model", epochs=1,
+                   global_batch_size=BATCH, steps_per_epoch=12, steps_per_execution=1,
+                   callbacks=[keras.callbacks.LambdaCallback()] if users else ())
+    finally:
+        logger.removeHandler(handler)
+    slow_said = [m for m in said if "Callback method `on_train_batch_end` is slow compared to the batch time" in m]
+    assert bool(slow_said) is users, said
+    assert logger.filters == []  # the fit's filter is gone after it
+
+
 def test_fit_takes_the_model_dir_as_a_string(tmp_path: Path) -> None:
     """A job passing `model_dir="/some/dir"` trained nothing: `str / str` deep in the kit's layout."""
     jobkit.fit(build(), batches(), context=context(tmp_path), model_dir=str(tmp_path / "model"), epochs=1,

@@ -21,6 +21,7 @@ from launcher.jobkit.layout import chief_only_writes, finished_run, read_done_ma
 from launcher.jobkit.position import input_stream, saved_state, say_where_the_input_starts
 from launcher.jobkit.preemption import PreemptionCheckpoint
 from launcher.jobkit.progress import ProgressWriter, progress_record
+from launcher.jobkit.quiet import kit_hook_timing_quiet
 from launcher.jobkit.stepping import AutoStepsPerExecution, chief_decides, install_train_function, uses_stock_step
 
 HEARTBEAT_INTERVAL_S = 5.0  # the chief's record in the model dir, which the evaluator follows
@@ -121,9 +122,10 @@ def fit(
         # Last of the kit's: on a notice it saves after the others have seen the call.
         kit += [progress, PreemptionCheckpoint(context, backup, model_dir, progress)]
         try:
-            history: keras.callbacks.History = model.fit(
-                stream.dataset, epochs=epochs, steps_per_epoch=stream.steps_per_epoch, callbacks=[*kit, *callbacks],
-                verbose=0)
+            with kit_hook_timing_quiet(callbacks):
+                history: keras.callbacks.History = model.fit(
+                    stream.dataset, epochs=epochs, steps_per_epoch=stream.steps_per_epoch, callbacks=[*kit, *callbacks],
+                    verbose=0)
         except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as err:
             raise _named_input_error(dataset, model, err) from err
     return history
