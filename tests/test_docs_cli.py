@@ -56,19 +56,24 @@ def code_texts(text: str) -> Iterator[tuple[int, str]]:
 
 def unknown_options(root: Path, pages: list[Path], commands: dict[str, set[str]]) -> list[str]:
     """One line per `tfl COMMAND` that is no command, and per option that command does not have."""
+    return [problem for page in pages
+            for problem in unknown_in(page.read_text(encoding="utf-8"), str(page.relative_to(root)), commands)]
+
+
+def unknown_in(text: str, name_of_text: str, commands: dict[str, set[str]]) -> list[str]:
+    """unknown_options of one text, its lines named `name_of_text:N`."""
     problems: list[str] = []
-    for page in pages:
-        for number, code in code_texts(page.read_text(encoding="utf-8")):
-            mentions = list(_MENTION.finditer(code))
-            for i, mention in enumerate(mentions):
-                where, name = f"{page.relative_to(root)}:{number}", mention.group(1)
-                if name not in commands and name.split()[0] not in commands:
-                    problems.append(f"{where}: `tfl {name}`: no such command")
-                    continue
-                rest = code[mention.end():mentions[i + 1].start() if i + 1 < len(mentions) else len(code)]
-                rest = _END.split(rest, maxsplit=1)[0]
-                problems += [f"{where}: `tfl {name}` has no option {option}"
-                             for option in _OPTION.findall(rest) if option not in commands.get(name, set())]
+    for number, code in code_texts(text):
+        mentions = list(_MENTION.finditer(code))
+        for i, mention in enumerate(mentions):
+            where, name = f"{name_of_text}:{number}", mention.group(1)
+            if name not in commands and name.split()[0] not in commands:
+                problems.append(f"{where}: `tfl {name}`: no such command")
+                continue
+            rest = code[mention.end():mentions[i + 1].start() if i + 1 < len(mentions) else len(code)]
+            rest = _END.split(rest, maxsplit=1)[0]
+            problems += [f"{where}: `tfl {name}` has no option {option}"
+                         for option in _OPTION.findall(rest) if option not in commands.get(name, set())]
     return problems
 
 
@@ -101,6 +106,18 @@ def test_unknown_commands_and_options_are_found(tmp_path: Path) -> None:
         "README.md:6: `tfl stop` has no option --force",
         "README.md:8: `tfl export k8s` has no option --replicas",
     ]
+
+
+def test_tfl_help_says_what_to_run_first_with_real_options() -> None:
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.stdout.split())  # the help is wrapped: a code span may cross a line
+    assert "First: `tfl launch jobs/mnist.py --local 2`" in text
+    commands = {name: _options(command) for name, command in COMMANDS.items()}
+    assert unknown_in(text, "tfl --help", commands) == []
+    assert len(_MENTION.findall(text)) >= 5
 
 
 # Options whose --help need not say a default, and why. Any other option without a shown default
