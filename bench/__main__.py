@@ -138,9 +138,12 @@ def run_phase(name: str, cfg: Config, ws: Workspace, data: Path | None) -> list[
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few repetitions, small N, a TF-free training stand-in (CI)")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md", help="the report to write")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the report to write (default: docs/benchmarks.md; with --quick: printed on stdout, so a smoke "
+                             "run never replaces the full report's figures)")
     parser.add_argument("--only", default=",".join(PHASES),
-                        help=f"comma-separated phases to measure ({', '.join(PHASES)}); the report keeps the others' sections")
+                        help=f"comma-separated phases to measure ({', '.join(PHASES)}; default: all); the report keeps the "
+                             "others' sections")
     parser.add_argument("--trials", type=int, default=None,
                         help="trials of each trial-based phase (chaos, hosts, tfl-preemption, elastic) instead of the mode's")
     parser.add_argument("--keep", action="store_true", help="keep the temporary run stores (their path is printed)")
@@ -166,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     # (this machine) every tfl start-up compiled ~60 of them again, ~15 % of a `tfl launch`'s own CPU (§5).
     compileall.compile_dir(ROOT / "launcher", quiet=1)
     print(f"bench: {'quick' if cfg.quick else 'full'} mode; run stores under {ws.root}", file=sys.stderr, flush=True)
-    sections, history, kept = previous_report(args.out)
+    out = report_path(args.out, quick=cfg.quick)
+    sections, history, kept = previous_report(out) if out is not None else ({}, [], [])
     if set(phases) == set(PHASES):  # a whole run starts the report afresh, but for the sections no phase measures
         sections, history = {}, []
     measured: list[int] = []
@@ -183,10 +187,23 @@ def main(argv: list[str] | None = None) -> int:
            "took_min": round((time.monotonic() - started) / 60, 1), "sections": sorted(measured)}
     meta = {"mode": "quick" if cfg.quick else "full", "history": history + [run] if measured else history,
             "machine": machine()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(list(sections.values()), meta, kept))
-    print(f"bench: wrote {args.out} in {run['took_min']} min", file=sys.stderr)
+    text = render(list(sections.values()), meta, kept)
+    if out is None:
+        sys.stdout.write(text)
+        print(f"bench: printed the quick report above in {run['took_min']} min (--out FILE writes it)", file=sys.stderr)
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"bench: wrote {out} in {run['took_min']} min", file=sys.stderr)
     return 0
+
+
+def report_path(out: Path | None, *, quick: bool) -> Path | None:
+    """Where the report goes: --out, else docs/benchmarks.md for a full run; a quick run without
+    --out prints it (None): its figures, from a few repetitions and a stand-in job, are no report."""
+    if out is not None:
+        return out
+    return None if quick else ROOT / "docs" / "benchmarks.md"
 
 
 if __name__ == "__main__":

@@ -25,13 +25,13 @@ import tf_keras as keras
 def parse_args() -> argparse.Namespace:
     parser = jobkit.job_arguments(__doc__.splitlines()[0], batch_size=64,
                                   data_help="an .npz (x_train, y_train, x_test, y_test) or a directory of the four idx files")
-    parser.add_argument("--dataset", choices=("mnist", "fashion_mnist"), default="mnist")
+    parser.add_argument("--dataset", choices=("mnist", "fashion_mnist"), default="mnist", help="default: mnist")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                         help="float64: for comparing runs whose sums run in another order (N workers against 1 "
-                             "process); in float32 those round differently, and training magnifies it")
+                             "process); in float32 those round differently, and training magnifies it (default: float32)")
     parser.add_argument("--input", choices=("addressed", "pipeline"), default="addressed",
                         help="pipeline: a plain tf.data pipeline with a shuffle buffer, which a resume reaches by "
-                             "replaying every batch before it (the reference for docs/input.md)")
+                             "replaying every batch before it (the reference for docs/input.md; default: addressed)")
     parser.add_argument("--no-replay", action="store_true",
                         help="with --input pipeline: resume without the replay (not exact)")
     return parser.parse_args()

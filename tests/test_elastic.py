@@ -152,6 +152,27 @@ def test_no_min_tasks_changes_nothing_and_a_lone_global_batch_is_refused() -> No
         check_elastic(p, min_tasks=None, global_batch=8)
 
 
+def test_an_elastic_batch_without_min_tasks_is_refused_not_ignored(tfl_home: Path) -> None:
+    # `--elastic-batch` says what a resize keeps: without --min-tasks there is no resize, and the
+    # option was dropped without a word (a bad value too), so the user believed the run elastic.
+    p = plan(THREE, storage=STORAGE)
+    with pytest.raises(UsageError, match=r"^--elastic-batch per-replica goes with --min-tasks .*add --min-tasks N$"):
+        check_elastic(p, min_tasks=None, batch="per-replica")
+    with pytest.raises(UsageError, match="--elastic-batch sideways: choose 'global'"):
+        check_elastic(p, min_tasks=None, batch="sideways")
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+
+    job = str(Path(__file__).resolve().parent.parent / "jobs" / "mnist.py")
+    for value, message in (("per-replica", "--elastic-batch per-replica goes with --min-tasks"),
+                           ("sideways", "--elastic-batch sideways: choose 'global'")):
+        result = CliRunner().invoke(app, ["launch", job, "--local", "2", "--elastic-batch", value, "--dry-run"])
+        assert result.exit_code == 2 and message in result.stderr, result.output
+        assert "TF_CONFIG=" not in result.stdout
+    assert not tfl_home.exists()
+
+
 def test_the_cluster_files_elastic_block_unless_the_command_line_says_otherwise() -> None:
     spec = parse_cluster({"cluster": THREE, "storage": STORAGE, "elastic": {"min_tasks": 2, "global_batch": 12}})
     assert elastic_options(spec, None, None, None) == {"min_tasks": 2, "elastic_batch": "global", "global_batch": 12,

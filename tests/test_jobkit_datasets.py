@@ -101,6 +101,17 @@ def test_mnist_has_no_debian_source_and_falls_back_to_digits(
     assert fill_of(load_mnist(write_npz(tmp_path / "m.npz", 4), dataset="mnist")) == 4
 
 
+def test_the_docs_quote_the_offline_fallback_as_the_kit_says_it(
+    tmp_path: Path, no_network: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """README.md's tour and docs/jobkit.md quote the line a run without MNIST prints: the very line."""
+    load_mnist(None, dataset="mnist", debian_dir=tmp_path / "none", download_timeout_s=5)
+    said = next(line for line in capsys.readouterr().out.splitlines() if "falling back" in line)
+    assert said.startswith("jobkit: mnist not available (")
+    for page in ("README.md", "docs/jobkit.md"):
+        assert said.removeprefix("jobkit: ") in " ".join((ROOT / page).read_text(encoding="utf-8").split()), page
+
+
 def test_without_scikit_learn_the_last_fallback_is_one_clear_error(
     tmp_path: Path, no_network: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

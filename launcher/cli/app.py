@@ -81,7 +81,10 @@ class _RunsCommand(_Command):
 
 app = typer.Typer(
     name="tfl", no_args_is_help=True, add_completion=True, rich_markup_mode=None, cls=_Group,
-    help="Launch, supervise and inspect TensorFlow multi-worker training runs.",
+    help="Launch, supervise and inspect TensorFlow multi-worker training runs.\n\n"
+         "First: `tfl launch jobs/mnist.py --local 2` trains on a chief and a worker here (a job's own options go after "
+         "`--`); then, from any terminal, `tfl status`, `tfl logs`, `tfl stop`. A cluster of hosts: `tfl validate FILE`, "
+         "`tfl doctor --cluster FILE`, `tfl launch JOB --cluster FILE`. Every command: `tfl COMMAND --help`.",
     pretty_exceptions_enable=False,
 )
 T = TypeVar("T")

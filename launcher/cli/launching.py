@@ -23,7 +23,8 @@ def launch(
     slurm: bool = typer.Option(False, "--slurm", help="inside a Slurm allocation (salloc, sbatch): one task per allocated task"),
     evaluator: bool = typer.Option(False, "--evaluator", help="with --local or --slurm: add a sidecar evaluator"),
     virtual_devices: int | None = typer.Option(None, "--virtual-devices", min=1,
-                                               help="split each task's GPU (or its CPU) into N logical devices for its strategy"),
+                                               help="split each task's GPU (or its CPU) into N logical devices for its strategy "
+                                               "(default: none split)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print what would run where; start nothing, write nothing"),
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="restart the whole group up to K times after a failure"),
     retry_on: str = typer.Option("any", "--retry-on", help="which failures are restarted: any | preemption (exit 143 / SIGTERM)"),
@@ -35,7 +36,8 @@ def launch(
                                        help="seconds from the notice (SIGTERM) to SIGKILL when stopping tasks: time for them "
                                        "to agree on a step and save there"),
     evaluator_timeout: float = typer.Option(600.0, "--evaluator-timeout", min=0, help="seconds the evaluator may run after training ends"),
-    stall_timeout: float | None = typer.Option(None, "--stall-timeout", min=0, help="no progress for S seconds = failed"),
+    stall_timeout: float | None = typer.Option(None, "--stall-timeout", min=0, help="a training task that reports no progress "
+                                               "for S seconds has failed (default: never)"),
     detach: bool = typer.Option(False, "--detach", "-d", help="supervise in the background; print the run id and return"),
     sync: list[Path] = typer.Option([], "--sync", help="SSH hosts: also copy this directory's contents to their working dir (repeatable)"),
     no_sync: bool = typer.Option(False, "--no-sync", help="SSH hosts: copy nothing; the job is already there at the same path"),
@@ -46,11 +48,13 @@ def launch(
     keep_remote: bool = typer.Option(False, "--keep-remote",
                                      help="SSH hosts: keep the shipped code and job kit there after the run (default: removed)"),
     min_tasks: int | None = typer.Option(None, "--min-tasks", min=1, help="elastic: go on with at least N training tasks "
-                                         "(the chief included) when hosts are lost; take them back when they return"),
+                                         "(the chief included) when hosts are lost; take them back when they return (default: the "
+                                         "cluster file's elastic.min_tasks, else none: not elastic)"),
     elastic_batch: str | None = typer.Option(None, "--elastic-batch", help="elastic: what a resize keeps: global (the "
                                              "global batch, default) | per-replica"),
     global_batch: int | None = typer.Option(None, "--global-batch", min=1, help="elastic: the job's global batch, kept "
-                                            "over every size (the job gets it as TFL_GLOBAL_BATCH)"),
+                                            "over every size (the job gets it as TFL_GLOBAL_BATCH; default: the cluster "
+                                            "file's elastic.global_batch)"),
     blacklist_after: int = typer.Option(2, "--blacklist-after", min=0, help="elastic: a host whose tasks failed K "
                                         "attempts in a row is lost (0: never)"),
     elastic_wait: float = typer.Option(600.0, "--elastic-wait", min=0, help="elastic: below --min-tasks, wait this "

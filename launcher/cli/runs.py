@@ -156,7 +156,8 @@ def rm(runs: list[str] = typer.Argument(..., help="run ids or unique prefixes", 
 def prune(
     older_than: str | None = typer.Option(None, "--older-than", help="runs that ended longer ago than this, e.g. 7d, 12h "
                                           "(default 7d when --keep is not given)"),
-    keep: int | None = typer.Option(None, "--keep", help="keep the N latest runs whatever their age"),
+    keep: int | None = typer.Option(None, "--keep", help="keep the N latest runs whatever their age (default: none; "
+                                    "--older-than alone decides)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="say what would be removed; remove nothing"),
 ) -> None:
     """Remove finished runs older than --older-than and beyond the --keep latest (as `tfl rm`).

@@ -187,12 +187,14 @@ def check_elastic(plan: LaunchPlan, *, min_tasks: int | None, batch: str = "glob
                   virtual_devices: int | None = None) -> LaunchPlan:
     """Refuse, with the fix, an elastic run that could not go on; else the plan with the kept
     global batch in every training task's environment. Without ``min_tasks``: the plan as is."""
+    if batch not in BATCH_MODES:
+        raise UsageError(f"--elastic-batch {batch}: choose 'global' (keep the global batch) or 'per-replica'")
     if min_tasks is None:
         if global_batch is not None:
             raise UsageError("--global-batch goes with --min-tasks (an elastic run); remove it, or add --min-tasks N")
+        if batch != "global":  # only the command line gives it without min_tasks: a cluster file's elastic block has both
+            raise UsageError(f"--elastic-batch {batch} goes with --min-tasks (an elastic run); remove it, or add --min-tasks N")
         return plan
-    if batch not in BATCH_MODES:
-        raise UsageError(f"--elastic-batch {batch}: choose 'global' (keep the global batch) or 'per-replica'")
     if plan.unit is not None and plan.unit.kind not in ELASTIC_UNITS:  # Slurm: its batch script resizes (launcher.engines.slurm.resize)
         raise UsageError(f"--min-tasks with a '{plan.unit.kind}' description: elastic runs are not supported there yet; "
                          "launch with a cluster file of hosts (--cluster FILE) or a 'slurm' block, or remove --min-tasks")
