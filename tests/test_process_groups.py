@@ -70,6 +70,13 @@ class Bystanders:
                 proc.wait()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_worker() -> None:
+    """Module-scoped, so conftest puts this file's tests on one xdist worker, one at a time: each
+    writes ns_last_pid, which steers the next fork of the whole machine. Two on two workers could
+    hand each other's forks the pid one of them waits to take (seen once: `bystander is None`)."""
+
+
 @pytest.fixture
 def bystanders() -> Iterator[Bystanders]:
     found = Bystanders()
