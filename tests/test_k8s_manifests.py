@@ -323,6 +323,18 @@ def test_cli_warns_once_about_host_settings_kubernetes_ignores(tmp_path: Path) -
         "hosts.chief0.example.python, hosts.chief0.example.workdir, hosts.worker0.example.env, hosts.worker0.example.ssh"]
 
 
+def test_cli_warns_that_an_elastic_block_is_not_carried_over(tmp_path: Path) -> None:
+    data = cluster(1, 2, 0, storage={"path": "/mnt/s", "k8s_claim": "c"}, elastic={"min_tasks": 2, "global_batch": 64})
+    result = runner.invoke(app, ["export", "k8s", "jobs/mnist.py", "-c", str(write_cluster(tmp_path, data)),
+                                 "--image", "img:1", "--name", "m1"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        "tfl: warning: elastic: not carried into the manifests, which run the group at its full size; on Kubernetes "
+        "a lost pod is made again at the same size (docs/kubernetes.md, Elastic runs)"]
+    (js,) = [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "JobSet"]
+    assert [r["template"]["spec"]["parallelism"] for r in js["spec"]["replicatedJobs"]] == [1, 2]
+
+
 def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) -> None:
     two_chiefs = write_cluster(tmp_path, {"cluster": {"chief": ["a:1", "b:1"]}})
     uneven = tmp_path / "uneven.json"  # worker:1 is on a host without GPU settings: no one template fits both

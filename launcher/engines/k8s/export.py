@@ -65,6 +65,9 @@ def export_warnings(spec: ClusterSpec, options: ExportOptions) -> list[str]:
     ignored = ignored_settings(spec)
     if ignored:
         warnings.append(f"ignored on Kubernetes, where the image and the pods replace them: {', '.join(ignored)}")
+    if spec.elastic is not None:
+        warnings.append("elastic: not carried into the manifests, which run the group at its full size; on Kubernetes "
+                        "a lost pod is made again at the same size (docs/kubernetes.md, Elastic runs)")
     if spec.storage is None and (spec.cluster.evaluator or options.max_restarts):
         warnings.append("no shared storage in the cluster file: each pod keeps its model dir on its own disk, so the "
                         "evaluator sees no checkpoint and a restart starts over; add "
