@@ -219,13 +219,29 @@ def _spawn(args: list[str], store: RunStore, run_id: str, timeout: float) -> int
                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                  env={**os.environ, HOME: str(store.home)})
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (run_dir / "state.json").exists() and store.load(run_id).launcher_pid == child.pid:
-            return child.pid
-        if child.poll() is not None:
-            raise refusal(run_dir, offset, child.returncode)
-        time.sleep(0.05)
+    try:
+        while time.monotonic() < deadline:
+            if (run_dir / "state.json").exists() and store.load(run_id).launcher_pid == child.pid:
+                return child.pid
+            if child.poll() is not None:
+                raise refusal(run_dir, offset, child.returncode)
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        _call_off(child, run_dir)
+        raise
     return child.pid  # still preparing after the guard: it records the run when it can (`tfl status` shows it then)
+
+
+def _call_off(child: subprocess.Popen[bytes], run_dir: Path) -> None:
+    """Ctrl-C while ``--detach`` waits is a no to the launch, not to the waiting alone: the background
+    launcher (in a session of its own, which the terminal's SIGINT does not reach) gets it too, and so
+    removes what it shipped to the hosts, or stops the run it recorded meanwhile, as a foreground
+    launch would. Waited for (a second Ctrl-C leaves it to finish alone); a run dir it left with no
+    record is removed, as a refusal's is."""
+    child.send_signal(signal.SIGINT)
+    child.wait()
+    if not (run_dir / "state.json").exists():
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def refusal(run_dir: Path, offset: int, code: int) -> LaunchError:
