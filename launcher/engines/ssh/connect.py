@@ -127,7 +127,14 @@ def _config(path: str | None) -> Any:
 
 def _connection_class() -> Any:
     if not _CLASS:
+        import logging
+
         from fabric import Connection
+
+        # paramiko's transport thread logs a failed open (a banner that never came, a socket closed
+        # under it) with its traceback; with no handler of ours Python's last resort prints that on
+        # the terminal beside the one line ``explain`` makes of the same failure.
+        logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
         class TflConnection(Connection):  # type: ignore[misc]
             """fabric's Connection; ``close`` also closes what a failed open left, and lets go of the bastion."""
