@@ -49,3 +49,8 @@ class UnreadableRunError(TflError):
 class ResourceLimitError(LaunchError):
     """The launcher itself ran short (open files, kernel buffers): its own limit, never a host's fault
     (``launcher.limits`` says which limit and the fix)."""
+
+
+class InterruptedLaunchError(TflError):
+    """SIGTERM or SIGHUP came while the hosts were being made ready, before the run existed: nothing
+    ran, what was shipped is removed again, and the exit code is the signal's (128 + its number)."""

@@ -14,14 +14,14 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 from launcher.contract import HOME
 from launcher.describe.hosts import RemoteOptions
 from launcher.engines import registry
 from launcher.engines.base import Backend
 from launcher.engines.preflight import raise_failures
-from launcher.errors import ERROR_PREFIX, LaunchError, UsageError
+from launcher.errors import ERROR_PREFIX, InterruptedLaunchError, LaunchError, UsageError
 from launcher.files import open_private, write_atomic
 from launcher.plan.build import build_plan, job_name
 from launcher.plan.launch_plan import LaunchPlan
@@ -120,11 +120,13 @@ def prepare(plan: LaunchPlan) -> Prepared:
     failed check raises, before the run exists, and nothing is left open."""
     wake = Waker()
     backend = registry.get(registry.name_for_plan(plan), notify=wake.wake)
-    try:
-        raise_failures(backend.prepare(plan))
-    except BaseException:
-        backend.close()
-        raise
+    with _interrupted_by_signals() as disarm:
+        try:
+            raise_failures(backend.prepare(plan))
+        except BaseException:
+            disarm()  # the hosts are being tidied: a second signal must not cut that short
+            backend.close()
+            raise
     return Prepared(backend.resolve(plan), backend, wake)
 
 
@@ -217,13 +219,29 @@ def _spawn(args: list[str], store: RunStore, run_id: str, timeout: float) -> int
                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                  env={**os.environ, HOME: str(store.home)})
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (run_dir / "state.json").exists() and store.load(run_id).launcher_pid == child.pid:
-            return child.pid
-        if child.poll() is not None:
-            raise refusal(run_dir, offset, child.returncode)
-        time.sleep(0.05)
+    try:
+        while time.monotonic() < deadline:
+            if (run_dir / "state.json").exists() and store.load(run_id).launcher_pid == child.pid:
+                return child.pid
+            if child.poll() is not None:
+                raise refusal(run_dir, offset, child.returncode)
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        _call_off(child, run_dir)
+        raise
     return child.pid  # still preparing after the guard: it records the run when it can (`tfl status` shows it then)
+
+
+def _call_off(child: subprocess.Popen[bytes], run_dir: Path) -> None:
+    """Ctrl-C while ``--detach`` waits is a no to the launch, not to the waiting alone: the background
+    launcher (in a session of its own, which the terminal's SIGINT does not reach) gets it too, and so
+    removes what it shipped to the hosts, or stops the run it recorded meanwhile, as a foreground
+    launch would. Waited for (a second Ctrl-C leaves it to finish alone); a run dir it left with no
+    record is removed, as a refusal's is."""
+    child.send_signal(signal.SIGINT)
+    child.wait()
+    if not (run_dir / "state.json").exists():
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def refusal(run_dir: Path, offset: int, code: int) -> LaunchError:
@@ -267,6 +285,38 @@ def resume_detached(run_id: str, config_json: str, store: RunStore) -> RunRecord
     config = SupervisorConfig(**json.loads(config_json))
     prepared, record = resume(run_id, store, config)
     return supervise(prepared, store, record, config, None)
+
+
+@contextmanager
+def _interrupted_by_signals() -> Iterator[Callable[[], None]]:
+    """SIGTERM and SIGHUP while the hosts are made ready raise ``InterruptedLaunchError`` (as Ctrl-C
+    raises KeyboardInterrupt), once: their default action would end tfl at once, leaving the run's
+    dirs and code on every host reached so far with no record ``tfl rm`` could find. The raise
+    lands in ``prepare``, which closes the backend, and so removes them. Yields ``disarm``."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+    armed = True
+
+    def disarm() -> None:
+        nonlocal armed
+        armed = False
+
+    def handler(signum: int, frame: object) -> None:
+        if armed:
+            disarm()
+            error = InterruptedLaunchError(f"stopped by {signal.Signals(signum).name} while the hosts were being made "
+                                           "ready: no task started, and what was shipped to them is removed")
+            error.exit_code = 128 + signum
+            raise error
+
+    handled = [s for s in (signal.SIGTERM, signal.SIGHUP) if not (s in KEEP_IGNORED and signal.getsignal(s) == signal.SIG_IGN)]
+    previous = {s: signal.signal(s, handler) for s in handled}
+    try:
+        yield disarm
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def _say(line: str) -> None:

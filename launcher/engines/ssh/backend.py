@@ -29,7 +29,7 @@ from typing import Any, Callable, Protocol, TypeVar
 from launcher.contract import ATTEMPT, PROGRESS_FILE
 from launcher.engines.base import Cleanup, Stopped, TaskLive, TaskProcess
 from launcher.engines.preflight import Check, HostTasks
-from launcher.engines.ssh.connect import reach
+from launcher.engines.ssh.connect import reach, send_all
 from launcher.engines.ssh.failures import SSHError
 from launcher.engines.ssh.firewall import Firewalls
 from launcher.engines.ssh.pool import HEARTBEAT_TIMEOUT, HostPool
@@ -183,7 +183,7 @@ class SSHBackend:
             if session is None or session.closed.is_set():
                 chan = self._pool.agent(launch)
                 try:
-                    chan.sendall((json.dumps(self._tasks_request(launch)) + "\n").encode())
+                    send_all(chan, (json.dumps(self._tasks_request(launch)) + "\n").encode())
                 except (OSError, EOFError) as exc:
                     chan.close()
                     raise SSHError(launch.host, f"the SSH session closed at once ({exc})", launch.name) from None

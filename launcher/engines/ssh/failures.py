@@ -71,9 +71,11 @@ def explain(target: SSHTarget, exc: Exception, jump: Jump | None, tries: int, ba
     if isinstance(exc, TimeoutError) or "timed out" in str(exc).lower():
         return SSHError(host, f"no answer on port {port} within {target.connect_timeout:g} s; check the host name and "
                               "the network / firewall, or raise ssh.connect_timeout")
-    if "protocol banner" in str(exc):
+    # paramiko ends the negotiation's wait at connect_timeout without a word when the banner's (the same
+    # number) has not fired yet; its next step then finds "No existing session": the same silence.
+    if "protocol banner" in str(exc) or (isinstance(exc, paramiko.SSHException) and str(exc) == "No existing session"):
         return SSHError(host, f"port {port} answers, but no SSH server spoke within {target.connect_timeout:g} s; "
-                              f"is {port_field} the sshd's port?")
+                              f"is {port_field} the sshd's port? (a busy sshd: raise ssh.connect_timeout)")
     if isinstance(exc, socket.gaierror):
         return SSHError(host, f"unknown host name ({exc}); fix the host in the cluster file")
     return SSHError(host, f"ssh to {target} failed: {type(exc).__name__}: {exc}")

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.engines.ssh.connect import finish_command, start_command
+from launcher.engines.ssh.connect import finish_command, send_all, start_command
 from launcher.engines.ssh.failures import SSHError
 from launcher.errors import UsageError
 
@@ -149,7 +149,7 @@ def converse(chan: Channel, request: dict[str, Any], host: str, python: str) -> 
     """One request to an agent waiting for more (a pre-started one) and its one-line answer."""
     answer = b""
     try:
-        chan.sendall((json.dumps(request) + "\n").encode())
+        send_all(chan, (json.dumps(request) + "\n").encode())  # an unpack request carries the code: MBs
         while not (MARK in answer and answer.endswith(b"\n")):
             data = chan.recv(65536)
             if not data:

@@ -224,7 +224,7 @@ def run(request: dict[str, Any], frames: Tagged, heard: Heard, started: Callable
     """Start the task, report its pid, relay it until its group is gone; its exit code."""
     for path in request.get("mkdirs", []):
         try:
-            os.makedirs(path, exist_ok=True)
+            os.makedirs(path, mode=0o700, exist_ok=True)  # in the run's private dir, and as private
         except OSError as exc:
             frames.control({"error": "cannot create %s: %s" % (path, exc.strerror)})
             return 126

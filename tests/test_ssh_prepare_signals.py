@@ -1,0 +1,102 @@
+"""SIGTERM or SIGHUP while ``tfl launch`` makes the SSH hosts ready (the terminal closed, ``timeout``,
+a batch system) ends it as Ctrl-C does: what was shipped to the hosts so far is removed, for there is
+no run record yet that ``tfl rm`` could find it by. Their default action left the run's dirs and code
+on every host already reached (a large ``--sync`` makes that window seconds long). A Ctrl-C while
+``--detach`` waits for its background launcher calls the launch off, not only the waiting."""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from launcher.describe.ports import free_port
+from tests.sshd import HOSTS, Sshd, cluster_file
+from tests.test_ssh import SLEEP_JOB, wait_for, write_job
+
+pytestmark = pytest.mark.ssh
+
+
+def shipped(sshd: Sshd, host: str) -> list[Path]:
+    """What tfl left in ``host``'s per-user run dirs."""
+    return list((sshd.home(host) / ".cache" / "tfl" / "runs").glob("*"))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_the_hosts_are_made_ready_removes_what_was_shipped(
+        signum: signal.Signals, sshd: Sshd, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    go = tmp_path / "go"
+    held = sshd.home("127.0.0.3") / ".bashrc"  # holds 127.0.0.3's login until `go`: 127.0.0.2 is ready by then
+    held.write_text(f"while [ ! -e {shlex.quote(str(go))} ]; do sleep 0.05; done\n")
+    try:
+        job = write_job(tmp_path / "src", SLEEP_JOB)
+        cluster = cluster_file(tmp_path / "cluster.json", sshd, {"chief": [f"127.0.0.2:{free_port()}"],
+                                                                 "worker": [f"127.0.0.3:{free_port()}"]},
+                               {"127.0.0.2": None, "127.0.0.3": None})
+        launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", str(job), "--cluster", str(cluster)],
+                                    env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(lambda: any(p.glob("*/code/job.py") for p in shipped(sshd, "127.0.0.2")), timeout=120)
+            launcher.send_signal(signum)
+            go.touch()  # 127.0.0.3 goes on: its dirs are made too, and must go as well
+            _, err = launcher.communicate(timeout=120)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait()
+    finally:
+        held.unlink()
+        go.touch()
+    assert {host: shipped(sshd, host) for host in HOSTS} == {host: [] for host in HOSTS}
+    assert launcher.returncode == 128 + signum, err
+    errors = [line for line in err.splitlines() if line.startswith("tfl: error:")]
+    assert errors == [f"tfl: error: stopped by {signum.name} while the hosts were being made ready: no task started, "
+                      "and what was shipped to them is removed"], err
+    assert "Traceback" not in err
+    assert list((tfl_home / "runs").glob("*/state.json")) == []  # no run was recorded
+
+
+def test_ctrl_c_while_a_detached_launch_waits_calls_the_launch_off(sshd: Sshd, tmp_path: Path, tfl_home: Path,
+                                                                   child_env: dict[str, str]) -> None:
+    """`tfl launch --detach` waits for its background launcher to make the hosts ready; a Ctrl-C meanwhile
+    ended only the waiting: the background launcher, in a session of its own, went on and ran the job."""
+    go = tmp_path / "go"
+    held = sshd.home("127.0.0.3") / ".bashrc"
+    held.write_text(f"while [ ! -e {shlex.quote(str(go))} ]; do sleep 0.05; done\n")
+    background: list[psutil.Process] = []
+    try:
+        job = write_job(tmp_path / "src", SLEEP_JOB)
+        cluster = cluster_file(tmp_path / "cluster.json", sshd, {"chief": [f"127.0.0.2:{free_port()}"],
+                                                                 "worker": [f"127.0.0.3:{free_port()}"]},
+                               {"127.0.0.2": None, "127.0.0.3": None})
+        launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", str(job), "--cluster", str(cluster),
+                                     "--detach"], env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(lambda: any(p.glob("*/code/job.py") for p in shipped(sshd, "127.0.0.2")), timeout=120)
+            background = psutil.Process(launcher.pid).children()
+            assert len(background) == 1 and "_supervise" in background[0].cmdline()
+            launcher.send_signal(signal.SIGINT)
+            # It passes the SIGINT on, then waits for the background launcher: 127.0.0.3 goes on only then.
+            wait_for(lambda: launcher.poll() is not None or Path(f"/proc/{launcher.pid}/wchan").read_text() == "do_wait",
+                     timeout=60)
+            go.touch()
+            _, err = launcher.communicate(timeout=120)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait()
+    finally:
+        held.unlink()
+        go.touch()
+        gone, alive = psutil.wait_procs(background, timeout=60)  # without the fix it runs the job: end it
+        for proc in alive:
+            proc.kill()
+    assert len(gone) == 1 and not alive  # it ended with the launch (not ours to reap: no exit code here)
+    assert {host: shipped(sshd, host) for host in HOSTS} == {host: [] for host in HOSTS}
+    assert launcher.returncode == 130 and "Traceback" not in err, err
+    assert list((tfl_home / "runs").iterdir()) == []  # no run, and no run dir left without a record
