@@ -22,9 +22,15 @@ from tests.test_ssh import SLEEP_JOB, wait_for, write_job
 pytestmark = pytest.mark.ssh
 
 
-def shipped(sshd: Sshd, host: str) -> list[Path]:
-    """What tfl left in ``host``'s per-user run dirs."""
-    return list((sshd.home(host) / ".cache" / "tfl" / "runs").glob("*"))
+def shipped(sshd: Sshd, host: str, before: dict[str, set[Path]] | None = None) -> list[Path]:
+    """What tfl left in ``host``'s per-user run dirs (the sshd is the worker's, shared with the other
+    SSH tests it runs: only what is new since ``before``)."""
+    found = set((sshd.home(host) / ".cache" / "tfl" / "runs").glob("*"))
+    return sorted(found - (before or {}).get(host, set()))
+
+
+def snapshot(sshd: Sshd) -> dict[str, set[Path]]:
+    return {host: set(shipped(sshd, host)) for host in HOSTS}
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
@@ -32,6 +38,7 @@ def test_a_signal_while_the_hosts_are_made_ready_removes_what_was_shipped(
         signum: signal.Signals, sshd: Sshd, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
     go = tmp_path / "go"
     held = sshd.home("127.0.0.3") / ".bashrc"  # holds 127.0.0.3's login until `go`: 127.0.0.2 is ready by then
+    before = snapshot(sshd)
     held.write_text(f"while [ ! -e {shlex.quote(str(go))} ]; do sleep 0.05; done\n")
     try:
         job = write_job(tmp_path / "src", SLEEP_JOB)
@@ -41,7 +48,7 @@ def test_a_signal_while_the_hosts_are_made_ready_removes_what_was_shipped(
         launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", str(job), "--cluster", str(cluster)],
                                     env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            wait_for(lambda: any(p.glob("*/code/job.py") for p in shipped(sshd, "127.0.0.2")), timeout=120)
+            wait_for(lambda: any(p.glob("*/code/job.py") for p in shipped(sshd, "127.0.0.2", before)), timeout=120)
             launcher.send_signal(signum)
             go.touch()  # 127.0.0.3 goes on: its dirs are made too, and must go as well
             _, err = launcher.communicate(timeout=120)
@@ -52,7 +59,7 @@ def test_a_signal_while_the_hosts_are_made_ready_removes_what_was_shipped(
     finally:
         held.unlink()
         go.touch()
-    assert {host: shipped(sshd, host) for host in HOSTS} == {host: [] for host in HOSTS}
+    assert {host: shipped(sshd, host, before) for host in HOSTS} == {host: [] for host in HOSTS}
     assert launcher.returncode == 128 + signum, err
     errors = [line for line in err.splitlines() if line.startswith("tfl: error:")]
     assert errors == [f"tfl: error: stopped by {signum.name} while the hosts were being made ready: no task started, "
@@ -67,6 +74,7 @@ def test_ctrl_c_while_a_detached_launch_waits_calls_the_launch_off(sshd: Sshd, t
     ended only the waiting: the background launcher, in a session of its own, went on and ran the job."""
     go = tmp_path / "go"
     held = sshd.home("127.0.0.3") / ".bashrc"
+    before = snapshot(sshd)
     held.write_text(f"while [ ! -e {shlex.quote(str(go))} ]; do sleep 0.05; done\n")
     background: list[psutil.Process] = []
     try:
@@ -77,7 +85,7 @@ def test_ctrl_c_while_a_detached_launch_waits_calls_the_launch_off(sshd: Sshd, t
         launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", str(job), "--cluster", str(cluster),
                                      "--detach"], env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            wait_for(lambda: any(p.glob("*/code/job.py") for p in shipped(sshd, "127.0.0.2")), timeout=120)
+            wait_for(lambda: any(p.glob("*/code/job.py") for p in shipped(sshd, "127.0.0.2", before)), timeout=120)
             background = psutil.Process(launcher.pid).children()
             assert len(background) == 1 and "_supervise" in background[0].cmdline()
             launcher.send_signal(signal.SIGINT)
@@ -97,6 +105,6 @@ def test_ctrl_c_while_a_detached_launch_waits_calls_the_launch_off(sshd: Sshd, t
         for proc in alive:
             proc.kill()
     assert len(gone) == 1 and not alive  # it ended with the launch (not ours to reap: no exit code here)
-    assert {host: shipped(sshd, host) for host in HOSTS} == {host: [] for host in HOSTS}
+    assert {host: shipped(sshd, host, before) for host in HOSTS} == {host: [] for host in HOSTS}
     assert launcher.returncode == 130 and "Traceback" not in err, err
     assert list((tfl_home / "runs").iterdir()) == []  # no run, and no run dir left without a record
