@@ -162,6 +162,8 @@ def test_evaluator_outcomes() -> None:
     ("sbatch: error: fetch_config: DNS SRV lookup failed\nsbatch: error: _establish_config_source: failed to fetch config\n"
      "sbatch: fatal: Could not establish a configuration source",  # Slurm 22.05 with no slurm.conf and no SLURM_CONF
      "Could not establish a configuration source; the Slurm client here finds no slurm.conf: set SLURM_CONF to"),
+    ("sbatch: unrecognized option '--acount=ml'\nTry \"sbatch --help\" for more information\n",  # sbatch's own words, exit 255
+     "unrecognized option '--acount=ml'; slurm.sbatch_args holds an option this sbatch does not take"),
     ("", "no output"),
 ])
 def test_sbatch_messages(said: str, expected: str) -> None:
