@@ -67,6 +67,21 @@ def _check_reachable(address: str) -> None:
                           "(`ray start --head`) or fix ray.address in the description") from None
 
 
+def cluster_answers(ray: ModuleType, address: str) -> bool:
+    """Whether the connected cluster still answers at its front door (the named address, or for "auto"
+    the GCS Ray found). Ray's own calls to a GCS that is gone (the cluster stopped under a run) block
+    for 60 s and then end this process with a C++ error, before tfl could print the run's end."""
+    named = endpoint(address)
+    try:
+        if named is None:
+            host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
+            named = (host.strip("[]"), int(port))
+        socket.create_connection(named, timeout=REACH_TIMEOUT).close()
+    except (OSError, ValueError, AttributeError):
+        return False
+    return True
+
+
 def disconnect() -> None:
     try:
         import ray
