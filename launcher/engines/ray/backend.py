@@ -86,6 +86,9 @@ class RayBackend:
         with self._lock:
             if attempt != self._attempt:
                 self._new_attempt(group, attempt)
+        previous = self._procs.get(launch.task)
+        if previous is not None:  # the same actor starts it again: its last attempt's relay ends first
+            previous.handle.finish()
         proc = self._start(group, launch.task, attempt, attempt_banner(launch.name, attempt) if attempt else "")
         self._procs[launch.task] = proc
         return proc
@@ -145,7 +148,7 @@ class RayBackend:
         procs = [p for p in self._procs.values() if p.attempt == failed.attempt and p.launch.task.is_training]
         teardown(procs, signal=self.signal, alive=self.alive, grace=GRACE, kill_wait=GRACE)
         for p in procs:
-            p.handle.stop()
+            p.handle.finish()
         training = [p.launch.task for p in procs]
         group.plan = with_addresses(group.plan, group.reserve(training))
         note = (f"--- tfl: port {failed.launch.port} of {failed.launch.name} on {failed.launch.host} was taken before "
