@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Callable
 
 from launcher.engines.base import Cleanup, GroupResize, Stopped, TaskLive, TaskProcess
@@ -86,14 +86,14 @@ class SlurmBackend:
         slurm = slurm_unit(plan)
         self._job = SlurmJob(plan, self._run)
         if slurm.allocation:
-            checks = command_checks(ALLOCATION_COMMANDS)
+            checks = command_checks(ALLOCATION_COMMANDS) + conf_checks(self._environ)
             moved = in_allocation(plan, self._environ)
             if isinstance(moved, str):
                 checks.append(Check(HOST, "allocation", "fail", moved))
             else:  # resumed inside another allocation: the run's steps go there
                 self._job, self._plan = SlurmJob(moved, self._run), moved
             return checks
-        checks = command_checks(SUBMIT_COMMANDS)
+        checks = command_checks(SUBMIT_COMMANDS) + conf_checks(self._environ)
         if all(c.status == "ok" for c in checks):
             checks.append(self._test_only(plan))
         return checks
@@ -218,6 +218,16 @@ class SlurmBackend:
         """Nothing outside the run dir: a Slurm run's files (script, logs, progress) are in it,
         on storage the nodes share, and the run store removes it."""
         return Cleanup()
+
+
+def conf_checks(environ: Mapping[str, str]) -> list[Check]:
+    """A SLURM_CONF that names no file: each Slurm command would retry it for 60 s, then say only
+    "Unable to process configuration file"."""
+    conf = environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):
+        return [Check(HOST, "SLURM_CONF", "fail", f"SLURM_CONF={conf} is not a file; set it to the cluster's slurm.conf, "
+                                                  "or unset it where Slurm's commands find their own")]
+    return []
 
 
 def command_checks(commands: Sequence[str]) -> list[Check]:

@@ -300,6 +300,10 @@ def sbatch_message(text: str) -> str:
     if "Could not establish a configuration source" in last:
         return (f"{last}; the Slurm client here finds no slurm.conf: set SLURM_CONF to the cluster's slurm.conf, or run "
                 "tfl on a login node where `scontrol ping` answers")
+    if "Unable to process configuration file" in last:  # which file, and why, came before
+        cause = next((ln.split("error: ", 1)[-1] for ln in lines if " file " in ln and "error: " in ln), "")
+        return (f"{last}" + (f" ({cause})" if cause else "") + "; set SLURM_CONF to the cluster's slurm.conf, or run tfl "
+                "on a login node where `scontrol ping` answers")
     if "unrecognized option" in last or "invalid option" in last:
         return (f"{last}; slurm.sbatch_args holds an option this sbatch does not take (`sbatch --help` lists them; "
                 "one option per item, e.g. \"--account=ml\")")
