@@ -3,7 +3,8 @@
 The run's failure was recorded at once, but the launcher's clean-up then asked the GCS, gone with
 the cluster, to remove the placement group: Ray's call blocked for 60 s and then ended the process
 with its own C++ error ("Failed to connect to GCS within 60 seconds ... The program will terminate"),
-so the user never saw the run's summary. The test has a cluster of its own (three nodes): it stops
+so the user never saw the run's summary. Its resume then said to "fix ray.address in the description",
+which a resume does not read. The test has a cluster of its own (three nodes): it stops
 it whole, which the module cluster of tests/test_ray.py must outlive.
 """
 
@@ -38,8 +39,10 @@ def test_a_cluster_stopped_under_a_run_ends_it_with_its_summary(tmp_path: Path, 
         raise
     left: list[int] | None = None
     launch = None
+    address = ""
     try:
-        path = description(tmp_path, found.address, workers=1)
+        address = found.address  # None once the cluster is shut down
+        path = description(tmp_path, address, workers=1)
         launch = subprocess.Popen([sys.executable, "-m", "launcher", "launch", tiny_job(tmp_path), "--cluster", str(path),
                                    "--", "600"], env={**child_env, **ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True)
@@ -61,3 +64,10 @@ def test_a_cluster_stopped_under_a_run_ends_it_with_its_summary(tmp_path: Path, 
     assert "Failed to connect to GCS" not in err, err[-3000:]
     assert launch.returncode == 1 and f"tfl: run {run} failed after" in err and "its Ray actor died" in err, err[-3000:]
     assert json.loads((tfl_home / "runs" / run / "state.json").read_text())["state"] == "failed"
+    # A resume reaches the cluster at the address the run recorded: fixing the description would change nothing.
+    resumed = subprocess.run([sys.executable, "-m", "launcher", "resume", run], env={**child_env, **ENV}, capture_output=True,
+                             text=True, timeout=120)
+    assert resumed.returncode == 2 and resumed.stderr.strip() == (
+        f"tfl: error: ray.address {address}: nothing answers at {address} (Connection refused); start the run's "
+        "cluster there again (`ray start --head`); a resume reaches it at the address the run recorded, so for a cluster "
+        "elsewhere launch the job again"), resumed.stderr[-3000:]

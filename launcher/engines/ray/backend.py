@@ -22,7 +22,7 @@ from launcher import contract
 from launcher.engines.base import Cleanup, Stopped, TaskLive, TaskProcess
 from launcher.engines.preflight import Check, HostTasks
 from launcher.engines.ray import recorded
-from launcher.engines.ray.connect import connect, disconnect, kit_dir, runtime_env
+from launcher.engines.ray.connect import LAUNCH_FIX, RECORDED_FIX, connect, disconnect, kit_dir, runtime_env
 from launcher.engines.ray.group import CALL_TIMEOUT, RayGroup
 from launcher.engines.ray.plan import RayUnit, with_addresses
 from launcher.engines.ray.relay import Relay
@@ -60,7 +60,8 @@ class RayBackend:
         assert isinstance(unit, RayUnit)
         kit = kit_dir()
         try:
-            ray = connect(unit.address, runtime_env(unit.working_dir, kit))
+            # a plan whose tasks have their nodes is a recorded run's (`tfl resume`)
+            ray = connect(unit.address, runtime_env(unit.working_dir, kit), RECORDED_FIX if unit.nodes else LAUNCH_FIX)
         finally:  # ray.init has uploaded it to the cluster: nothing stays here, even if this launcher is killed
             shutil.rmtree(kit, ignore_errors=True)
         self._group = RayGroup(ray, plan)
