@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 
-from launcher.views.report import progress_text, run_detail, runs_table, watch_run
+from launcher.records.states import RunState
+from launcher.records.store import FailureRecord, RunRecord
+from launcher.views.report import progress_text, run_detail, runs_table, summary, watch_run
 from launcher.views.status import RunView, TaskView
 
 
@@ -49,3 +51,15 @@ def test_runs_table() -> None:
     lines = runs_table([view("lost", 1)]).splitlines()
     assert lines[0].split() == ["RUN", "JOB", "STATE", "ALIVE", "STARTED", "DURATION"]
     assert lines[1].split()[:4] == ["r1", "mnist.py", "lost", "1/1"]
+
+
+def test_a_failure_whose_pid_was_never_known_names_no_pid() -> None:
+    """A Slurm evaluator step ended (its allocation revoked) before its driver noted its pid: the summary
+    said "evaluator:0 on n1 (pid None) exit code 143"."""
+    record = RunRecord(run_id="r", job="job.py", job_args=[], run_dir="/runs/r", created=0.0, ended=5.0,
+                       state=RunState.FAILED, message="worker:0 on n2 failed: exit code 3",
+                       failures=[FailureRecord("worker:0", "n2", 12, 3, "exit code 3", ["boom"], 1.0, 0),
+                                 FailureRecord("evaluator:0", "n1", None, 143, "exit code 143", [], 2.0, 0)])
+    lines = summary(record).splitlines()
+    assert "  root cause: worker:0 on n2 (pid 12) exit code 3; last lines of its log:" in lines
+    assert "  evaluator: evaluator:0 on n1 exit code 143; last lines of its log:" in lines

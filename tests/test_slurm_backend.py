@@ -162,6 +162,11 @@ def test_evaluator_outcomes() -> None:
     ("sbatch: error: fetch_config: DNS SRV lookup failed\nsbatch: error: _establish_config_source: failed to fetch config\n"
      "sbatch: fatal: Could not establish a configuration source",  # Slurm 22.05 with no slurm.conf and no SLURM_CONF
      "Could not establish a configuration source; the Slurm client here finds no slurm.conf: set SLURM_CONF to"),
+    ("sbatch: unrecognized option '--acount=ml'\nTry \"sbatch --help\" for more information\n",  # sbatch's own words, exit 255
+     "unrecognized option '--acount=ml'; slurm.sbatch_args holds an option this sbatch does not take"),
+    ("sbatch: error: Parse error in file /etc/slurm/slurm.conf line 1: \"garbage\"\nsbatch: error: ClusterName needs to be "
+     "specified\nsbatch: fatal: Unable to process configuration file\n",  # Slurm 22.05 with a slurm.conf it cannot read
+     "Unable to process configuration file (Parse error in file /etc/slurm/slurm.conf line 1: \"garbage\"); set SLURM_CONF"),
     ("", "no output"),
 ])
 def test_sbatch_messages(said: str, expected: str) -> None:
@@ -204,6 +209,20 @@ def test_prepare_without_slurm_commands_is_one_line(tmp_path: Path, monkeypatch:
         launch.prepare(plan)
     assert str(err.value) == ("slurm: sbatch, scontrol, scancel not on PATH; install Slurm's client commands "
                               "(slurm-client) or fix PATH")
+
+
+def test_a_slurm_conf_that_names_no_file_is_one_line_before_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sbatch retried such a SLURM_CONF for 60 s, then said only "Unable to process configuration file"."""
+    fake_path(tmp_path, monkeypatch, "sbatch", "squeue", "scontrol", "scancel")
+    fake = FakeSlurm()
+    conf = tmp_path / "etc" / "slurm.conf"
+    monkeypatch.setattr("launcher.engines.registry.get",
+                        lambda name, notify=None: SlurmBackend(run=fake, environ={"SLURM_CONF": str(conf)}))
+    with pytest.raises(LaunchError) as err:
+        launch.prepare(slurm_plan(tmp_path))
+    assert str(err.value) == (f"slurm: SLURM_CONF={conf} is not a file; set it to the cluster's slurm.conf, or unset it "
+                              "where Slurm's commands find their own")
+    assert fake.asked == []  # sbatch --test-only was not run
 
 
 def test_prepare_tries_the_script_with_sbatch_test_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

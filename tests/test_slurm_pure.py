@@ -127,6 +127,9 @@ def test_time_forms(time: str) -> None:
     ({"nodes": 1, "sbatch_args": ["--export=NONE"]}, "use the top-level env (tfl passes the environment to every task) instead"),
     ({"nodes": 1, "sbatch_args": ["--output=x.log"]}, "tfl sets --output itself; use nothing (tfl writes the logs into the run dir) instead"),
     ({"nodes": 1, "sbatch_args": ["--comment=a\n#SBATCH --nodes=9"]}, "holds a line break; write the option on one line"),
+    ({"nodes": 1, "sbatch_args": ["--account ml"]}, "item 0 '--account ml' has its value after a space; write it after '=' (\"--account=ml\")"),
+    ({"nodes": 1, "sbatch_args": ["-A ml"]}, "item 0 '-A ml' has its value after a space; write it right after the letter (\"-Aml\")"),
+    ({"nodes": 1, "sbatch_args": ["--nodes 3"]}, "item 0 '--nodes 3': tfl sets --nodes itself; use slurm.nodes instead"),
     ({"nodes": 1, "sbatch_args": "--account=ml"}, "slurm.sbatch_args: expected a list [...], got text"),
     ({"nodes": 1, "nodez": 2}, "slurm.nodez: unknown key; remove it or check its spelling"),
 ])

@@ -22,7 +22,7 @@ from launcher import contract
 from launcher.engines.base import Cleanup, Stopped, TaskLive, TaskProcess
 from launcher.engines.preflight import Check, HostTasks
 from launcher.engines.ray import recorded
-from launcher.engines.ray.connect import connect, disconnect, kit_dir, runtime_env
+from launcher.engines.ray.connect import LAUNCH_FIX, RECORDED_FIX, connect, disconnect, kit_dir, runtime_env
 from launcher.engines.ray.group import CALL_TIMEOUT, RayGroup
 from launcher.engines.ray.plan import RayUnit, with_addresses
 from launcher.engines.ray.relay import Relay
@@ -60,7 +60,8 @@ class RayBackend:
         assert isinstance(unit, RayUnit)
         kit = kit_dir()
         try:
-            ray = connect(unit.address, runtime_env(unit.working_dir, kit))
+            # a plan whose tasks have their nodes is a recorded run's (`tfl resume`)
+            ray = connect(unit.address, runtime_env(unit.working_dir, kit), RECORDED_FIX if unit.nodes else LAUNCH_FIX)
         finally:  # ray.init has uploaded it to the cluster: nothing stays here, even if this launcher is killed
             shutil.rmtree(kit, ignore_errors=True)
         self._group = RayGroup(ray, plan)
@@ -86,6 +87,9 @@ class RayBackend:
         with self._lock:
             if attempt != self._attempt:
                 self._new_attempt(group, attempt)
+        previous = self._procs.get(launch.task)
+        if previous is not None:  # the same actor starts it again: its last attempt's relay ends first
+            previous.handle.finish()
         proc = self._start(group, launch.task, attempt, attempt_banner(launch.name, attempt) if attempt else "")
         self._procs[launch.task] = proc
         return proc
@@ -145,7 +149,7 @@ class RayBackend:
         procs = [p for p in self._procs.values() if p.attempt == failed.attempt and p.launch.task.is_training]
         teardown(procs, signal=self.signal, alive=self.alive, grace=GRACE, kill_wait=GRACE)
         for p in procs:
-            p.handle.stop()
+            p.handle.finish()
         training = [p.launch.task for p in procs]
         group.plan = with_addresses(group.plan, group.reserve(training))
         note = (f"--- tfl: port {failed.launch.port} of {failed.launch.name} on {failed.launch.host} was taken before "

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from launcher.engines.ray.connect import cluster_answers
 from launcher.engines.ray.plan import NAMESPACE, NodeAddress, RayUnit
 from launcher.errors import LaunchError
 from launcher.plan.launch_plan import LaunchPlan
@@ -157,7 +158,8 @@ class RayGroup:
                 pass
         self.actors.clear()
         if self.pg is not None:
-            remove_placement_group(self.pg)
+            if cluster_answers(self.ray, self.unit.address):  # else the group went with the cluster
+                remove_placement_group(self.pg)
             self.pg = None
 
 

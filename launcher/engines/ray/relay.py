@@ -38,13 +38,27 @@ class Relay:
     offset: int = 0  # how much of the actor's output file this machine has (a restart appends to it)
     _stop: threading.Event = field(default_factory=threading.Event)
     _progress: bytes | None = None
+    _thread: threading.Thread | None = None
 
     def start(self, name: str) -> Relay:
-        threading.Thread(target=self._run, name=f"ray-relay-{name}", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name=f"ray-relay-{name}", daemon=True)
+        self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
+
+    def finish(self) -> None:
+        """Stop following a task that has ended, before its actor starts the next attempt: one last
+        read brings what was not relayed yet. A relay left running would read the next attempt's
+        output from its own offset and append it to the log a second time."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(CALL_TIMEOUT + INTERVAL)
+            if self._thread.is_alive():  # a call to the actor still hangs: two writers would interleave
+                return
+        if self.exit_code is None:
+            self._once()
 
     def _run(self) -> None:
         while not self._stop.is_set():

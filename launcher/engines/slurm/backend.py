@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Callable
 
 from launcher.engines.base import Cleanup, GroupResize, Stopped, TaskLive, TaskProcess
@@ -48,7 +48,7 @@ from launcher.engines.slurm.outcome import (
     training_alive,
     training_outcome,
 )
-from launcher.engines.slurm.plan import slurm_unit
+from launcher.engines.slurm.plan import in_allocation, slurm_unit
 from launcher.errors import LaunchError
 from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
 from launcher.records.store import RunRecord
@@ -69,6 +69,7 @@ class SlurmBackend:
         self._notify, self._run = notify, run
         self._environ = dict(os.environ) if environ is None else environ
         self._job: SlurmJob | None = None
+        self._plan: LaunchPlan | None = None  # the plan moved to the allocation a resume runs in
         self._node_notes: dict[str, str] = {}  # node -> what Slurm says of it once it took it down
 
     # --- before a run -------------------------------------------------------------------
@@ -78,18 +79,21 @@ class SlurmBackend:
         return command_checks(SUBMIT_COMMANDS)
 
     def resolve(self, plan: LaunchPlan) -> LaunchPlan:
-        return plan  # every path is in the run dir, on storage the nodes share
+        # every path is in the run dir, on storage the nodes share; only a resumed run's allocation may differ
+        return self._plan if self._plan is not None and self._plan.run_id == plan.run_id else plan
 
     def prepare(self, plan: LaunchPlan) -> list[Check]:
         slurm = slurm_unit(plan)
         self._job = SlurmJob(plan, self._run)
         if slurm.allocation:
-            checks = command_checks(ALLOCATION_COMMANDS)
-            if self._environ.get("SLURM_JOB_ID") != slurm.allocation:
-                checks.append(Check(HOST, "allocation", "fail", f"this launcher is not inside allocation {slurm.allocation} "
-                                                                "(SLURM_JOB_ID differs); run tfl launch --slurm inside it"))
+            checks = command_checks(ALLOCATION_COMMANDS) + conf_checks(self._environ)
+            moved = in_allocation(plan, self._environ)
+            if isinstance(moved, str):
+                checks.append(Check(HOST, "allocation", "fail", moved))
+            else:  # resumed inside another allocation: the run's steps go there
+                self._job, self._plan = SlurmJob(moved, self._run), moved
             return checks
-        checks = command_checks(SUBMIT_COMMANDS)
+        checks = command_checks(SUBMIT_COMMANDS) + conf_checks(self._environ)
         if all(c.status == "ok" for c in checks):
             checks.append(self._test_only(plan))
         return checks
@@ -214,6 +218,16 @@ class SlurmBackend:
         """Nothing outside the run dir: a Slurm run's files (script, logs, progress) are in it,
         on storage the nodes share, and the run store removes it."""
         return Cleanup()
+
+
+def conf_checks(environ: Mapping[str, str]) -> list[Check]:
+    """A SLURM_CONF that names no file: each Slurm command would retry it for 60 s, then say only
+    "Unable to process configuration file"."""
+    conf = environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):
+        return [Check(HOST, "SLURM_CONF", "fail", f"SLURM_CONF={conf} is not a file; set it to the cluster's slurm.conf, "
+                                                  "or unset it where Slurm's commands find their own")]
+    return []
 
 
 def command_checks(commands: Sequence[str]) -> list[Check]:

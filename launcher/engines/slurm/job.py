@@ -289,15 +289,24 @@ class SlurmJob:
 
 def sbatch_message(text: str) -> str:
     """sbatch's reason in one line, with the fix where we know it."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # sbatch follows an unknown option with a pointer to its help: the option is the reason
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith('Try "sbatch --help"')]
     last = lines[-1] if lines else "no output"
-    for prefix in ("sbatch: error: Batch job submission failed: ", "sbatch: error: ", "sbatch: fatal: ", "allocation failure: "):
+    for prefix in ("sbatch: error: Batch job submission failed: ", "sbatch: error: ", "sbatch: fatal: ", "sbatch: ",
+                   "allocation failure: "):
         last = last.removeprefix(prefix)
     if "Invalid partition" in last or "invalid partition" in last:
         return f"{last}; the slurm block names a partition this cluster does not have (`sinfo -s` lists them)"
     if "Could not establish a configuration source" in last:
         return (f"{last}; the Slurm client here finds no slurm.conf: set SLURM_CONF to the cluster's slurm.conf, or run "
                 "tfl on a login node where `scontrol ping` answers")
+    if "Unable to process configuration file" in last:  # which file, and why, came before
+        cause = next((ln.split("error: ", 1)[-1] for ln in lines if " file " in ln and "error: " in ln), "")
+        return (f"{last}" + (f" ({cause})" if cause else "") + "; set SLURM_CONF to the cluster's slurm.conf, or run tfl "
+                "on a login node where `scontrol ping` answers")
+    if "unrecognized option" in last or "invalid option" in last:
+        return (f"{last}; slurm.sbatch_args holds an option this sbatch does not take (`sbatch --help` lists them; "
+                "one option per item, e.g. \"--account=ml\")")
     if "node configuration is not available" in last:
         return (f"{last}; the cluster's nodes that are up cannot hold it: lower slurm.nodes, tasks_per_node or "
                 "gpus_per_task (`sinfo -N -l` shows the nodes and their state)")

@@ -14,11 +14,15 @@ failure the script starts the next attempt on the nodes left (``launcher.engines
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
+from collections.abc import Mapping
 
-from launcher.contract import EVALUATOR, GLOBAL_BATCH, LOGS_SUBDIR, PROGRESS_SUBDIR, task_variables
+from launcher.contract import EVALUATOR, GLOBAL_BATCH, LOGS_SUBDIR, PROGRESS_SUBDIR, SLURM_LAYOUT, task_variables
 from launcher.describe.hosts import RemoteOptions
 from launcher.engines.slurm.node.batch import EVALUATOR_ROLE, TRAINING_ROLE, RunFiles, SlurmJobPlan
+from launcher.engines.slurm.node.errors import SlurmLayoutError
+from launcher.engines.slurm.node.nodes import parse_tasks_per_node
 from launcher.engines.slurm.script import (
     BatchJob,
     batch_env,
@@ -119,6 +123,29 @@ def slurm_unit(plan: LaunchPlan) -> SlurmJobPlan:
     if not isinstance(plan.unit, SlurmJobPlan):
         raise UsageError(f"run {plan.run_id}: its plan has no Slurm batch script; it was not planned from a 'slurm' description")
     return plan.unit
+
+
+def in_allocation(plan: LaunchPlan, environ: Mapping[str, str]) -> LaunchPlan | str:
+    """A plan of ``tfl launch --slurm`` for the allocation this process is in (``environ``): the plan
+    itself inside its own allocation; for ``tfl resume`` inside another allocation of the same shape
+    (the first ended with the command it ran, as ``salloc CMD`` does), the same plan moved there;
+    else why it cannot run here, in one line with the fix. The batch script names no job id."""
+    slurm = slurm_unit(plan)
+    here = environ.get("SLURM_JOB_ID", "")
+    if slurm.allocation is None or here == slurm.allocation:
+        return plan
+    wanted = parse_tasks_per_node(next(t.env.get(SLURM_LAYOUT, "") for t in plan.tasks))  # the plan's own: valid
+    try:
+        given = parse_tasks_per_node(environ.get("SLURM_TASKS_PER_NODE", ""))
+    except SlurmLayoutError:  # outside any allocation
+        given = ()
+    if not here.isdigit() or given != wanted:
+        nodes, per_node = len(wanted), wanted[0]
+        where = f"allocation {here} has {environ.get('SLURM_TASKS_PER_NODE') or '?'} tasks per node" if here else "no allocation here"
+        return (f"run {plan.run_id} ran inside allocation {slurm.allocation} ({nodes} node(s) x {per_node} task(s)) and "
+                f"{where}; resume it inside an allocation of that shape: `salloc -N {nodes} --ntasks-per-node {per_node} "
+                f"tfl resume {plan.run_id}`")
+    return dataclasses.replace(plan, unit=dataclasses.replace(slurm, allocation=here))
 
 
 def describe_slurm(spec: SlurmClusterSpec, runs_dir: str, python: str, cwd: str) -> tuple[list[str], int]:

@@ -144,9 +144,15 @@ def sbatch_arg_problem(arg: str) -> str | None:
         return f"'{arg}' is not an option; write each option with its value as one item (e.g. \"--account=ml\")"
     if any(c in arg for c in "\n\r\0"):
         return f"{arg!r} holds a line break; write the option on one line"
-    name = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
+    name = re.split(r"[=\s]", arg, maxsplit=1)[0] if arg.startswith("--") else arg[:2]
     if name in _OWNED_OPTIONS:
         return f"'{arg}': tfl sets {name} itself; use {_OWNED_OPTIONS[name]} instead"
+    # Each item is one argument of sbatch: "--account ml" is an option of that whole name, and
+    # "-A ml" gives -A the value " ml", space and all.
+    if arg.startswith("--") and re.match(r"--[^=\s]+\s", arg):
+        return f"'{arg}' has its value after a space; write it after '=' (\"{name}={arg[len(name):].strip()}\")"
+    if not arg.startswith("--") and arg[2:3].isspace():
+        return f"'{arg}' has its value after a space; write it right after the letter (\"{name}{arg[2:].strip()}\")"
     return None
 
 
