@@ -234,6 +234,7 @@ def restart_counts(record: RunRecord) -> str:
 
 def _failure_lines(label: str, failure: FailureRecord) -> list[str]:
     pid = f" (pid {failure.pid})" if failure.pid is not None else ""  # None: it ended before its pid was known
-    lines = [f"  {label}: {failure.task} on {failure.host}{pid} {failure.reason}; last lines of its log:"]
+    said = "last lines of its log:" if failure.log_tail else "its log holds nothing"
+    lines = [f"  {label}: {failure.task} on {failure.host}{pid} {failure.reason}; {said}"]
     fix = known_fix(failure.log_tail)
     return lines + [f"    | {line}" for line in failure.log_tail] + ([f"  fix: {fix}"] if fix else [])
