@@ -6,6 +6,8 @@ afterwards (after a wait); the tests here assert it at once, as the launcher ret
 
 from __future__ import annotations
 
+import io
+import json
 import signal
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from launcher.views.logs import LogFollower
 from tests.procs import pid_alive, tfl_processes
 
 # A daemon by the book (fork, setsid, fork) and a child in a process group of its own: neither
@@ -73,3 +76,61 @@ def test_ctrl_c_ends_what_the_tasks_started_outside_their_groups(tmp_path: Path,
     escaped = _escaped(pids)
     assert launcher.returncode == 130 and "stopped by the user" in err, err
     assert len(escaped) == 4 and [p for p in escaped if pid_alive(p)] == [] and tfl_processes(home=str(tfl_home)) == []
+
+
+# Prints for about 4 s: the console's reader goes away while the tasks still print.
+CHATTY = """
+    import time
+    for i in range(40):
+        print("line", i, flush=True)
+        time.sleep(0.1)
+"""
+
+
+def _launch_closing_stdout(tmp_path: Path, env: dict[str, str], stderr: int) -> tuple[int, str]:
+    """`tfl launch … | head -1` (``stderr`` STDOUT: `2>&1 | head -1`): the launcher's exit code and its stderr."""
+    job, err_file = tmp_path / "chatty.py", tmp_path / "stderr.txt"
+    job.write_text(textwrap.dedent(CHATTY))
+    with open(err_file, "w") as err:
+        launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", str(job), "--local", "2"], env=env,
+                                    stdout=subprocess.PIPE, stderr=err if stderr == subprocess.PIPE else stderr, text=True)
+        assert launcher.stdout is not None
+        while "line 0" not in launcher.stdout.readline():  # head -1, then its end
+            assert launcher.poll() is None
+        launcher.stdout.close()
+        code = launcher.wait(timeout=120)
+    return code, err_file.read_text()
+
+
+def test_a_console_that_goes_away_leaves_the_run_and_its_exit_code(tmp_path: Path, child_env: dict[str, str],
+                                                                   tfl_home: Path) -> None:
+    code, err = _launch_closing_stdout(tmp_path, child_env, subprocess.PIPE)
+    assert code == 0 and "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert "tfl: the console's reader is gone (stdout closed); run chatty-" in err
+    assert "succeeded in" in err  # the summary, on stderr, still said
+    run = next((tfl_home / "runs").iterdir())
+    assert (run / "logs" / "worker-0.log").read_text().count("line") == 40  # the tasks ran to their end
+    assert json.loads((run / "state.json").read_text())["state"] == "succeeded"
+
+
+def test_a_closed_pipe_for_stdout_and_stderr_keeps_the_runs_exit_code(tmp_path: Path, child_env: dict[str, str],
+                                                                      tfl_home: Path) -> None:
+    code, _ = _launch_closing_stdout(tmp_path, child_env, subprocess.STDOUT)
+    run = next((tfl_home / "runs").iterdir())
+    assert code == 0 and json.loads((run / "state.json").read_text())["state"] == "succeeded"
+
+
+class _ClosedPipe(io.StringIO):
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_the_follower_stops_writing_once_its_reader_is_gone(tmp_path: Path) -> None:
+    log = tmp_path / "chief-0.log"
+    log.write_text("one\ntwo\n")
+    gone: list[bool] = []
+    follower = LogFollower([("chief:0", str(log))], _ClosedPipe(), on_gone=lambda: gone.append(True))
+    assert follower.poll_once() == 0 and follower.gone and gone == [True]
+    log.write_text("one\ntwo\nthree\n")
+    assert follower.poll_once() == 0 and gone == [True]  # said once; nothing written again
+    follower.stop()

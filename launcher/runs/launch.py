@@ -34,7 +34,7 @@ from launcher.records.store import RunRecord, RunStore
 from launcher.runs.resume import check_resumable, claim, recorded_plan
 from launcher.supervise.supervisor import Supervisor, initial_record
 from launcher.supervise.waker import Waker
-from launcher.views.logs import LogFollower
+from launcher.views.logs import LogFollower, silence
 
 # SIGINT (Ctrl-C) and SIGHUP (the terminal closed) come from a terminal: an inherited SIG_IGN
 # (`nohup tfl launch`, `tfl launch … &` in a script) is kept. SIGTERM is how `tfl stop` asks,
@@ -165,8 +165,10 @@ def supervise(prepared: Prepared, store: RunStore, record: RunRecord, config: Su
     plan = prepared.plan
     supervisor = Supervisor(plan, record, store, config, backend=prepared.backend, wake=prepared.wake, say=_say)
     follower = (LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour, hide_noise=not verbose,
-                            from_end=bool(record.attempt)).start()  # a resumed run's earlier attempts are printed already
-                if out else None)
+                            from_end=bool(record.attempt),  # a resumed run's earlier attempts are printed already
+                            on_gone=lambda: _say(f"tfl: the console's reader is gone (stdout closed); run {plan.run_id} "
+                                                 f"goes on, its output in {plan.run_dir}/logs; Ctrl-C or `tfl stop` stops it")
+                            ).start() if out else None)
     try:
         with _stop_on_signals(supervisor):
             return supervisor.run()
@@ -270,8 +272,12 @@ def resume_detached(run_id: str, config_json: str, store: RunStore) -> RunRecord
 
 
 def _say(line: str) -> None:
-    """The supervisor's own lines (an elastic run's resizes): on stderr, beside the summary."""
-    print(line, file=sys.stderr, flush=True)
+    """The supervisor's own lines (an elastic run's resizes): on stderr, beside the summary. A stderr
+    whose reader is gone (`tfl launch … 2>&1 | head -1`) says nothing more; the run goes on."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except BrokenPipeError:
+        silence(sys.stderr)
 
 
 @contextmanager

@@ -9,10 +9,11 @@ it folds into one line each traceback a lost peer caused (``launcher.views.fold`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import BinaryIO, Callable, TextIO
 
 from launcher.limits import FOLLOW_OPEN
 from launcher.views.fold import TracebackFold
@@ -119,6 +120,17 @@ class _Source:
             self._slots[0] += 1
 
 
+def silence(out: TextIO) -> None:
+    """``out``'s reader is gone (a closed pipe: ``tfl launch … | head -1``): its descriptor now
+    writes to /dev/null, so what its buffer still holds, flushed at exit, raises nothing again."""
+    with contextlib.suppress(OSError, ValueError):  # no descriptor (a StringIO): nothing buffered for the exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, out.fileno())
+        finally:
+            os.close(devnull)
+
+
 def _ident(path: Path) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
@@ -131,9 +143,11 @@ class LogFollower:
     """Prints new lines of several log files, each line prefixed with its task name."""
 
     def __init__(self, sources: list[tuple[str, str]], out: TextIO, *, colour: bool = False,
-                 interval: float = 0.1, from_end: bool = False, hide_noise: bool = False, tail: int | None = None) -> None:
+                 interval: float = 0.1, from_end: bool = False, hide_noise: bool = False, tail: int | None = None,
+                 on_gone: Callable[[], None] = lambda: None) -> None:
         """``tail``: of what the logs already hold, each task's last ``tail`` lines shown (as ``tail -n``);
-        what they get later is shown whole."""
+        what they get later is shown whole. ``on_gone``: called once if ``out``'s reader goes away
+        (a closed pipe); from then on nothing is written (``gone``), and the logs keep every line."""
         width = max((len(name) for name, _ in sources), default=0)
         self._sources = []
         peer_lost: list[str] = []  # shared: a host lost is known to every task's fold
@@ -142,11 +156,14 @@ class LogFollower:
             tag = f"[{name}]".ljust(width + 2)
             prefix = f"\033[{_COLOURS[i % len(_COLOURS)]}m{tag}\033[0m " if colour else f"{tag} "
             self._sources.append(_Source(name, Path(path), prefix, from_end, hide_noise, peer_lost, slots))
-        self._out, self._interval, self._tail = out, interval, tail
+        self._out, self._interval, self._tail, self._on_gone = out, interval, tail, on_gone
+        self.gone = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def poll_once(self, final: bool = False) -> int:
+        if self.gone:
+            return 0
         printed = 0
         for src in self._sources:
             shown = src.shown(src.read_lines(final), self._interval, final)
@@ -154,13 +171,23 @@ class LogFollower:
                 cut = len(shown) - self._tail
                 src.cut_noise = shown[cut][1] if shown[cut:] else src.hidden
                 shown = shown[cut:]
-            for line, _ in shown:
-                self._out.write(f"{src.prefix}{line}\n")
-                printed += 1
+            printed += self._write("".join(f"{src.prefix}{line}\n" for line, _ in shown), len(shown))
         self._tail = None  # only what the logs held at the first poll is cut
-        if printed:
-            self._out.flush()
         return printed
+
+    def _write(self, text: str, lines: int = 1) -> int:
+        """``text`` written and flushed; 0 (and ``gone``) when the reader went away."""
+        if self.gone or not text:
+            return 0
+        try:
+            self._out.write(text)
+            self._out.flush()
+        except BrokenPipeError:
+            self.gone = True
+            silence(self._out)
+            self._on_gone()
+            return 0
+        return lines
 
     def start(self) -> LogFollower:
         self._thread = threading.Thread(target=self._loop, name="log-follower", daemon=True)
@@ -181,10 +208,9 @@ class LogFollower:
         self.poll_once(final=True)
         for src in self._sources:
             if src.hidden:
-                self._out.write(f"{src.prefix}tfl: {src.hidden} line(s) of TensorFlow start-up noise hidden "
-                                "(the task's log keeps them; --verbose shows them)\n")
+                self._write(f"{src.prefix}tfl: {src.hidden} line(s) of TensorFlow start-up noise hidden "
+                            "(the task's log keeps them; --verbose shows them)\n")
             if src.noise is not None:
                 src.noise.hidden.clear()
                 src.cut_noise = 0
             src.close()
-        self._out.flush()

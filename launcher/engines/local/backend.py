@@ -245,7 +245,10 @@ class LocalBackend:
 
 
 def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)  # the detached launcher's stderr is its launcher.log
+    try:
+        print(line, file=sys.stderr, flush=True)  # the detached launcher's stderr is its launcher.log
+    except BrokenPipeError:
+        pass  # its reader is gone (`tfl launch … 2>&1 | head -1`): the run and its clean-up go on
 
 
 def _port_owner(port: int) -> str:
