@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import tracemalloc
 from pathlib import Path
 
 from launcher.views.logs import LogFollower
@@ -133,4 +134,53 @@ def test_the_follower_stops_writing_once_its_reader_is_gone(tmp_path: Path) -> N
     assert follower.poll_once() == 0 and follower.gone and gone == [True]
     log.write_text("one\ntwo\nthree\n")
     assert follower.poll_once() == 0 and gone == [True]  # said once; nothing written again
+    follower.stop()
+
+
+class _Counting(io.StringIO):
+    """Counts lines and keeps only the last: what a terminal shows is not held here."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+        self.count = 0
+
+    def write(self, text: str) -> int:
+        parts = text.splitlines()
+        self.count += len(parts)
+        self.lines = parts[-1:] or self.lines
+        return len(text)
+
+
+def test_a_log_far_bigger_than_a_poll_never_sits_in_memory_whole(tmp_path: Path) -> None:
+    """A task that prints faster than the console shows: 32 MiB of log and a last line without its
+    newline are followed (one poll each chunk) and shown whole, in order, never all in memory at once
+    (the follower read every new byte at once: a task printing 500 MB/s took tfl past 3 GB)."""
+    log = tmp_path / "chief-0.log"
+    line = "y" * 199 + "\n"
+    with open(log, "w") as f:
+        for _ in range(32):
+            f.write(line * ((1 << 20) // len(line)))
+        f.write("the end, no newline")
+    written = 32 * ((1 << 20) // len(line)) + 1
+    out = _Counting()
+    follower = LogFollower([("chief:0", str(log))], out)
+    tracemalloc.start()
+    try:
+        while follower.poll_once():
+            pass
+        follower.stop()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert out.count == written and out.lines == ["[chief:0] the end, no newline"]
+    assert peak < 16 << 20, f"{peak / 2**20:.0f} MiB held at once for a 32 MiB log"
+
+
+def test_a_tail_of_a_log_bigger_than_a_chunk_is_its_last_lines(tmp_path: Path) -> None:
+    log = tmp_path / "chief-0.log"
+    log.write_text("".join(f"line {i:07d} {'z' * 100}\n" for i in range(30000)))  # 3.3 MiB
+    out = _Counting()
+    follower = LogFollower([("chief:0", str(log))], out, tail=2)
+    assert follower.poll_once(final=True) == 2 and out.count == 2 and out.lines[0].startswith("[chief:0] line 0029999 ")
     follower.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections import deque
 from pathlib import Path
 from typing import BinaryIO, Callable, TextIO
 
@@ -20,6 +21,7 @@ from launcher.views.fold import TracebackFold
 from launcher.views.noise import NoiseFilter
 
 IDLE_CLOSE = 100  # polls (10 s at the console's pace) after which an idle log is closed
+READ_CHUNK = 1 << 20  # bytes read from a log at once: a task that prints faster than the console never grows tfl's memory
 _COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
 
 
@@ -58,14 +60,18 @@ class _Source:
         """Noise lines hidden from what is shown (not those before a ``--tail`` cut)."""
         return self.noise.count - self.cut_noise if self.noise is not None else 0
 
-    def read_lines(self, final: bool) -> list[str]:
+    def read_lines(self, final: bool) -> tuple[list[str], bool]:
+        """The next complete lines (``final``: the last one without its newline too, once the log is read
+        to its end), and whether more may be waiting (a whole ``READ_CHUNK`` was read)."""
         chunk = self._read_new()
+        more = len(chunk) >= READ_CHUNK
+        final = final and not more
         data = self.partial + chunk
         lines = data.split(b"\n")
         self.partial = b"" if final else lines.pop()
         if final and lines and lines[-1] == b"":
             lines.pop()
-        return [line.decode(errors="replace") for line in lines]
+        return [line.decode(errors="replace") for line in lines], more
 
     def _read_new(self) -> bytes:
         try:
@@ -98,7 +104,7 @@ class _Source:
                 self._handle = handle
             else:  # every slot taken: read and close
                 with handle:
-                    chunk = handle.read()
+                    chunk = handle.read(READ_CHUNK - len(rest))
                 self.offset += len(chunk)
                 return rest + chunk
         return rest + self._read_open()
@@ -107,7 +113,7 @@ class _Source:
         if self._handle is None:
             return b""
         try:
-            chunk = self._handle.read()
+            chunk = self._handle.read(READ_CHUNK)
         except OSError:
             return b""
         self.offset += len(chunk)
@@ -158,20 +164,35 @@ class LogFollower:
             self._sources.append(_Source(name, Path(path), prefix, from_end, hide_noise, peer_lost, slots))
         self._out, self._interval, self._tail, self._on_gone = out, interval, tail, on_gone
         self.gone = False
+        self.behind = False  # the last poll left lines unread (a task that prints faster than one chunk a poll)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def poll_once(self, final: bool = False) -> int:
         if self.gone:
             return 0
-        printed = 0
+        printed, self.behind = 0, False
         for src in self._sources:
-            shown = src.shown(src.read_lines(final), self._interval, final)
-            if self._tail is not None and len(shown) > self._tail:
-                cut = len(shown) - self._tail
-                src.cut_noise = shown[cut][1] if shown[cut:] else src.hidden
-                shown = shown[cut:]
-            printed += self._write("".join(f"{src.prefix}{line}\n" for line, _ in shown), len(shown))
+            kept: deque[tuple[str, int]] = deque(maxlen=self._tail)  # with a tail: its last lines so far
+            total, chunks, more = 0, 0, True
+            # A chunk at a time: what the log holds is never in memory at once. A live poll takes one chunk
+            # of each log, so one fast task never holds up the others; ``behind``: poll again at once.
+            while more and not self.gone:
+                if chunks and not (final or self._tail is not None):
+                    self.behind = True
+                    break
+                lines, more = src.read_lines(final)
+                chunks += 1
+                shown = src.shown(lines, self._interval, final and not more) if lines or not more else []
+                total += len(shown)
+                if self._tail is not None:
+                    kept.extend(shown)
+                else:
+                    printed += self._write("".join(f"{src.prefix}{line}\n" for line, _ in shown), len(shown))
+            if self._tail is not None:
+                if total > self._tail:
+                    src.cut_noise = kept[0][1] if kept else src.hidden
+                printed += self._write("".join(f"{src.prefix}{line}\n" for line, _ in kept), len(kept))
         self._tail = None  # only what the logs held at the first poll is cut
         return printed
 
@@ -195,7 +216,7 @@ class LogFollower:
         return self
 
     def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
+        while not self._stop.wait(0 if self.behind else self._interval):
             self.poll_once()
 
     def stop(self) -> None:
