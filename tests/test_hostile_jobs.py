@@ -184,3 +184,24 @@ def test_a_tail_of_a_log_bigger_than_a_chunk_is_its_last_lines(tmp_path: Path) -
     follower = LogFollower([("chief:0", str(log))], out, tail=2)
     assert follower.poll_once(final=True) == 2 and out.count == 2 and out.lines[0].startswith("[chief:0] line 0029999 ")
     follower.stop()
+
+
+# Removes its own run dir (as a stray `rm -r` or a prune from another machine would), then ends.
+REMOVES_ITS_RUN = """
+    import os, shutil, time
+    if os.environ["TFL_TASK"] == "chief:0":
+        shutil.rmtree(os.environ["TFL_RUN_DIR"])
+    time.sleep(1)
+"""
+
+
+def test_a_run_dir_removed_under_the_run_is_said_as_such(tmp_path: Path, child_env: dict[str, str], tfl_home: Path) -> None:
+    job = tmp_path / "removes.py"
+    job.write_text(textwrap.dedent(REMOVES_ITS_RUN))
+    result = subprocess.run([sys.executable, "-m", "launcher", "launch", str(job), "--local", "2"], env=child_env,
+                            capture_output=True, text=True, timeout=120)
+    run_id = result.stderr.split("tfl: run ", 1)[1].split(":", 1)[0]
+    assert result.returncode == 2 and f"was removed while run {run_id} ran" in result.stderr, result.stderr
+    assert "free space" not in result.stderr
+    assert not (tfl_home / "active" / run_id).exists()  # no marker left behind for a run that is gone
+    assert tfl_processes(home=str(tfl_home)) == []

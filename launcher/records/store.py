@@ -12,6 +12,7 @@ fall back on an older run when the latest one cannot be read.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -251,6 +252,11 @@ class RunStore:
         try:
             write_atomic(path, record.to_json(), durable=True)
         except OSError as exc:
+            if not os.path.isdir(record.run_dir):  # removed under the run: no record stays, nor a marker to show it
+                with contextlib.suppress(OSError):
+                    mark_ended(self.home, record.run_id)
+                raise StateWriteError(f"the run dir {record.run_dir} was removed while run {record.run_id} ran, its record "
+                                      "and logs with it; nothing of the run is kept (launch it again)") from None
             raise StateWriteError(f"cannot save the state of run {record.run_id} to {path}: {exc.strerror or exc}; "
                                   "its last saved record stays (free space on that disk or fix its permissions)") from None
         if record.state.is_terminal:  # the marker `tfl status` finds active runs by (runindex)
