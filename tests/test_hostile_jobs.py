@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -16,6 +18,9 @@ import time
 import tracemalloc
 from pathlib import Path
 
+import pytest
+
+from launcher.records.store import RunStore
 from launcher.views.logs import LogFollower
 from tests.procs import pid_alive, tfl_processes
 
@@ -205,3 +210,29 @@ def test_a_run_dir_removed_under_the_run_is_said_as_such(tmp_path: Path, child_e
     assert "free space" not in result.stderr
     assert not (tfl_home / "active" / run_id).exists()  # no marker left behind for a run that is gone
     assert tfl_processes(home=str(tfl_home)) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+def test_a_store_another_user_owns_is_refused_before_the_run(tmp_path: Path, child_env: dict[str, str],
+                                                              tfl_home: Path) -> None:
+    (tfl_home / "runs").mkdir(parents=True)
+    os.chown(tfl_home / "runs", 65534, -1)
+    os.chmod(tfl_home / "runs", 0o777)  # theirs, open: they could swap a record `tfl stop` then acts on
+    job = tmp_path / "ok.py"
+    job.write_text("print('ran')\n")
+    result = subprocess.run([sys.executable, "-m", "launcher", "launch", str(job), "--local", "2"], env=child_env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "ran" not in result.stdout
+    assert f"tfl: error: {tfl_home / 'runs'} is owned by uid 65534, not by you" in result.stderr, result.stderr
+    assert "set TFL_HOME to a directory of your own" in result.stderr
+    assert list((tfl_home / "runs").iterdir()) == []
+
+
+def test_a_store_of_ones_own_left_open_to_others_is_made_private(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    for sub in ("runs", "active"):
+        (home / sub).mkdir(parents=True)
+        os.chmod(home / sub, 0o777)
+    store = RunStore(home)
+    store.reserve(store.run_dir("r"))
+    assert [stat.S_IMODE(os.stat(home / sub).st_mode) for sub in ("runs", "active", "runs/r")] == [0o700] * 3

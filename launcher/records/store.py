@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from launcher.errors import RunExistsError, RunNotFoundError, StateWriteError, UnreadableRunError
-from launcher.files import private_dir, write_atomic
-from launcher.records.index import active_ids, mark_active, mark_ended, recent_ids
+from launcher.files import ForeignDirError, own_dir, private_dir, write_atomic
+from launcher.records.index import ACTIVE_DIR, active_ids, mark_active, mark_ended, recent_ids
 from launcher.records.loader import load
 from launcher.records.states import RunState, TaskState
 
@@ -219,9 +219,14 @@ class RunStore:
         return self.runs_dir / run_id
 
     def reserve(self, run_dir: str | os.PathLike[str]) -> None:
-        """Make a new run's dir, 0700; refuse one that exists (another run's)."""
+        """Make a new run's dir, 0700; refuse one that exists (another run's), or a store another user owns."""
         try:
+            for kept in (self.runs_dir, self.home / ACTIVE_DIR):
+                own_dir(kept)
             private_dir(run_dir)
+        except ForeignDirError as exc:
+            raise StateWriteError(f"{exc.filename} is {exc.strerror}: they could change your runs' records there "
+                                  "(set TFL_HOME to a directory of your own)") from None
         except FileExistsError:
             raise RunExistsError(f"run dir {run_dir} exists already (another launch took the same run id); "
                                  "launch again for a new id") from None
