@@ -236,3 +236,40 @@ def test_a_store_of_ones_own_left_open_to_others_is_made_private(tmp_path: Path)
     store = RunStore(home)
     store.reserve(store.run_dir("r"))
     assert [stat.S_IMODE(os.stat(home / sub).st_mode) for sub in ("runs", "active", "runs/r")] == [0o700] * 3
+
+
+def test_a_line_that_never_ends_is_shown_in_pieces_not_held(tmp_path: Path) -> None:
+    """32 MiB without a newline (a progress bar drawn with \\r, a runaway print): shown as it comes, in
+    pieces of at most a chunk, never gathered whole (it was, copied again at each chunk: 300 MB of it
+    took tfl launch to 960 MB and 38 s)."""
+    log = tmp_path / "chief-0.log"
+    with open(log, "wb") as f:
+        for _ in range(32):
+            f.write(b"z" * (1 << 20))
+    out = _Sizes()
+    follower = LogFollower([("chief:0", str(log))], out)
+    tracemalloc.start()
+    try:
+        while follower.poll_once():
+            pass
+        follower.stop()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert out.chars == 32 << 20 and out.longest <= 1 << 20
+    assert peak < 16 << 20, f"{peak / 2**20:.0f} MiB held at once for a 32 MiB line"
+
+
+class _Sizes(io.StringIO):
+    """How many characters of the job's own lines were written, and the longest line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chars = self.longest = 0
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            body = line.removeprefix("[chief:0] ")
+            self.chars += len(body)
+            self.longest = max(self.longest, len(body))
+        return len(text)

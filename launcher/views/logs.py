@@ -69,6 +69,9 @@ class _Source:
         data = self.partial + chunk
         lines = data.split(b"\n")
         self.partial = b"" if final else lines.pop()
+        if len(self.partial) >= READ_CHUNK:  # a line that never ends (no newline): shown in pieces, never held whole
+            lines.append(self.partial)
+            self.partial = b""
         if final and lines and lines[-1] == b"":
             lines.pop()
         return [line.decode(errors="replace") for line in lines], more
