@@ -273,3 +273,15 @@ class _Sizes(io.StringIO):
             self.chars += len(body)
             self.longest = max(self.longest, len(body))
         return len(text)
+
+
+@pytest.mark.parametrize(("text", "why"), [("", "it is empty"), ('{"run_id": "r", ', "Expecting")])
+def test_a_damaged_record_says_why_and_how_to_remove_it(tmp_path: Path, text: str, why: str) -> None:
+    home = tmp_path / "my home"
+    (home / "runs" / "r").mkdir(parents=True)
+    (home / "runs" / "r" / "state.json").write_text(text)
+    result = subprocess.run([sys.executable, "-m", "launcher", "rm", "r"], env={**os.environ, "TFL_HOME": str(home)},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert f"written by another version: {why}" in result.stderr
+    assert result.stderr.rstrip().endswith(f"remove it by hand: rm -r '{home / 'runs' / 'r'}'")

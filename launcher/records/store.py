@@ -18,6 +18,7 @@ import glob
 import json
 import os
 import re
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -294,15 +295,19 @@ class RunStore:
 
     def load(self, run_id: str) -> RunRecord:
         path = self.run_dir(run_id) / STATE_FILE
+        text = None
         try:
-            return RunRecord.from_json(path.read_text())
+            text = path.read_text()
+            return RunRecord.from_json(text)
         except FileNotFoundError:
             raise RunNotFoundError(f"run '{run_id}' not found in {self.runs_dir} (see `tfl status` for the runs)") from None
         except NewerRecordError as exc:
             raise UnreadableRunError(f"run '{run_id}': {path} was {exc}") from None
-        except (OSError, ValueError):
-            raise UnreadableRunError(f"run '{run_id}': {path} is not a tfl run record this tfl can read "
-                                     "(damaged, or written by another version)") from None
+        except (OSError, ValueError) as exc:
+            why = "it is empty" if text == "" else str(exc)
+            raise UnreadableRunError(f"run '{run_id}': {path} is not a tfl run record this tfl can read (damaged, or "
+                                     f"written by another version: {why}); once nothing of the run is left running, "
+                                     f"remove it by hand: rm -r {shlex.quote(str(path.parent))}") from None
 
     def list(self) -> list[RunRecord]:
         """Every readable run, oldest first."""
