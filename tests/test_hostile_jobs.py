@@ -285,3 +285,17 @@ def test_a_damaged_record_says_why_and_how_to_remove_it(tmp_path: Path, text: st
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert f"written by another version: {why}" in result.stderr
     assert result.stderr.rstrip().endswith(f"remove it by hand: rm -r '{home / 'runs' / 'r'}'")
+
+
+def test_a_log_replaced_while_far_behind_is_shown_whole_then_the_new_one(tmp_path: Path) -> None:
+    log = tmp_path / "chief-0.log"
+    log.write_text("".join(f"old {i:07d} {'o' * 100}\n" for i in range(30000)))  # 3.3 MiB: a few chunks
+    out = _Counting()
+    follower = LogFollower([("chief:0", str(log))], out)
+    assert follower.poll_once() > 0 and follower.behind  # one chunk of it shown; the rest waits
+    (tmp_path / "new.log").write_text("new\n")
+    os.replace(tmp_path / "new.log", log)  # a restarted task's log made anew at the path
+    while follower.poll_once():
+        pass
+    follower.stop()
+    assert out.count == 30001 and out.lines == ["[chief:0] new"]

@@ -84,6 +84,8 @@ class _Source:
         rest = b""
         if (st.st_dev, st.st_ino) != self.ident:  # rotated or made anew: the old file's last bytes, then the new one
             rest = self._read_open()
+            if len(rest) >= READ_CHUNK:
+                return rest  # the old file's last bytes, a chunk at a time, before the new one
             self.close()
             self.offset = 0 if self.ident else self.offset
             self.ident = (st.st_dev, st.st_ino)
