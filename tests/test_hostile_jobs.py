@@ -223,7 +223,8 @@ def test_a_store_another_user_owns_is_refused_before_the_run(tmp_path: Path, chi
     result = subprocess.run([sys.executable, "-m", "launcher", "launch", str(job), "--local", "2"], env=child_env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "ran" not in result.stdout
-    assert f"tfl: error: {tfl_home / 'runs'} is owned by uid 65534, not by you" in result.stderr, result.stderr
+    assert result.stderr.startswith(f"tfl: error: {tfl_home / 'runs'} is owned by uid 65534, not by you"), result.stderr
+    assert result.stderr.count("\n") == 1  # one line, naming no run: none was made
     assert "set TFL_HOME to a directory of your own" in result.stderr
     assert list((tfl_home / "runs").iterdir()) == []
 

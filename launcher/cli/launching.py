@@ -100,8 +100,9 @@ def launch(
         return
     prepared = _core(lambda: core.prepare(plan))
     _note(note)  # once the hosts passed their checks: their refusal stays the one line
-    typer.echo(f"tfl: run {plan.run_id}: {', '.join(t.name for t in plan.tasks)}; logs in {plan.run_dir}/logs", err=True)
-    record = _core(lambda: core.execute(prepared, store, config, sys.stdout, colour=_colour(), verbose=verbose))
+    said = f"tfl: run {plan.run_id}: {', '.join(t.name for t in plan.tasks)}; logs in {plan.run_dir}/logs"
+    record = _core(lambda: core.execute(prepared, store, config, sys.stdout, colour=_colour(), verbose=verbose,
+                                        announce=lambda: typer.echo(said, err=True)))
     _say_end(summary(record))
     raise typer.Exit(record.exit_code or 0)
 

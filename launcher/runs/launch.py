@@ -14,7 +14,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 from launcher.contract import HOME
 from launcher.describe.hosts import RemoteOptions
@@ -129,9 +129,11 @@ def prepare(plan: LaunchPlan) -> Prepared:
 
 
 def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: TextIO | None, *,
-            colour: bool = False, reserved: bool = False, verbose: bool = False) -> RunRecord:
+            colour: bool = False, reserved: bool = False, verbose: bool = False,
+            announce: Callable[[], None] = lambda: None) -> RunRecord:
     """Start the plan and supervise it to the end, streaming every task's output to ``out``
-    (without TensorFlow's known start-up noise unless ``verbose``)."""
+    (without TensorFlow's known start-up noise unless ``verbose``). ``announce``: once the run is
+    recorded (a store that refuses it names no run that never was)."""
     plan = prepared.plan
     record = initial_record(plan, created=time.time(), max_restarts=config.max_restarts, backend=prepared.backend.name)
     me = ProcessIdentity.of(os.getpid())
@@ -143,6 +145,7 @@ def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: 
     except BaseException:
         prepared.backend.close()
         raise
+    announce()
     return supervise(prepared, store, record, config, out, colour=colour, verbose=verbose)
 
 
