@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import BinaryIO
@@ -34,6 +35,24 @@ def private_dir(path: str | os.PathLike[str], *, exist_ok: bool = False) -> None
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path)) from None
         return
     os.chmod(path, DIR_MODE)
+
+
+class ForeignDirError(OSError):
+    """A directory tfl keeps a user's records in belongs to another user."""
+
+
+def own_dir(path: str | os.PathLike[str]) -> None:
+    """An existing directory that holds tfl's records (``$TFL_HOME/runs``, ``active``): refused when
+    another user owns it (they could remove or swap the records in it, and so what ``tfl stop`` and
+    ``tfl resume`` act on); made 0700 when it is the user's and open to others. A missing one is fine."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):  # missing: made 0700 when needed; a file on the path: named then
+        return
+    if st.st_uid != os.geteuid():
+        raise ForeignDirError(errno.EPERM, f"owned by uid {st.st_uid}, not by you (uid {os.geteuid()})", str(path))
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path, DIR_MODE)
 
 
 def open_private(path: str | os.PathLike[str]) -> BinaryIO:

@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from launcher.cli.app import _colour, _Command, _core, _fail, _Group, _JobCommand, _store, app
+from launcher.cli.app import _colour, _Command, _core, _fail, _Group, _JobCommand, _say_end, _store, app
 from launcher.plan.run_options import DEFAULT_GRACE_S, DEFAULT_MAX_PREEMPTIONS
 
 
@@ -100,9 +100,10 @@ def launch(
         return
     prepared = _core(lambda: core.prepare(plan))
     _note(note)  # once the hosts passed their checks: their refusal stays the one line
-    typer.echo(f"tfl: run {plan.run_id}: {', '.join(t.name for t in plan.tasks)}; logs in {plan.run_dir}/logs", err=True)
-    record = _core(lambda: core.execute(prepared, store, config, sys.stdout, colour=_colour(), verbose=verbose))
-    typer.echo(summary(record), err=True)
+    said = f"tfl: run {plan.run_id}: {', '.join(t.name for t in plan.tasks)}; logs in {plan.run_dir}/logs"
+    record = _core(lambda: core.execute(prepared, store, config, sys.stdout, colour=_colour(), verbose=verbose,
+                                        announce=lambda: typer.echo(said, err=True)))
+    _say_end(summary(record))
     raise typer.Exit(record.exit_code or 0)
 
 

@@ -12,19 +12,21 @@ fall back on an older run when the latest one cannot be read.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
 import os
 import re
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from launcher.errors import RunExistsError, RunNotFoundError, StateWriteError, UnreadableRunError
-from launcher.files import private_dir, write_atomic
-from launcher.records.index import active_ids, mark_active, mark_ended, recent_ids
+from launcher.files import ForeignDirError, own_dir, private_dir, write_atomic
+from launcher.records.index import ACTIVE_DIR, active_ids, mark_active, mark_ended, recent_ids
 from launcher.records.loader import load
 from launcher.records.states import RunState, TaskState
 
@@ -218,9 +220,14 @@ class RunStore:
         return self.runs_dir / run_id
 
     def reserve(self, run_dir: str | os.PathLike[str]) -> None:
-        """Make a new run's dir, 0700; refuse one that exists (another run's)."""
+        """Make a new run's dir, 0700; refuse one that exists (another run's), or a store another user owns."""
         try:
+            for kept in (self.runs_dir, self.home / ACTIVE_DIR):
+                own_dir(kept)
             private_dir(run_dir)
+        except ForeignDirError as exc:
+            raise StateWriteError(f"{exc.filename} is {exc.strerror}: they could change your runs' records there "
+                                  "(set TFL_HOME to a directory of your own)") from None
         except FileExistsError:
             raise RunExistsError(f"run dir {run_dir} exists already (another launch took the same run id); "
                                  "launch again for a new id") from None
@@ -251,6 +258,11 @@ class RunStore:
         try:
             write_atomic(path, record.to_json(), durable=True)
         except OSError as exc:
+            if not os.path.isdir(record.run_dir):  # removed under the run: no record stays, nor a marker to show it
+                with contextlib.suppress(OSError):
+                    mark_ended(self.home, record.run_id)
+                raise StateWriteError(f"the run dir {record.run_dir} was removed while run {record.run_id} ran, its record "
+                                      "and logs with it; nothing of the run is kept (launch it again)") from None
             raise StateWriteError(f"cannot save the state of run {record.run_id} to {path}: {exc.strerror or exc}; "
                                   "its last saved record stays (free space on that disk or fix its permissions)") from None
         if record.state.is_terminal:  # the marker `tfl status` finds active runs by (runindex)
@@ -283,15 +295,19 @@ class RunStore:
 
     def load(self, run_id: str) -> RunRecord:
         path = self.run_dir(run_id) / STATE_FILE
+        text = None
         try:
-            return RunRecord.from_json(path.read_text())
+            text = path.read_text()
+            return RunRecord.from_json(text)
         except FileNotFoundError:
             raise RunNotFoundError(f"run '{run_id}' not found in {self.runs_dir} (see `tfl status` for the runs)") from None
         except NewerRecordError as exc:
             raise UnreadableRunError(f"run '{run_id}': {path} was {exc}") from None
-        except (OSError, ValueError):
-            raise UnreadableRunError(f"run '{run_id}': {path} is not a tfl run record this tfl can read "
-                                     "(damaged, or written by another version)") from None
+        except (OSError, ValueError) as exc:
+            why = "it is empty" if text == "" else str(exc)
+            raise UnreadableRunError(f"run '{run_id}': {path} is not a tfl run record this tfl can read (damaged, or "
+                                     f"written by another version: {why}); once nothing of the run is left running, "
+                                     f"remove it by hand: rm -r {shlex.quote(str(path.parent))}") from None
 
     def list(self) -> list[RunRecord]:
         """Every readable run, oldest first."""

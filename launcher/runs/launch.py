@@ -34,7 +34,7 @@ from launcher.records.store import RunRecord, RunStore
 from launcher.runs.resume import check_resumable, claim, recorded_plan
 from launcher.supervise.supervisor import Supervisor, initial_record
 from launcher.supervise.waker import Waker
-from launcher.views.logs import LogFollower
+from launcher.views.logs import LogFollower, silence
 
 # SIGINT (Ctrl-C) and SIGHUP (the terminal closed) come from a terminal: an inherited SIG_IGN
 # (`nohup tfl launch`, `tfl launch … &` in a script) is kept. SIGTERM is how `tfl stop` asks,
@@ -131,9 +131,11 @@ def prepare(plan: LaunchPlan) -> Prepared:
 
 
 def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: TextIO | None, *,
-            colour: bool = False, reserved: bool = False, verbose: bool = False) -> RunRecord:
+            colour: bool = False, reserved: bool = False, verbose: bool = False,
+            announce: Callable[[], None] = lambda: None) -> RunRecord:
     """Start the plan and supervise it to the end, streaming every task's output to ``out``
-    (without TensorFlow's known start-up noise unless ``verbose``)."""
+    (without TensorFlow's known start-up noise unless ``verbose``). ``announce``: once the run is
+    recorded (a store that refuses it names no run that never was)."""
     plan = prepared.plan
     record = initial_record(plan, created=time.time(), max_restarts=config.max_restarts, backend=prepared.backend.name)
     me = ProcessIdentity.of(os.getpid())
@@ -145,6 +147,7 @@ def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: 
     except BaseException:
         prepared.backend.close()
         raise
+    announce()
     return supervise(prepared, store, record, config, out, colour=colour, verbose=verbose)
 
 
@@ -167,8 +170,10 @@ def supervise(prepared: Prepared, store: RunStore, record: RunRecord, config: Su
     plan = prepared.plan
     supervisor = Supervisor(plan, record, store, config, backend=prepared.backend, wake=prepared.wake, say=_say)
     follower = (LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour, hide_noise=not verbose,
-                            from_end=bool(record.attempt)).start()  # a resumed run's earlier attempts are printed already
-                if out else None)
+                            from_end=bool(record.attempt),  # a resumed run's earlier attempts are printed already
+                            on_gone=lambda: _say(f"tfl: the console's reader is gone (stdout closed); run {plan.run_id} "
+                                                 f"goes on, its output in {plan.run_dir}/logs; Ctrl-C or `tfl stop` stops it")
+                            ).start() if out else None)
     try:
         with _stop_on_signals(supervisor):
             return supervisor.run()
@@ -320,8 +325,12 @@ def _interrupted_by_signals() -> Iterator[Callable[[], None]]:
 
 
 def _say(line: str) -> None:
-    """The supervisor's own lines (an elastic run's resizes): on stderr, beside the summary."""
-    print(line, file=sys.stderr, flush=True)
+    """The supervisor's own lines (an elastic run's resizes): on stderr, beside the summary. A stderr
+    whose reader is gone (`tfl launch … 2>&1 | head -1`) says nothing more; the run goes on."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except BrokenPipeError:
+        silence(sys.stderr)
 
 
 @contextmanager

@@ -101,7 +101,7 @@ def show_logs(store: RunStore, record: RunRecord, out: TextIO, *, task: str | No
             raise UsageError(f"--task {task}: run {record.run_id} has no such task ({', '.join(t.task for t in record.tasks)})")
     follower = LogFollower([(t.task, t.log_path) for t in tasks], out, colour=colour, hide_noise=not verbose, tail=tail)
     follower.poll_once(final=not follow)  # a log's last line without its newline counts as a line of the tail
-    while follow and not _ended(store, record.run_id):
+    while follow and not follower.gone and not _ended(store, record.run_id):  # gone: `tfl logs -f | head` ended
         sleep(interval)
         follower.poll_once()
     follower.stop()

@@ -9,16 +9,19 @@ it folds into one line each traceback a lost peer caused (``launcher.views.fold`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections import deque
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import BinaryIO, Callable, TextIO
 
 from launcher.limits import FOLLOW_OPEN
 from launcher.views.fold import TracebackFold
 from launcher.views.noise import NoiseFilter
 
 IDLE_CLOSE = 100  # polls (10 s at the console's pace) after which an idle log is closed
+READ_CHUNK = 1 << 20  # bytes read from a log at once: a task that prints faster than the console never grows tfl's memory
 _COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
 
 
@@ -57,14 +60,21 @@ class _Source:
         """Noise lines hidden from what is shown (not those before a ``--tail`` cut)."""
         return self.noise.count - self.cut_noise if self.noise is not None else 0
 
-    def read_lines(self, final: bool) -> list[str]:
+    def read_lines(self, final: bool) -> tuple[list[str], bool]:
+        """The next complete lines (``final``: the last one without its newline too, once the log is read
+        to its end), and whether more may be waiting (a whole ``READ_CHUNK`` was read)."""
         chunk = self._read_new()
+        more = len(chunk) >= READ_CHUNK
+        final = final and not more
         data = self.partial + chunk
         lines = data.split(b"\n")
         self.partial = b"" if final else lines.pop()
+        if len(self.partial) >= READ_CHUNK:  # a line that never ends (no newline): shown in pieces, never held whole
+            lines.append(self.partial)
+            self.partial = b""
         if final and lines and lines[-1] == b"":
             lines.pop()
-        return [line.decode(errors="replace") for line in lines]
+        return [line.decode(errors="replace") for line in lines], more
 
     def _read_new(self) -> bytes:
         try:
@@ -74,6 +84,8 @@ class _Source:
         rest = b""
         if (st.st_dev, st.st_ino) != self.ident:  # rotated or made anew: the old file's last bytes, then the new one
             rest = self._read_open()
+            if len(rest) >= READ_CHUNK:
+                return rest  # the old file's last bytes, a chunk at a time, before the new one
             self.close()
             self.offset = 0 if self.ident else self.offset
             self.ident = (st.st_dev, st.st_ino)
@@ -97,7 +109,7 @@ class _Source:
                 self._handle = handle
             else:  # every slot taken: read and close
                 with handle:
-                    chunk = handle.read()
+                    chunk = handle.read(READ_CHUNK - len(rest))
                 self.offset += len(chunk)
                 return rest + chunk
         return rest + self._read_open()
@@ -106,7 +118,7 @@ class _Source:
         if self._handle is None:
             return b""
         try:
-            chunk = self._handle.read()
+            chunk = self._handle.read(READ_CHUNK)
         except OSError:
             return b""
         self.offset += len(chunk)
@@ -117,6 +129,17 @@ class _Source:
             self._handle.close()
             self._handle = None
             self._slots[0] += 1
+
+
+def silence(out: TextIO) -> None:
+    """``out``'s reader is gone (a closed pipe: ``tfl launch … | head -1``): its descriptor now
+    writes to /dev/null, so what its buffer still holds, flushed at exit, raises nothing again."""
+    with contextlib.suppress(OSError, ValueError):  # no descriptor (a StringIO): nothing buffered for the exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, out.fileno())
+        finally:
+            os.close(devnull)
 
 
 def _ident(path: Path) -> tuple[int, int] | None:
@@ -131,9 +154,11 @@ class LogFollower:
     """Prints new lines of several log files, each line prefixed with its task name."""
 
     def __init__(self, sources: list[tuple[str, str]], out: TextIO, *, colour: bool = False,
-                 interval: float = 0.1, from_end: bool = False, hide_noise: bool = False, tail: int | None = None) -> None:
+                 interval: float = 0.1, from_end: bool = False, hide_noise: bool = False, tail: int | None = None,
+                 on_gone: Callable[[], None] = lambda: None) -> None:
         """``tail``: of what the logs already hold, each task's last ``tail`` lines shown (as ``tail -n``);
-        what they get later is shown whole."""
+        what they get later is shown whole. ``on_gone``: called once if ``out``'s reader goes away
+        (a closed pipe); from then on nothing is written (``gone``), and the logs keep every line."""
         width = max((len(name) for name, _ in sources), default=0)
         self._sources = []
         peer_lost: list[str] = []  # shared: a host lost is known to every task's fold
@@ -142,25 +167,53 @@ class LogFollower:
             tag = f"[{name}]".ljust(width + 2)
             prefix = f"\033[{_COLOURS[i % len(_COLOURS)]}m{tag}\033[0m " if colour else f"{tag} "
             self._sources.append(_Source(name, Path(path), prefix, from_end, hide_noise, peer_lost, slots))
-        self._out, self._interval, self._tail = out, interval, tail
+        self._out, self._interval, self._tail, self._on_gone = out, interval, tail, on_gone
+        self.gone = False
+        self.behind = False  # the last poll left lines unread (a task that prints faster than one chunk a poll)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def poll_once(self, final: bool = False) -> int:
-        printed = 0
+        if self.gone:
+            return 0
+        printed, self.behind = 0, False
         for src in self._sources:
-            shown = src.shown(src.read_lines(final), self._interval, final)
-            if self._tail is not None and len(shown) > self._tail:
-                cut = len(shown) - self._tail
-                src.cut_noise = shown[cut][1] if shown[cut:] else src.hidden
-                shown = shown[cut:]
-            for line, _ in shown:
-                self._out.write(f"{src.prefix}{line}\n")
-                printed += 1
+            kept: deque[tuple[str, int]] = deque(maxlen=self._tail)  # with a tail: its last lines so far
+            total, chunks, more = 0, 0, True
+            # A chunk at a time: what the log holds is never in memory at once. A live poll takes one chunk
+            # of each log, so one fast task never holds up the others; ``behind``: poll again at once.
+            while more and not self.gone:
+                if chunks and not (final or self._tail is not None):
+                    self.behind = True
+                    break
+                lines, more = src.read_lines(final)
+                chunks += 1
+                shown = src.shown(lines, self._interval, final and not more) if lines or not more else []
+                total += len(shown)
+                if self._tail is not None:
+                    kept.extend(shown)
+                else:
+                    printed += self._write("".join(f"{src.prefix}{line}\n" for line, _ in shown), len(shown))
+            if self._tail is not None:
+                if total > self._tail:
+                    src.cut_noise = kept[0][1] if kept else src.hidden
+                printed += self._write("".join(f"{src.prefix}{line}\n" for line, _ in kept), len(kept))
         self._tail = None  # only what the logs held at the first poll is cut
-        if printed:
-            self._out.flush()
         return printed
+
+    def _write(self, text: str, lines: int = 1) -> int:
+        """``text`` written and flushed; 0 (and ``gone``) when the reader went away."""
+        if self.gone or not text:
+            return 0
+        try:
+            self._out.write(text)
+            self._out.flush()
+        except BrokenPipeError:
+            self.gone = True
+            silence(self._out)
+            self._on_gone()
+            return 0
+        return lines
 
     def start(self) -> LogFollower:
         self._thread = threading.Thread(target=self._loop, name="log-follower", daemon=True)
@@ -168,7 +221,7 @@ class LogFollower:
         return self
 
     def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
+        while not self._stop.wait(0 if self.behind else self._interval):
             self.poll_once()
 
     def stop(self) -> None:
@@ -181,10 +234,9 @@ class LogFollower:
         self.poll_once(final=True)
         for src in self._sources:
             if src.hidden:
-                self._out.write(f"{src.prefix}tfl: {src.hidden} line(s) of TensorFlow start-up noise hidden "
-                                "(the task's log keeps them; --verbose shows them)\n")
+                self._write(f"{src.prefix}tfl: {src.hidden} line(s) of TensorFlow start-up noise hidden "
+                            "(the task's log keeps them; --verbose shows them)\n")
             if src.noise is not None:
                 src.noise.hidden.clear()
                 src.cut_noise = 0
             src.close()
-        self._out.flush()

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import psutil
 
+from launcher.contract import RUN_DIR, RUN_ID
 from launcher.engines.base import Cleanup, Stopped, TaskLive, TaskProcess
 from launcher.engines.local.netns import PrivateNetwork, resolve_network
 from launcher.engines.preflight import Check, HostTasks, diagnose, host_tasks, probe_request
@@ -24,6 +25,9 @@ from launcher.records import identity
 from launcher.records.states import TaskState
 from launcher.records.store import RunRecord
 from launcher.tasklog import attempt_banner
+
+# At the run's end, what its tasks left outside their process groups gets SIGTERM, this long, then SIGKILL.
+LEFTOVER_GRACE = 2.0
 
 
 class Leader:
@@ -63,6 +67,7 @@ class LocalBackend:
         self._notify = notify
         self._kits: set[str] = set()  # job kit copies made for this run (tasks under another python than tfl's)
         self._network: PrivateNetwork | None = None  # the run's namespace (``--network private``/auto)
+        self._marker: tuple[str, str | None] | None = None  # the run's TFL_RUN_ID and TFL_RUN_DIR, once a task started
 
     # --- before a run -------------------------------------------------------------------
     def probe(self, hosts: Sequence[HostTasks], *, quick: bool) -> list[Check]:
@@ -115,6 +120,8 @@ class LocalBackend:
     # --- a live run ---------------------------------------------------------------------
     def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
         env = {**os.environ, **launch.env, "TFL_ATTEMPT": str(attempt)}
+        if RUN_ID in launch.env:
+            self._marker = (launch.env[RUN_ID], launch.env.get(RUN_DIR))
         if launch.cwd and not os.path.isdir(launch.cwd):
             raise LaunchError(f"{launch.name}: working directory {launch.cwd} does not exist (fix hosts.{launch.host}.workdir)")
         if launch.kit is not None and launch.kit not in self._kits:
@@ -189,8 +196,22 @@ class LocalBackend:
         return False
 
     def close(self) -> None:
+        self._end_leftovers()
         if self._network is not None:
             self._network.close()
+
+    def _end_leftovers(self) -> None:
+        """A process a task started in a session or process group of its own (a daemon's double
+        fork and setsid) outlives the task's group: found by the run's marker, as ``tfl stop``
+        finds it, and ended with the run. Once per run: ``close`` may be called again."""
+        marker, self._marker = self._marker, None
+        if marker is None:
+            return
+        left = identity.marked_processes(marker[0], {}, marker[1])
+        if left:
+            _say(f"tfl: ending {len(left)} process(es) the tasks left outside their process groups "
+                 f"(pid {', '.join(str(p.pid) for p in left)})")
+            teardown(left, signal=identity.signal_group, alive=identity.is_running, grace=LEFTOVER_GRACE, kill_wait=5.0)
 
     # --- a recorded run -----------------------------------------------------------------
     def inspect(self, record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
@@ -224,7 +245,10 @@ class LocalBackend:
 
 
 def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)  # the detached launcher's stderr is its launcher.log
+    try:
+        print(line, file=sys.stderr, flush=True)  # the detached launcher's stderr is its launcher.log
+    except BrokenPipeError:
+        pass  # its reader is gone (`tfl launch … 2>&1 | head -1`): the run and its clean-up go on
 
 
 def _port_owner(port: int) -> str:
