@@ -31,6 +31,9 @@ except ImportError:  # imported in the launcher itself
     from launcher.engines.ssh.node import agent_files as files
 
 MARK = "\x1etfl\x1e"  # starts every reply; launcher.engines.ssh.wire.MARK
+# launcher.contract's names (the agent is sent alone: no import): what marks a task's processes
+MARKS = ("TFL_RUN_ID", "TFL_RUN_DIR", "TFL_ATTEMPT", "TFL_TASK")
+LEFTOVER_GRACE = 2.0  # what the tasks left outside their groups: SIGTERM, this long, then SIGKILL
 PING_EVERY = 2.0  # s of silence before a ping, unless the request says (``backend.agent_ping_every``)
 LOST = threading.Event()  # the launcher is gone: stdin at EOF, silent too long, or sshd hung up on us
 ID_BYTES = 4
@@ -160,6 +163,7 @@ class Session:
         self._groups: dict[int, int] = {}  # task id -> its process group
         self._early: dict[int, list[int]] = {}  # signals for a task not started yet: sent once it is
         self._threads: list[threading.Thread] = []
+        self._marks: set[tuple[str, ...]] = set()  # each task started here: its MARKS values
 
     def serve(self) -> int:
         threading.Thread(target=self._commands, daemon=True).start()
@@ -171,6 +175,7 @@ class Session:
                 self.frames.send(b"P", b"")
         for thread in list(self._threads):
             thread.join()
+        end_leftovers(self._marks)
         return 0
 
     def _commands(self) -> None:
@@ -206,6 +211,10 @@ class Session:
 
     def _task(self, ident: int, request: dict[str, Any]) -> None:
         frames = Tagged(self.frames, ident)
+        env = request.get("env") or {}
+        if env.get(MARKS[0]):
+            with self._lock:
+                self._marks.add(tuple(str(env.get(name, "")) for name in MARKS))
         try:
             code = run(request, frames, self, lambda pgid: self._started(ident, pgid))
         except Exception as exc:  # noqa: BLE001 - said to the launcher, never a silent task
@@ -296,5 +305,63 @@ def relay(child: subprocess.Popen[bytes], frames: Tagged | Frames, commands: Hea
 def killpg(pgid: int, signum: int) -> None:
     try:
         os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def end_leftovers(marks: set[tuple[str, ...]]) -> list[int]:
+    """What this session's tasks started outside their process groups (a daemon's double fork and
+    setsid) outlives them: found by the environment they inherit (``MARKS``: the run's id and dir,
+    the attempt and the task, so neither a later attempt here in another session nor another
+    host's task on the same machine is taken), ended as the local engine ends them (SIGTERM,
+    ``LEFTOVER_GRACE``, SIGKILL). Only this user's processes. The pids found."""
+    left = [pid for pid in _own_pids() if _mark_of(pid) in marks] if marks else []
+    for pid in left:
+        _kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + LEFTOVER_GRACE
+    while [pid for pid in left if _running(pid)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        if _running(pid):
+            _kill(pid, signal.SIGKILL)
+    return left
+
+
+def _own_pids() -> list[int]:
+    uid, me = os.getuid(), os.getpid()
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != me:
+            try:
+                if os.stat("/proc/" + name).st_uid == uid:
+                    pids.append(int(name))
+            except OSError:
+                continue
+    return pids
+
+
+def _mark_of(pid: int) -> tuple[str, ...] | None:
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            pairs = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    except OSError:
+        return None
+    if MARKS[0].encode() not in pairs:
+        return None
+    return tuple(pairs.get(name.encode(), b"").decode(errors="replace") for name in MARKS)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie is gone: only its parent's wait remains)."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
