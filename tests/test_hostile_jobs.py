@@ -142,6 +142,18 @@ def test_the_follower_stops_writing_once_its_reader_is_gone(tmp_path: Path) -> N
     follower.stop()
 
 
+def _drained_peak(follower: LogFollower) -> int:
+    """The most memory (bytes, tracemalloc) held at once while ``follower`` shows its log whole."""
+    tracemalloc.start()
+    try:
+        while follower.poll_once():
+            pass
+        follower.stop()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 class _Counting(io.StringIO):
     """Counts lines and keeps only the last: what a terminal shows is not held here."""
 
@@ -169,15 +181,7 @@ def test_a_log_far_bigger_than_a_poll_never_sits_in_memory_whole(tmp_path: Path)
         f.write("the end, no newline")
     written = 32 * ((1 << 20) // len(line)) + 1
     out = _Counting()
-    follower = LogFollower([("chief:0", str(log))], out)
-    tracemalloc.start()
-    try:
-        while follower.poll_once():
-            pass
-        follower.stop()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    peak = _drained_peak(LogFollower([("chief:0", str(log))], out))
     assert out.count == written and out.lines == ["[chief:0] the end, no newline"]
     assert peak < 16 << 20, f"{peak / 2**20:.0f} MiB held at once for a 32 MiB log"
 
@@ -248,15 +252,7 @@ def test_a_line_that_never_ends_is_shown_in_pieces_not_held(tmp_path: Path) -> N
         for _ in range(32):
             f.write(b"z" * (1 << 20))
     out = _Sizes()
-    follower = LogFollower([("chief:0", str(log))], out)
-    tracemalloc.start()
-    try:
-        while follower.poll_once():
-            pass
-        follower.stop()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    peak = _drained_peak(LogFollower([("chief:0", str(log))], out))
     assert out.chars == 32 << 20 and out.longest <= 1 << 20
     assert peak < 16 << 20, f"{peak / 2**20:.0f} MiB held at once for a 32 MiB line"
 
