@@ -196,10 +196,15 @@ def test_a_tail_of_a_log_bigger_than_a_chunk_is_its_last_lines(tmp_path: Path) -
 
 
 # Removes its own run dir (as a stray `rm -r` or a prune from another machine would), then ends.
+# The chief removes the whole run dir; the launcher may write a file in it meanwhile (rmtree then
+# finds it not empty: seen once in CI), so it tries again until the dir is gone (a hang guard: 60 s).
 REMOVES_ITS_RUN = """
     import os, shutil, time
     if os.environ["TFL_TASK"] == "chief:0":
-        shutil.rmtree(os.environ["TFL_RUN_DIR"])
+        deadline = time.monotonic() + 60
+        while os.path.exists(os.environ["TFL_RUN_DIR"]):
+            assert time.monotonic() < deadline
+            shutil.rmtree(os.environ["TFL_RUN_DIR"], ignore_errors=True)
     time.sleep(1)
 """
 
