@@ -103,17 +103,6 @@ def _core(call: Callable[[], T]) -> T:
         raise _fail(str(exc), exc.exit_code) from None
 
 
-def _say_end(text: str) -> None:
-    """A run's summary on stderr. A stderr whose reader is gone (`tfl launch … 2>&1 | head -1`)
-    changes nothing: the exit code stays the run's, and the exit's own flush raises nothing."""
-    try:
-        typer.echo(text, err=True)
-    except BrokenPipeError:
-        from launcher.views.logs import silence
-
-        silence(sys.stderr)
-
-
 def _colour() -> bool:
     """Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org)."""
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")

@@ -10,7 +10,8 @@ from typing import Any
 
 import typer
 
-from launcher.cli.app import _colour, _Command, _core, _fail, _Group, _JobCommand, _say_end, _store, app
+from launcher.cli.app import _colour, _Command, _core, _fail, _Group, _JobCommand, _store, app
+from launcher.console import say
 from launcher.plan.run_options import DEFAULT_GRACE_S, DEFAULT_MAX_PREEMPTIONS
 
 
@@ -103,7 +104,7 @@ def launch(
     said = f"tfl: run {plan.run_id}: {', '.join(t.name for t in plan.tasks)}; logs in {plan.run_dir}/logs"
     record = _core(lambda: core.execute(prepared, store, config, sys.stdout, colour=_colour(), verbose=verbose,
                                         announce=lambda: typer.echo(said, err=True)))
-    _say_end(summary(record))
+    say(summary(record))
     raise typer.Exit(record.exit_code or 0)
 
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import typer
 
-from launcher.cli.app import _colour, _Command, _core, _fail, _run_ids, _RunsCommand, _say_end, _store, app
+from launcher.cli.app import _colour, _Command, _core, _fail, _run_ids, _RunsCommand, _store, app
+from launcher.console import say
 from launcher.errors import TflError
 
 
@@ -111,7 +112,7 @@ def resume(
     prepared, claimed = _core(lambda: core.resume(record.run_id, store, config))
     typer.echo(f"tfl: resuming run {record.run_id} (attempt {claimed.attempt}); logs in {record.run_dir}/logs", err=True)
     done = _core(lambda: core.supervise(prepared, store, claimed, config, sys.stdout, colour=_colour(), verbose=verbose))
-    _say_end(summary(done))
+    say(summary(done))
     raise typer.Exit(done.exit_code or 0)
 
 

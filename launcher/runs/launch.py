@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
 
+from launcher.console import say
 from launcher.contract import HOME
 from launcher.describe.hosts import RemoteOptions
 from launcher.engines import registry
@@ -34,7 +35,7 @@ from launcher.records.store import RunRecord, RunStore
 from launcher.runs.resume import check_resumable, claim, recorded_plan
 from launcher.supervise.supervisor import Supervisor, initial_record
 from launcher.supervise.waker import Waker
-from launcher.views.logs import LogFollower, silence
+from launcher.views.logs import LogFollower
 
 # SIGINT (Ctrl-C) and SIGHUP (the terminal closed) come from a terminal: an inherited SIG_IGN
 # (`nohup tfl launch`, `tfl launch … &` in a script) is kept. SIGTERM is how `tfl stop` asks,
@@ -168,10 +169,10 @@ def supervise(prepared: Prepared, store: RunStore, record: RunRecord, config: Su
               colour: bool = False, verbose: bool = False) -> RunRecord:
     """Supervise a recorded run to its end, following its logs to ``out``."""
     plan = prepared.plan
-    supervisor = Supervisor(plan, record, store, config, backend=prepared.backend, wake=prepared.wake, say=_say)
+    supervisor = Supervisor(plan, record, store, config, backend=prepared.backend, wake=prepared.wake, say=say)
     follower = (LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour, hide_noise=not verbose,
                             from_end=bool(record.attempt),  # a resumed run's earlier attempts are printed already
-                            on_gone=lambda: _say(f"tfl: the console's reader is gone (stdout closed); run {plan.run_id} "
+                            on_gone=lambda: say(f"tfl: the console's reader is gone (stdout closed); run {plan.run_id} "
                                                  f"goes on, its output in {plan.run_dir}/logs; Ctrl-C or `tfl stop` stops it")
                             ).start() if out else None)
     try:
@@ -322,15 +323,6 @@ def _interrupted_by_signals() -> Iterator[Callable[[], None]]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-
-
-def _say(line: str) -> None:
-    """The supervisor's own lines (an elastic run's resizes): on stderr, beside the summary. A stderr
-    whose reader is gone (`tfl launch … 2>&1 | head -1`) says nothing more; the run goes on."""
-    try:
-        print(line, file=sys.stderr, flush=True)
-    except BrokenPipeError:
-        silence(sys.stderr)
 
 
 @contextmanager

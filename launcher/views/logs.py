@@ -9,13 +9,13 @@ it folds into one line each traceback a lost peer caused (``launcher.views.fold`
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from collections import deque
 from pathlib import Path
 from typing import BinaryIO, Callable, TextIO
 
+from launcher.console import silence
 from launcher.limits import FOLLOW_OPEN
 from launcher.views.fold import TracebackFold
 from launcher.views.noise import NoiseFilter
@@ -129,17 +129,6 @@ class _Source:
             self._handle.close()
             self._handle = None
             self._slots[0] += 1
-
-
-def silence(out: TextIO) -> None:
-    """``out``'s reader is gone (a closed pipe: ``tfl launch … | head -1``): its descriptor now
-    writes to /dev/null, so what its buffer still holds, flushed at exit, raises nothing again."""
-    with contextlib.suppress(OSError, ValueError):  # no descriptor (a StringIO): nothing buffered for the exit
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, out.fileno())
-        finally:
-            os.close(devnull)
 
 
 def _ident(path: Path) -> tuple[int, int] | None:

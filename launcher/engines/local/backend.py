@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import psutil
 
+from launcher.console import say
 from launcher.contract import RUN_DIR, RUN_ID
 from launcher.engines.base import Cleanup, Stopped, TaskLive, TaskProcess
 from launcher.engines.local.netns import PrivateNetwork, resolve_network
@@ -82,7 +83,7 @@ class LocalBackend:
 
     def resolve(self, plan: LaunchPlan) -> LaunchPlan:
         """Every path is this machine's already; the network is made here (``netns``)."""
-        plan, self._network = resolve_network(plan, _say)
+        plan, self._network = resolve_network(plan, say)
         return plan
 
     @staticmethod
@@ -209,7 +210,7 @@ class LocalBackend:
             return
         left = identity.marked_processes(marker[0], {}, marker[1])
         if left:
-            _say(f"tfl: ending {len(left)} process(es) the tasks left outside their process groups "
+            say(f"tfl: ending {len(left)} process(es) the tasks left outside their process groups "
                  f"(pid {', '.join(str(p.pid) for p in left)})")
             teardown(left, signal=identity.signal_group, alive=identity.is_running, grace=LEFTOVER_GRACE, kill_wait=5.0)
 
@@ -242,13 +243,6 @@ class LocalBackend:
 
     def clean_recorded(self, record: RunRecord) -> Cleanup:
         return Cleanup()  # a local run's files all lie in its run dir, which the run store removes
-
-
-def _say(line: str) -> None:
-    try:
-        print(line, file=sys.stderr, flush=True)  # the detached launcher's stderr is its launcher.log
-    except BrokenPipeError:
-        pass  # its reader is gone (`tfl launch … 2>&1 | head -1`): the run and its clean-up go on
 
 
 def _port_owner(port: int) -> str:

@@ -64,13 +64,21 @@ def create_time(pid: int) -> float | None:
         return None
 
 
+def _stat(pid: int) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command's name (state first); [] without it."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def start_ticks(pid: int) -> int | None:
     """When the process started, in clock ticks since boot: unlike ``create_time`` (which
     adds the boot time, moved by any clock step), fixed for the process's life. None without /proc."""
     try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
+        return int(_stat(pid)[19])
+    except (ValueError, IndexError):
         return None
 
 
@@ -353,11 +361,7 @@ def _mark_of(pid: int) -> tuple[str, ...] | None:
 
 def _running(pid: int) -> bool:
     """Alive and not a zombie (a zombie is gone: only its parent's wait remains)."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
+    return _stat(pid)[:1] not in ([], [b"Z"])
 
 
 def _kill(pid: int, signum: int) -> None:
