@@ -4,7 +4,9 @@ preempted step. (On the private cluster: tests/test_slurm_preempt_runs.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import time
@@ -24,8 +26,13 @@ PREEMPTED_LINES = ("srun: error: n1: task 0: Exited with exit code 170\n"
                    "srun: error: n2: task 1: Exited with exit code 170\n")
 # The training step: on SIGTERM (the notice, passed on by the script) it says what srun says of
 # tasks that saved and left, and exits 170; PREEMPT_ATTEMPTS: the attempts that get preempted.
+# The evaluator's step is FAKE_SRUN's: had it written training.pid too, an evaluator started just
+# after the training step would have taken the pid the notice goes to (CI saw it once).
 PREEMPTIBLE_SRUN = """#!/bin/bash
 echo "${TFL_ATTEMPT:-} $*" >> "$FAKE/calls"
+case "$*" in
+  *--job-name=evaluator.*) echo $$ > "$FAKE/evaluator.pid"; [ -n "${EVALUATOR_EXIT:-}" ] && exit "$EVALUATOR_EXIT"; exec sleep 300 ;;
+esac
 echo $$ > "$FAKE/training.pid"
 case " ${PREEMPT_ATTEMPTS:-} " in
   *" $TFL_ATTEMPT "*)
@@ -46,7 +53,7 @@ def preemptible(tmp_path: Path, **env: str) -> dict[str, str]:
 def start_script(tmp_path: Path, b: BatchJob, env: dict[str, str]) -> subprocess.Popen[str]:
     b = BatchJob(**{**b.__dict__, "python": str(tmp_path / "bin" / "python"), "cwd": str(tmp_path)})
     return subprocess.Popen(["bash", "-c", render_batch_script(b)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def notice_when_waiting(tmp_path: Path, script: subprocess.Popen[str], attempt: int) -> None:
@@ -62,10 +69,11 @@ def notice_when_waiting(tmp_path: Path, script: subprocess.Popen[str], attempt: 
 def finish(script: subprocess.Popen[str]) -> str:
     try:
         _, err = script.communicate(timeout=60)
-    finally:
-        if script.poll() is None:
-            script.kill()
-            script.communicate()
+    except subprocess.TimeoutExpired:  # the whole group: a fake step's sleep holds the pipes open
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(script.pid, signal.SIGKILL)
+        script.communicate()
+        raise
     return err
 
 
