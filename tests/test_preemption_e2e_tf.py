@@ -97,6 +97,7 @@ def control(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, floa
     assert result.returncode == 0, result.stderr[-3000:]
     found = losses(home)
     assert sorted(found) == list(range(1, EPOCHS + 1))
+    assert not list((home.parent / "tmp").glob("__autograph_generated_file*"))  # the kit's os._exit removed them
     yield found
     assert_none_left(str(home))
 
@@ -144,3 +145,4 @@ def test_sigterm_to_the_evaluator_then_the_worker_ends_0_like_the_control(contro
     step = int(record.restarts[0].reason.rsplit(" ", 1)[1])
     assert step >= target and step < STEPS  # nothing before the notice lost; still epoch 1
     assert_like_the_control(tfl_home, control, after_epoch=1)
+    assert not list((tfl_home.parent / "tmp").glob("__autograph_generated_file*"))

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 from launcher.contract import TRAINING_TYPES
 from launcher.jobkit.context import TaskContext, task_context
 from launcher.jobkit.notice import exit_on_notice
+from launcher.jobkit.tidy import remove_generated_files
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -176,4 +177,5 @@ def _flush() -> None:
 
 def _leave() -> NoReturn:
     _flush()
+    remove_generated_files()
     os._exit(0)

@@ -15,12 +15,14 @@ reads it. What the thread does depends on where the task is:
   SIGTERM's default action would: no checkpoint, nothing claimed. "A while" is learnt
   from the gaps between calls, an epoch's end included (its checkpoint and backup).
 
-Pure: no TensorFlow. The evaluator is not a training task: its SIGTERM is left alone.
-tfl's teardown after a failure elsewhere is another signal (contract.TEARDOWN_SIGNAL),
-which the kit leaves to its default action: the task ends at once, as nothing can be
-agreed with a dead peer. Where the teardown is SIGTERM all the same (Slurm: srun's
-``--kill-on-bad-exit`` ends a failed task's step that way, and Slurm's own preemption
-notice is SIGTERM straight to the tasks, so no signal tells them apart), a SIGTERM inside
+Pure: no TensorFlow. The evaluator is not a training task: its SIGTERM ends it as the
+default action would. tfl's teardown after a failure elsewhere is another signal
+(contract.TEARDOWN_SIGNAL), which ends a task the same way: at once, as nothing can be
+agreed with a dead peer. Each of those ends, like every exit of the kit's, first removes
+autograph's generated files from the temp dir (`tidy`), which its skipped `atexit` would
+have. Where the teardown is SIGTERM all the same (Slurm: srun's ``--kill-on-bad-exit``
+ends a failed task's step that way, and Slurm's own preemption notice is SIGTERM straight
+to the tasks, so no signal tells them apart), a SIGTERM inside
 `fit` first asks whether a peer is gone: each other training task's TF_CONFIG address
 gets a TCP connect (PEER_PROBE_S at most). A refused connection means that peer's
 process has ended (a live task's server listens there for the whole of training, and no
@@ -42,12 +44,14 @@ import time
 from types import FrameType
 from typing import NoReturn
 
-from launcher.contract import PREEMPTED_EXIT_CODE, TRAINING_TYPES
+from launcher.contract import PREEMPTED_EXIT_CODE, TEARDOWN_SIGNAL, TRAINING_TYPES
 from launcher.jobkit.context import TaskContext
+from launcher.jobkit.tidy import remove_generated_files
 
 STALL_FLOOR_S = 2.0  # inside training: no progress for this long after a notice ends the task,
 STALL_FACTOR = 3.0  # or for this many times the longest gap between calls seen so far,
 FIRST_CALLS_S = 60.0  # or this long before two calls and an epoch's end (first saves) have been seen
+TEARDOWN = signal.Signals[TEARDOWN_SIGNAL]
 PEER_PROBE_S = 0.5  # a SIGTERM inside training: how long the kit looks for a gone peer before taking it as a notice
 
 
@@ -63,6 +67,7 @@ class _Notice:
         self.steps = 0  # calls ended since training began
         self.epoch_ended = False  # an epoch's end (its checkpoint and backup) seen since training began
         self.installed = False
+        self.evaluator = False  # a SIGTERM ends it at once: there is nothing to agree
         self.peers: tuple[str, ...] = ()  # the other training tasks' TF_CONFIG addresses ("host:port")
         self.lock = threading.Lock()
 
@@ -77,6 +82,8 @@ def exit_on_notice(context: TaskContext, when: str) -> None:
     coordination agent does, when it starts).
     """
     if context.is_evaluator:
+        _NOTICE.evaluator = True
+        _install()
         return
     _NOTICE.peers = _peers(context)
     _NOTICE.outside = when
@@ -122,6 +129,7 @@ def leave_now(code: int) -> NoReturn:
     """Exit at once, without TensorFlow's teardown (whose threads may wait on gone peers)."""
     sys.stdout.flush()
     sys.stderr.flush()
+    remove_generated_files()
     os._exit(code)
 
 
@@ -129,6 +137,7 @@ def _install() -> None:
     if threading.current_thread() is not threading.main_thread():
         return  # signals can only be taken over from the main thread
     signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(TEARDOWN, _on_signal)
     if _NOTICE.installed:
         return
     read_fd, write_fd = os.pipe()
@@ -145,6 +154,10 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 def _watch(read_fd: int) -> None:
     while True:
         data = os.read(read_fd, 64)
+        if TEARDOWN in data:
+            _die_by(TEARDOWN)
+        if signal.SIGTERM in data and _NOTICE.evaluator:
+            _die_by(signal.SIGTERM)
         if signal.SIGTERM in data and not _NOTICE.received.is_set():
             at = time.monotonic()
             if _NOTICE.outside is None:
@@ -164,7 +177,7 @@ def _end_if_torn_down() -> None:
     if gone is not None and not _NOTICE.saving:
         print(f"jobkit: SIGTERM while the training task at {gone} is gone: a teardown after its failure, not a "
               "preemption notice (no agreement can include it); stopping at once without a checkpoint", flush=True)
-        _die_by_sigterm()
+        _die_by(signal.SIGTERM)
 
 
 def gone_peer(addresses: tuple[str, ...], timeout: float) -> str | None:
@@ -221,16 +234,18 @@ def _guard(at: float) -> None:
         if idle > limit:
             print(f"jobkit: no step ended for {idle:.1f} s after the preemption notice (a peer is gone?); "
                   "stopping without a checkpoint", flush=True)
-            _die_by_sigterm()
+            _die_by(signal.SIGTERM)
         time.sleep(0.1)
 
 
-def _die_by_sigterm() -> NoReturn:
-    """SIGTERM's default action, from a thread (Python lets only the main thread set handlers)."""
+def _die_by(signum: signal.Signals) -> NoReturn:
+    """The signal's default action (the task ends by it), from a thread (Python lets only the
+    main thread set handlers), once autograph's files are removed."""
     sys.stdout.flush()
     sys.stderr.flush()
+    remove_generated_files()
     libc = ctypes.CDLL(None)
-    libc.signal(signal.SIGTERM, 0)  # SIG_DFL
-    os.kill(os.getpid(), signal.SIGTERM)
+    libc.signal(signum, 0)  # SIG_DFL
+    os.kill(os.getpid(), signum)
     time.sleep(5)
-    os._exit(128 + signal.SIGTERM)
+    os._exit(128 + signum)
