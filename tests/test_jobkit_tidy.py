@@ -14,6 +14,12 @@ import pytest
 
 from launcher.contract import PREEMPTED_EXIT_CODE, TEARDOWN_SIGNAL
 
+
+def task_env(tmp: Path) -> dict[str, str]:
+    """TMPDIR private, and bytecode written (as by default: this team sets PYTHONDONTWRITEBYTECODE)."""
+    return {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, "TMPDIR": str(tmp)}
+
+
 # A generated module as autograph loads one (loader.load_source), one with the prefix elsewhere,
 # and one in the temp dir under another name; then the kit's exit.
 TASK = """
@@ -43,9 +49,10 @@ def test_the_kits_exit_removes_autographs_files_and_only_those(tmp_path: Path, h
     for path in (not_in_tmp, other_name):
         path.write_text("y = 2\n")
     done = subprocess.run([sys.executable, "-c", TASK, how, str(not_in_tmp), str(other_name)], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "TMPDIR": str(tmp)})
+                          text=True, timeout=120, env=task_env(tmp))
     assert done.returncode == (0 if how == "finish" else PREEMPTED_EXIT_CODE), done.stderr
-    assert sorted(p.name for p in tmp.iterdir()) == ["mine.py"]  # the generated file is gone
+    left = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*"))
+    assert left == ["__pycache__", f"__pycache__/mine.{sys.implementation.cache_tag}.pyc", "mine.py"]  # only ours gone
     assert not_in_tmp.exists()
 
 
@@ -72,10 +79,10 @@ def test_a_task_ended_by_a_signal_removes_them_too(tmp_path: Path, kind: str, si
     tmp = tmp_path / "tmp"
     tmp.mkdir(mode=0o700)
     task = subprocess.Popen([sys.executable, "-c", BLOCKED, kind], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "TMPDIR": str(tmp)})
+                            env=task_env(tmp))
     try:
         assert task.stdout is not None and task.stdout.readline().strip() == "ready"
-        assert len(list(tmp.iterdir())) == 1
+        assert len(list(tmp.glob("__pycache__/__autograph_generated_file*.pyc"))) == 1
         task.send_signal(signum)
         task.communicate(timeout=60)
     finally:
@@ -83,4 +90,15 @@ def test_a_task_ended_by_a_signal_removes_them_too(tmp_path: Path, kind: str, si
             task.kill()
             task.communicate()
     assert task.returncode == -signum  # still ended by the signal itself
+    assert not list(tmp.iterdir())
+
+
+def test_a_task_that_ends_the_normal_way_leaves_no_bytecode_either(tmp_path: Path) -> None:
+    """autograph's own atexit handler removes the source only."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(mode=0o700)
+    normal = BLOCKED.replace("os.read(os.pipe()[0], 1)", "import atexit, os\natexit.register(os.remove, f.name)  # autograph's")
+    done = subprocess.run([sys.executable, "-c", normal, "evaluator"], capture_output=True, text=True, timeout=120,
+                          env=task_env(tmp))
+    assert done.returncode == 0, done.stderr
     assert not list(tmp.iterdir())

@@ -46,7 +46,7 @@ from typing import NoReturn
 
 from launcher.contract import PREEMPTED_EXIT_CODE, TEARDOWN_SIGNAL, TRAINING_TYPES
 from launcher.jobkit.context import TaskContext
-from launcher.jobkit.tidy import remove_generated_files
+from launcher.jobkit.tidy import remove_at_exit, remove_generated_files
 
 STALL_FLOOR_S = 2.0  # inside training: no progress for this long after a notice ends the task,
 STALL_FACTOR = 3.0  # or for this many times the longest gap between calls seen so far,
@@ -81,6 +81,7 @@ def exit_on_notice(context: TaskContext, when: str) -> None:
     Call it again after anything that takes SIGTERM over (MultiWorkerMirroredStrategy's
     coordination agent does, when it starts).
     """
+    remove_at_exit()
     if context.is_evaluator:
         _NOTICE.evaluator = True
         _install()
