@@ -12,7 +12,7 @@ from launcher.plan.storage import EXAMPLE, restart_need
 from launcher.records.states import RunState
 from launcher.records.store import FailureRecord, RunRecord, UnreadableRun
 from launcher.views.diagnosis import known_fix
-from launcher.views.status import RunView, TaskView
+from launcher.views.status import PENDING, RunView, TaskView
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -137,7 +137,7 @@ NETWORK_TEXT = {"private": "private (the tasks' own network namespace: their por
                 "host": "host (the task ports are open to this machine's networks; docs/security.md)"}
 
 
-LIVE_STATES = {RunState.STARTING.value, RunState.RUNNING.value, RunState.RESTARTING.value}
+LIVE_STATES = {RunState.STARTING.value, PENDING, RunState.RUNNING.value, RunState.RESTARTING.value}
 
 
 def _elastic_lines(view: RunView) -> list[str]:
@@ -175,7 +175,7 @@ def watch_run(view_of: Callable[[], RunView], out: TextIO, interval: float = 1.0
     """Redraw the run's table with a progress bar per task until the run has ended."""
     def draw() -> tuple[str, bool]:
         view = view_of()
-        return run_detail(view, bar_width=20, every=every), view.state not in ("starting", "running", "restarting", "stopping")
+        return run_detail(view, bar_width=20, every=every), view.state not in (*LIVE_STATES, RunState.STOPPING.value)
 
     watch(draw, out, interval, clear=clear)
 

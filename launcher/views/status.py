@@ -101,7 +101,7 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
     backend_state: dict[str, str] = backend.describe(record) if measure and isinstance(backend, GroupBackend) else {}
     now = time.time()
     return RunView(
-        run_id=record.run_id, job=record.job, state=effective_state(record).value,
+        run_id=record.run_id, job=record.job, state=_shown_state(effective_state(record), live),
         alive=sum(t.alive for t in tasks), total=len(tasks), started=record.created,
         duration_s=round((record.ended or now) - record.created, 1), restarts=len(record.restarts),
         restart_reasons=[r.reason for r in record.restarts], message=record.message, tasks=tasks,
@@ -116,6 +116,17 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
         launcher_pid=record.launcher_pid, from_launcher=any(t.source == "launcher" for t in live.values()),
         silent_hosts=sorted({t.host for t in tasks if t.state == NO_ANSWER}),
     )
+
+
+PENDING = "pending"  # a run whose tasks all wait in their engine's queue (a Slurm job PENDING); never recorded
+
+
+def _shown_state(state: RunState, live: dict[str, TaskLive]) -> str:
+    """The run's state as ``tfl status`` says it: a running run whose engine holds its tasks in
+    its queue (their live state ``pending``) and runs none of them is pending, not running."""
+    if state == RunState.RUNNING and any(t.state == PENDING for t in live.values()) and not any(t.alive for t in live.values()):
+        return PENDING
+    return state.value
 
 
 def _task_view(task: TaskRecord, live: TaskLive) -> TaskView:
