@@ -69,3 +69,43 @@ def test_a_job_that_left_the_queue_reads_as_running(tfl_home: Path, tmp_path: Pa
     one = runner.invoke(app, ["status", RUN])
     assert one.exit_code == 0, one.output
     assert one.stdout.startswith(f"run {RUN}  running  ("), one.stdout
+
+
+def test_a_bad_slurm_conf_is_one_line_without_asking_slurm(tfl_home: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each Slurm command retries a SLURM_CONF that names no file for 60 s: status and stop say so
+    at once instead, as the launch does, and stop leaves the record as it was."""
+    calls = fake_squeue(tmp_path, monkeypatch, "7|RUNNING|None|n[1-2]")
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
+    store = RunStore(tfl_home)
+    record = slurm_run(store)
+    fix = f"SLURM_CONF={tmp_path / 'no-such-slurm.conf'} is not a file; set it to the cluster's slurm.conf"
+    one = runner.invoke(app, ["status", RUN])
+    assert one.exit_code == 0, one.output
+    assert f"slurm: job 7, state unknown ({fix}" in one.stdout
+    assert runner.invoke(app, ["status"]).exit_code == 0
+    record.launcher_pid, record.launcher_create_time = 999_999_999, 1.0  # its launcher gone: stop asks Slurm itself
+    store.save(record)
+    stopped = runner.invoke(app, ["stop", RUN, "--grace-period", "0"])
+    assert stopped.exit_code != 0 and fix in stopped.output and "Traceback" not in stopped.output, stopped.output
+    assert len(stopped.output.strip().splitlines()) == 1, stopped.output
+    assert store.load(RUN).state == RunState.RUNNING  # not called stopped: the job may still run
+    assert not calls.exists()  # no Slurm command was run
+
+
+def test_a_bad_slurm_conf_after_the_run_ended_is_a_note_not_an_error(tfl_home: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run its launcher already stopped: `tfl stop` says so, and that Slurm could not be asked."""
+    calls = fake_squeue(tmp_path, monkeypatch, "7|CANCELLED|None|n[1-2]")
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
+    store = RunStore(tfl_home)
+    record = slurm_run(store)
+    record.state, record.launcher_pid, record.launcher_create_time = RunState.STOPPED, 999_999_999, 1.0
+    store.save(record)
+    stopped = runner.invoke(app, ["stop", RUN])
+    assert stopped.exit_code == 0, stopped.output
+    assert stopped.stdout.splitlines() == [f"run {RUN}: already stopped; nothing to stop",
+                                           f"  not reached: slurm: SLURM_CONF={tmp_path / 'no-such-slurm.conf'} is not a "
+                                           "file; set it to the cluster's slurm.conf, or unset it where Slurm's commands "
+                                           "find their own"]
+    assert not calls.exists()
