@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
-from launcher.contract import PREEMPTED_EXIT_CODE, PREEMPTED_PHASE, ProgressRecord
+from launcher.contract import PREEMPTED_EXIT_CODE, PREEMPTED_PHASE, ModelDirLayout, ProgressRecord
 from launcher.engines.base import NO_ANSWER
 from launcher.plan.launch_plan import LaunchPlan
 from launcher.plan.storage import EXAMPLE, restart_need
@@ -13,6 +14,7 @@ from launcher.records.states import RunState
 from launcher.records.store import FailureRecord, RunRecord, UnreadableRun
 from launcher.views.diagnosis import known_fix
 from launcher.views.status import PENDING, RunView, TaskView
+from launcher.views.tensorboard import model_dir_of
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -221,7 +223,33 @@ def _resume_hint(record: RunRecord) -> list[str]:
         return [f"  no resume: the chief's checkpoint on {unseen[0]} is not seen on {', '.join(unseen[1])} (no shared "
                 f"storage); launch the job again with {EXAMPLE} in the cluster file or a shared --model-dir"]
     fix = " (once its cause is fixed)" if record.state == RunState.FAILED else ""
+    kept = kept_checkpoint(record)
+    if kept is None:  # the model dir is not readable here: only its host could say
+        return [f"  resume it{fix} from its last checkpoint, if the job kept one (else from the start): "
+                f"tfl resume {record.run_id}"]
+    if not kept:
+        return [f"  resume it{fix}: tfl resume {record.run_id} (the job kept no checkpoint in its model dir "
+                f"{model_dir_of(record).path}: it starts over)"]
     return [f"  resume it{fix} from its last checkpoint: tfl resume {record.run_id}"]
+
+
+def kept_checkpoint(record: RunRecord) -> bool | None:
+    """Whether the run's model dir holds a checkpoint or backup to resume from (a preempted run
+    saved the agreed one), or None when this machine cannot read the model dir."""
+    if record.state == RunState.PREEMPTED:
+        return True
+    where = model_dir_of(record)
+    if where.host is not None or "://" in where.path:
+        return None
+    layout = ModelDirLayout(Path(where.path))
+    return any(_holds_files(d) for d in (layout.checkpoints, layout.backup)) or layout.preempted_file.exists()
+
+
+def _holds_files(directory: Path) -> bool:
+    try:
+        return any(directory.iterdir())
+    except OSError:
+        return False
 
 
 def restart_counts(record: RunRecord) -> str:
