@@ -31,7 +31,8 @@ from launcher.plan.resize import check_elastic
 from launcher.plan.run_options import SupervisorConfig
 from launcher.plan.storage import check_sharing, preemption_restarts
 from launcher.records.identity import ProcessIdentity
-from launcher.records.store import RunRecord, RunStore
+from launcher.records.preparing import Preparing, end_preparing, forget_preparing, note_preparing, waiting_parent
+from launcher.records.store import STOP_REQUEST, RunRecord, RunStore
 from launcher.runs.resume import check_resumable, claim, recorded_plan
 from launcher.supervise.supervisor import Supervisor, initial_record
 from launcher.supervise.waker import Waker
@@ -121,7 +122,7 @@ def prepare(plan: LaunchPlan) -> Prepared:
     failed check raises, before the run exists, and nothing is left open."""
     wake = Waker()
     backend = registry.get(registry.name_for_plan(plan), notify=wake.wake)
-    with _interrupted_by_signals() as disarm:
+    with _interrupted_by_signals(plan.run_dir) as disarm:
         try:
             raise_failures(backend.prepare(plan))
         except BaseException as exc:
@@ -286,9 +287,16 @@ def launcher_notes(store: RunStore, run_id: str) -> list[str]:
 
 
 def supervise_detached(plan_file: Path, config_json: str, store: RunStore) -> RunRecord:
-    """The body of a detached launcher (``tfl _supervise``)."""
+    """The body of a detached launcher (``tfl _supervise``): a launch being prepared (``tfl status``
+    lists it, ``tfl stop`` calls it off: ``records.preparing``) until its run is recorded."""
     plan = LaunchPlan.from_dict(json.loads(plan_file.read_text()))
-    return execute(prepare(plan), store, SupervisorConfig(**json.loads(config_json)), None, reserved=True)
+    note_preparing(store.home, Preparing(plan.run_id, plan.run_dir, plan.job, time.time(), ProcessIdentity.of(os.getpid()),
+                                         waiting_parent(), [(t.name, t.host) for t in plan.tasks], plan.network))
+    try:
+        return execute(prepare(plan), store, SupervisorConfig(**json.loads(config_json)), None, reserved=True,
+                       announce=lambda: forget_preparing(plan.run_dir))
+    finally:
+        end_preparing(store.home, plan.run_id, plan.run_dir)
 
 
 def resume_detached(run_id: str, config_json: str, store: RunStore) -> RunRecord:
@@ -298,16 +306,18 @@ def resume_detached(run_id: str, config_json: str, store: RunStore) -> RunRecord
     return supervise(prepared, store, record, config, None)
 
 
-def interrupted(signum: signal.Signals) -> InterruptedLaunchError:
-    """The one line of a launch called off by ``signum`` while its hosts were made ready; exit 128 + it."""
-    error = InterruptedLaunchError(f"stopped by {signum.name} while the hosts were being made ready: no task started, "
+def interrupted(signum: signal.Signals, run_dir: str | None = None) -> InterruptedLaunchError:
+    """The one line of a launch called off by ``signum`` while its hosts were made ready; exit 128 + it.
+    A SIGTERM that `tfl stop` sent (its note in ``run_dir``) is said as that."""
+    by = "`tfl stop`" if run_dir and signum == signal.SIGTERM and (Path(run_dir) / STOP_REQUEST).exists() else signum.name
+    error = InterruptedLaunchError(f"stopped by {by} while the hosts were being made ready: no task started, "
                                    "and what was shipped to them is removed")
     error.exit_code = 128 + signum
     return error
 
 
 @contextmanager
-def _interrupted_by_signals() -> Iterator[Callable[[], None]]:
+def _interrupted_by_signals(run_dir: str) -> Iterator[Callable[[], None]]:
     """SIGTERM and SIGHUP while the hosts are made ready raise ``InterruptedLaunchError`` (as Ctrl-C
     raises KeyboardInterrupt, said by ``prepare`` in the same line), once: their default action would
     end tfl at once, leaving the run's dirs and code on every host reached so far with no record ``tfl rm`` could find. The raise
@@ -324,7 +334,7 @@ def _interrupted_by_signals() -> Iterator[Callable[[], None]]:
     def handler(signum: int, frame: object) -> None:
         if armed:
             disarm()
-            raise interrupted(signal.Signals(signum))
+            raise interrupted(signal.Signals(signum), run_dir)
 
     handled = [s for s in (signal.SIGTERM, signal.SIGHUP) if not (s in KEEP_IGNORED and signal.getsignal(s) == signal.SIG_IGN)]
     previous = {s: signal.signal(s, handler) for s in handled}

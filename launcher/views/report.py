@@ -13,7 +13,7 @@ from launcher.plan.storage import EXAMPLE, restart_need
 from launcher.records.states import RunState
 from launcher.records.store import FailureRecord, RunRecord, UnreadableRun
 from launcher.views.diagnosis import known_fix
-from launcher.views.status import PENDING, RunView, TaskView
+from launcher.views.status import PENDING, PREPARING, RunView, TaskView
 from launcher.views.tensorboard import model_dir_of
 
 
@@ -139,7 +139,7 @@ NETWORK_TEXT = {"private": "private (the tasks' own network namespace: their por
                 "host": "host (the task ports are open to this machine's networks; docs/security.md)"}
 
 
-LIVE_STATES = {RunState.STARTING.value, PENDING, RunState.RUNNING.value, RunState.RESTARTING.value}
+LIVE_STATES = {PREPARING, RunState.STARTING.value, PENDING, RunState.RUNNING.value, RunState.RESTARTING.value}
 
 
 def _elastic_lines(view: RunView) -> list[str]:
