@@ -148,3 +148,27 @@ def test_the_dirs_removed_on_hosts_are_the_runs_own() -> None:
                        backend="ssh")
     dirs = {host: paths for host, (_, _, paths) in run_dirs_there(record).items()}
     assert dirs == {"gpu1": ["/tmp/tfl/r-1"], "gpu2": ["/srv/train/tfl-runs/r-1"]}
+
+
+def test_rm_names_a_shared_model_dir_only_where_the_job_made_one(tfl_home: Path, tmp_path: Path) -> None:
+    """`tfl rm` said "kept: model dir …" for a shared-storage model dir the job never made."""
+    store = RunStore(tfl_home)
+    for run_id in ("made", "never"):
+        model = tmp_path / "shared" / run_id / "model"
+        add_run(store, run_id, 1, plan={"tasks": [{"task": "chief:0", "host": "localhost", "env": {"TFL_MODEL_DIR": str(model)}}]})
+    (tmp_path / "shared" / "made" / "model").mkdir(parents=True)
+    never = runner.invoke(app, ["rm", "never"])
+    assert never.exit_code == 0, never.output
+    assert "kept:" not in never.stdout and "model dir" not in never.stdout, never.stdout
+    made = runner.invoke(app, ["rm", "made"])
+    assert made.exit_code == 0, made.output
+    assert f"  kept: model dir {tmp_path / 'shared' / 'made' / 'model'} (shared storage)" in made.stdout.splitlines()
+    assert (tmp_path / "shared" / "made" / "model").is_dir()  # shared storage is the user's: it stays
+
+
+def test_agent_looks_at_a_kept_model_dir_and_never_removes_it(tmp_path: Path) -> None:
+    made, never = tmp_path / "shared" / "r-1" / "model", tmp_path / "shared" / "r-2" / "model"
+    made.mkdir(parents=True)
+    result = agent.remove({"run_id": "r-1", "paths": [], "keep": [str(made), str(never)]})
+    assert result == {str(made): {"kept": True}, str(never): {"absent": True}}
+    assert made.is_dir()

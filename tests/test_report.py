@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
+from launcher.describe.spec import parse_cluster
+from launcher.plan.build import build_plan
 from launcher.records.states import RunState
 from launcher.records.store import FailureRecord, RunRecord
 from launcher.views.report import progress_text, run_detail, runs_table, summary, watch_run
@@ -64,3 +67,23 @@ def test_a_failure_whose_pid_was_never_known_names_no_pid() -> None:
     assert "  root cause: worker:0 on n2 (pid 12) exit code 3; last lines of its log:" in lines
     # Its log was empty: no "last lines of its log:" heading over nothing.
     assert lines[lines.index("  evaluator: evaluator:0 on n1 exit code 143; its log holds nothing") + 1].startswith("  logs: ")
+
+
+def test_the_resume_hint_promises_a_checkpoint_only_where_there_is_one(tmp_path: Path) -> None:
+    """A stopped or failed run whose job kept no checkpoint was told "resume it from its last
+    checkpoint": `tfl resume` then starts it over. Its model dir here says which it is."""
+    run_dir = tmp_path / "r1"
+    plan = build_plan(parse_cluster({"cluster": {"chief": ["localhost:1000"], "worker": ["localhost:1001"]}}), "/j.py", (),
+                      run_id="r1", run_dir=str(run_dir), python="/py", cwd="/c")
+
+    def hint(state: RunState) -> str:
+        return summary(RunRecord(run_id="r1", job="/j.py", job_args=[], run_dir=str(run_dir), created=1.0, state=state,
+                                 plan=plan.to_dict())).splitlines()[-1]
+
+    model = run_dir / "model"
+    assert hint(RunState.STOPPED) == f"  resume it: tfl resume r1 (the job kept no checkpoint in its model dir {model}: it starts over)"
+    (model / "checkpoints").mkdir(parents=True)  # made, but nothing saved in it yet
+    assert hint(RunState.FAILED).startswith("  resume it (once its cause is fixed): tfl resume r1 (the job kept no checkpoint")
+    assert hint(RunState.PREEMPTED) == "  resume it from its last checkpoint: tfl resume r1"  # exit 170: it saved one
+    (model / "checkpoints" / "ckpt-1.index").write_text("")
+    assert hint(RunState.STOPPED) == "  resume it from its last checkpoint: tfl resume r1"

@@ -33,7 +33,7 @@ def snapshot(sshd: Sshd) -> dict[str, set[Path]]:
     return {host: set(shipped(sshd, host)) for host in HOSTS}
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])  # SIGINT: a Ctrl-C
 def test_a_signal_while_the_hosts_are_made_ready_removes_what_was_shipped(
         signum: signal.Signals, sshd: Sshd, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
     go = tmp_path / "go"
@@ -107,4 +107,6 @@ def test_ctrl_c_while_a_detached_launch_waits_calls_the_launch_off(sshd: Sshd, t
     assert len(gone) == 1 and not alive  # it ended with the launch (not ours to reap: no exit code here)
     assert {host: shipped(sshd, host, before) for host in HOSTS} == {host: [] for host in HOSTS}
     assert launcher.returncode == 130 and "Traceback" not in err, err
+    assert err.splitlines()[-1] == ("tfl: error: stopped by SIGINT while the hosts were being made ready: no task started, "
+                                    "and what was shipped to them is removed"), err
     assert list((tfl_home / "runs").iterdir()) == []  # no run, and no run dir left without a record

@@ -33,7 +33,7 @@ def status(
     not answering, the slowest); --all shows every task.
     """
     from launcher.views.report import run_detail, runs_table
-    from launcher.views.status import run_list, run_view
+    from launcher.views.status import one_view, run_list
 
     if len(ctx.args) > 1:
         raise _fail(f"status takes one RUN, got {len(ctx.args)}: {' '.join(ctx.args)} (see `tfl status --help`)")
@@ -47,19 +47,19 @@ def status(
         rows = [v.to_dict() for v in views] + [u.to_dict() for u in unreadable]
         typer.echo(json.dumps(rows, indent=1) if as_json else runs_table(views, unreadable, hidden))
         return
-    view = run_view(_core(lambda: store.resolve(run)), measure=True)
+    view = _core(lambda: one_view(store, run))
     typer.echo(json.dumps(view.to_dict(), indent=1) if as_json else run_detail(view, every=every))
 
 
 def _watch_status(store: Any, run: str | None, every: bool) -> None:
     """``tfl status --watch``: one run until it ends, or the list until Ctrl-C."""
     from launcher.views.report import runs_table, watch, watch_run
-    from launcher.views.status import run_list, run_view
+    from launcher.views.status import one_view, run_list
 
     clear = sys.stdout.isatty()
     try:
         if run is not None:
-            watch_run(lambda: run_view(store.resolve(run), measure=True), sys.stdout, clear=clear, every=every)
+            watch_run(lambda: one_view(store, run), sys.stdout, clear=clear, every=every)
         else:
             watch(lambda: (runs_table(*run_list(store, every=every)), False), sys.stdout, clear=clear)
     except KeyboardInterrupt:
@@ -77,11 +77,10 @@ def stop(
 ) -> None:
     """Stop a run: every task gets the notice (SIGTERM) and the grace to save the agreed checkpoint,
     then SIGKILL; also when its launcher was killed. Stopping twice is fine. `tfl resume` continues it."""
-    from launcher.runs.stop import stop_run
+    from launcher.runs.stop import stop_ref
 
     store = _store()
-    record = _core(lambda: store.resolve(run))
-    typer.echo(_core(lambda: stop_run(store, record, grace_period)))
+    typer.echo(_core(lambda: stop_ref(store, run, grace_period)))
 
 
 @app.command(cls=_Command)

@@ -64,6 +64,7 @@ class Cleanup:
     removed: list[str] = field(default_factory=list)  # "host:/path" of each directory removed
     left: list[str] = field(default_factory=list)  # what could not be removed, each with why
     bytes_freed: int = 0
+    kept: list[str] = field(default_factory=list)  # the run's shared model dirs a host sees, never removed
 
 
 @dataclass

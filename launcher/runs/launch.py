@@ -31,7 +31,8 @@ from launcher.plan.resize import check_elastic
 from launcher.plan.run_options import SupervisorConfig
 from launcher.plan.storage import check_sharing, preemption_restarts
 from launcher.records.identity import ProcessIdentity
-from launcher.records.store import RunRecord, RunStore
+from launcher.records.preparing import Preparing, end_preparing, forget_preparing, note_preparing, waiting_parent
+from launcher.records.store import STOP_REQUEST, RunRecord, RunStore
 from launcher.runs.resume import check_resumable, claim, recorded_plan
 from launcher.supervise.supervisor import Supervisor, initial_record
 from launcher.supervise.waker import Waker
@@ -121,12 +122,14 @@ def prepare(plan: LaunchPlan) -> Prepared:
     failed check raises, before the run exists, and nothing is left open."""
     wake = Waker()
     backend = registry.get(registry.name_for_plan(plan), notify=wake.wake)
-    with _interrupted_by_signals() as disarm:
+    with _interrupted_by_signals(plan.run_dir) as disarm:
         try:
             raise_failures(backend.prepare(plan))
-        except BaseException:
+        except BaseException as exc:
             disarm()  # the hosts are being tidied: a second signal must not cut that short
             backend.close()
+            if isinstance(exc, KeyboardInterrupt):  # Ctrl-C: said as SIGTERM and SIGHUP are, once tidied
+                raise interrupted(signal.SIGINT) from None
             raise
     return Prepared(backend.resolve(plan), backend, wake)
 
@@ -233,21 +236,24 @@ def _spawn(args: list[str], store: RunStore, run_id: str, timeout: float) -> int
                 raise refusal(run_dir, offset, child.returncode)
             time.sleep(0.05)
     except KeyboardInterrupt:
-        _call_off(child, run_dir)
-        raise
+        if _call_off(child, run_dir):
+            raise
+        raise interrupted(signal.SIGINT) from None
     return child.pid  # still preparing after the guard: it records the run when it can (`tfl status` shows it then)
 
 
-def _call_off(child: subprocess.Popen[bytes], run_dir: Path) -> None:
+def _call_off(child: subprocess.Popen[bytes], run_dir: Path) -> bool:
     """Ctrl-C while ``--detach`` waits is a no to the launch, not to the waiting alone: the background
     launcher (in a session of its own, which the terminal's SIGINT does not reach) gets it too, and so
     removes what it shipped to the hosts, or stops the run it recorded meanwhile, as a foreground
     launch would. Waited for (a second Ctrl-C leaves it to finish alone); a run dir it left with no
-    record is removed, as a refusal's is."""
+    record is removed, as a refusal's is. Returns whether the run was recorded (and so stopped)."""
     child.send_signal(signal.SIGINT)
     child.wait()
-    if not (run_dir / "state.json").exists():
-        shutil.rmtree(run_dir, ignore_errors=True)
+    if (run_dir / "state.json").exists():
+        return True
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return False
 
 
 def refusal(run_dir: Path, offset: int, code: int) -> LaunchError:
@@ -281,9 +287,16 @@ def launcher_notes(store: RunStore, run_id: str) -> list[str]:
 
 
 def supervise_detached(plan_file: Path, config_json: str, store: RunStore) -> RunRecord:
-    """The body of a detached launcher (``tfl _supervise``)."""
+    """The body of a detached launcher (``tfl _supervise``): a launch being prepared (``tfl status``
+    lists it, ``tfl stop`` calls it off: ``records.preparing``) until its run is recorded."""
     plan = LaunchPlan.from_dict(json.loads(plan_file.read_text()))
-    return execute(prepare(plan), store, SupervisorConfig(**json.loads(config_json)), None, reserved=True)
+    note_preparing(store.home, Preparing(plan.run_id, plan.run_dir, plan.job, time.time(), ProcessIdentity.of(os.getpid()),
+                                         waiting_parent(), [(t.name, t.host) for t in plan.tasks], plan.network))
+    try:
+        return execute(prepare(plan), store, SupervisorConfig(**json.loads(config_json)), None, reserved=True,
+                       announce=lambda: forget_preparing(plan.run_dir))
+    finally:
+        end_preparing(store.home, plan.run_id, plan.run_dir)
 
 
 def resume_detached(run_id: str, config_json: str, store: RunStore) -> RunRecord:
@@ -293,11 +306,21 @@ def resume_detached(run_id: str, config_json: str, store: RunStore) -> RunRecord
     return supervise(prepared, store, record, config, None)
 
 
+def interrupted(signum: signal.Signals, run_dir: str | None = None) -> InterruptedLaunchError:
+    """The one line of a launch called off by ``signum`` while its hosts were made ready; exit 128 + it.
+    A SIGTERM that `tfl stop` sent (its note in ``run_dir``) is said as that."""
+    by = "`tfl stop`" if run_dir and signum == signal.SIGTERM and (Path(run_dir) / STOP_REQUEST).exists() else signum.name
+    error = InterruptedLaunchError(f"stopped by {by} while the hosts were being made ready: no task started, "
+                                   "and what was shipped to them is removed")
+    error.exit_code = 128 + signum
+    return error
+
+
 @contextmanager
-def _interrupted_by_signals() -> Iterator[Callable[[], None]]:
+def _interrupted_by_signals(run_dir: str) -> Iterator[Callable[[], None]]:
     """SIGTERM and SIGHUP while the hosts are made ready raise ``InterruptedLaunchError`` (as Ctrl-C
-    raises KeyboardInterrupt), once: their default action would end tfl at once, leaving the run's
-    dirs and code on every host reached so far with no record ``tfl rm`` could find. The raise
+    raises KeyboardInterrupt, said by ``prepare`` in the same line), once: their default action would
+    end tfl at once, leaving the run's dirs and code on every host reached so far with no record ``tfl rm`` could find. The raise
     lands in ``prepare``, which closes the backend, and so removes them. Yields ``disarm``."""
     if threading.current_thread() is not threading.main_thread():
         yield lambda: None
@@ -311,10 +334,7 @@ def _interrupted_by_signals() -> Iterator[Callable[[], None]]:
     def handler(signum: int, frame: object) -> None:
         if armed:
             disarm()
-            error = InterruptedLaunchError(f"stopped by {signal.Signals(signum).name} while the hosts were being made "
-                                           "ready: no task started, and what was shipped to them is removed")
-            error.exit_code = 128 + signum
-            raise error
+            raise interrupted(signal.Signals(signum), run_dir)
 
     handled = [s for s in (signal.SIGTERM, signal.SIGHUP) if not (s in KEEP_IGNORED and signal.getsignal(s) == signal.SIG_IGN)]
     previous = {s: signal.signal(s, handler) for s in handled}

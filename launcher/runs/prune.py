@@ -78,12 +78,14 @@ def remove(store: RunStore, record: RunRecord) -> Removed:
     shutil.rmtree(run_dir, ignore_errors=True)
     mark_ended(store.home, record.run_id)  # the marker a lost run still had
     left = list(cleanup.left) + ([f"{run_dir}: could not be removed entirely"] if run_dir.exists() else [])
-    return Removed(record.run_id, freed, cleanup.removed, cleanup.bytes_freed, left, shared_model_dirs(record))
+    return Removed(record.run_id, freed, cleanup.removed, cleanup.bytes_freed, left, shared_model_dirs(record, cleanup.kept))
 
 
-def shared_model_dirs(record: RunRecord) -> list[str]:
+def shared_model_dirs(record: RunRecord, seen: Sequence[str] = ()) -> list[str]:
+    """The run's model dirs on shared storage that exist (here, or ``seen`` by its hosts): tfl rm
+    leaves them, and says so. One the job never made is not named."""
     dirs = {t.get("env", {}).get(MODEL_DIR) for t in record.plan.get("tasks", [])}
-    return [f"model dir {d} (shared storage)" for d in sorted(d for d in dirs if d)]
+    return [f"model dir {d} (shared storage)" for d in sorted(d for d in dirs if d and (d in seen or os.path.isdir(d)))]
 
 
 def disk_usage(path: Path) -> int:

@@ -9,7 +9,9 @@ launcher is gone (killed with -9, machine rebooted…). Idempotent.
 
 from __future__ import annotations
 
+import shutil
 import time
+from pathlib import Path
 from typing import Callable, TextIO
 
 import psutil
@@ -18,9 +20,11 @@ from launcher.engines import registry
 from launcher.engines.base import Stopped
 from launcher.engines.teardown import teardown
 from launcher.errors import UsageError
+from launcher.files import write_atomic
 from launcher.records.identity import is_running, launcher_identity
+from launcher.records.preparing import Preparing, end_preparing, resolve_run
 from launcher.records.states import RunState, TaskState
-from launcher.records.store import RunRecord, RunStore
+from launcher.records.store import STATE_FILE, STOP_REQUEST, RunRecord, RunStore
 from launcher.tasks import TaskId
 from launcher.views.logs import LogFollower
 from launcher.views.status import effective_state
@@ -54,6 +58,34 @@ def stop_run(store: RunStore, record: RunRecord, grace: float | None = None) -> 
         return f"run {record.run_id}: {did}" + _unreached(stopped)
     _mark_stopped(store, record, "stopped by `tfl stop` (the launcher was gone)")
     return f"run {record.run_id}: stopped {stopped.alive} process(es) left by a launcher that was gone" + _unreached(stopped)
+
+
+def stop_ref(store: RunStore, ref: str | None, grace: float | None = None) -> str:
+    """``tfl stop [RUN]``: a recorded run (``stop_run``), or a detached launch being prepared (``call_off``)."""
+    found = resolve_run(store, ref)
+    return call_off(store, found, grace) if isinstance(found, Preparing) else stop_run(store, found, grace)
+
+
+def call_off(store: RunStore, preparing: Preparing, grace: float | None = None) -> str:
+    """Call off a detached launch whose hosts are being made ready: its launcher gets SIGTERM with
+    `tfl stop`'s note, removes what it shipped and exits; a run it recorded meanwhile is stopped as
+    any run. Its run dir goes with it, unless the `tfl launch --detach` waiting for it is still
+    there (that one says the launcher's last line and removes it)."""
+    launcher = preparing.launcher.find()
+    if launcher is None:
+        end_preparing(store.home, preparing.run_id, preparing.run_dir)
+        return (f"run {preparing.run_id}: its background launcher (pid {preparing.launcher.pid}) ended before it recorded "
+                f"the run; nothing to stop (its log: {preparing.run_dir}/launcher.log)")
+    run_dir = Path(preparing.run_dir)
+    write_atomic(run_dir / STOP_REQUEST, "")
+    teardown([launcher], signal=_send, alive=is_running, grace=(grace or 0.0) + LAUNCHER_EXTRA_GRACE, kill_wait=5.0)
+    if (run_dir / STATE_FILE).exists():  # recorded before the SIGTERM came: a run, stopped as one
+        return stop_run(store, store.load(preparing.run_id), grace)
+    end_preparing(store.home, preparing.run_id, preparing.run_dir)
+    if preparing.waiting is None or not preparing.waiting.alive():
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return (f"run {preparing.run_id}: called off while its hosts were being made ready: no task started, and what was "
+            "shipped to them is removed")
 
 
 def _unreached(stopped: Stopped) -> str:

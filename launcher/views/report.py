@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
-from launcher.contract import PREEMPTED_EXIT_CODE, PREEMPTED_PHASE, ProgressRecord
+from launcher.contract import PREEMPTED_EXIT_CODE, PREEMPTED_PHASE, ModelDirLayout, ProgressRecord
 from launcher.engines.base import NO_ANSWER
 from launcher.plan.launch_plan import LaunchPlan
 from launcher.plan.storage import EXAMPLE, restart_need
 from launcher.records.states import RunState
 from launcher.records.store import FailureRecord, RunRecord, UnreadableRun
 from launcher.views.diagnosis import known_fix
-from launcher.views.status import RunView, TaskView
+from launcher.views.status import PENDING, PREPARING, RunView, TaskView
+from launcher.views.tensorboard import model_dir_of
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -137,7 +139,7 @@ NETWORK_TEXT = {"private": "private (the tasks' own network namespace: their por
                 "host": "host (the task ports are open to this machine's networks; docs/security.md)"}
 
 
-LIVE_STATES = {RunState.STARTING.value, RunState.RUNNING.value, RunState.RESTARTING.value}
+LIVE_STATES = {PREPARING, RunState.STARTING.value, PENDING, RunState.RUNNING.value, RunState.RESTARTING.value}
 
 
 def _elastic_lines(view: RunView) -> list[str]:
@@ -175,7 +177,7 @@ def watch_run(view_of: Callable[[], RunView], out: TextIO, interval: float = 1.0
     """Redraw the run's table with a progress bar per task until the run has ended."""
     def draw() -> tuple[str, bool]:
         view = view_of()
-        return run_detail(view, bar_width=20, every=every), view.state not in ("starting", "running", "restarting", "stopping")
+        return run_detail(view, bar_width=20, every=every), view.state not in (*LIVE_STATES, RunState.STOPPING.value)
 
     watch(draw, out, interval, clear=clear)
 
@@ -221,7 +223,33 @@ def _resume_hint(record: RunRecord) -> list[str]:
         return [f"  no resume: the chief's checkpoint on {unseen[0]} is not seen on {', '.join(unseen[1])} (no shared "
                 f"storage); launch the job again with {EXAMPLE} in the cluster file or a shared --model-dir"]
     fix = " (once its cause is fixed)" if record.state == RunState.FAILED else ""
+    kept = kept_checkpoint(record)
+    if kept is None:  # the model dir is not readable here: only its host could say
+        return [f"  resume it{fix} from its last checkpoint, if the job kept one (else from the start): "
+                f"tfl resume {record.run_id}"]
+    if not kept:
+        return [f"  resume it{fix}: tfl resume {record.run_id} (the job kept no checkpoint in its model dir "
+                f"{model_dir_of(record).path}: it starts over)"]
     return [f"  resume it{fix} from its last checkpoint: tfl resume {record.run_id}"]
+
+
+def kept_checkpoint(record: RunRecord) -> bool | None:
+    """Whether the run's model dir holds a checkpoint or backup to resume from (a preempted run
+    saved the agreed one), or None when this machine cannot read the model dir."""
+    if record.state == RunState.PREEMPTED:
+        return True
+    where = model_dir_of(record)
+    if where.host is not None or "://" in where.path:
+        return None
+    layout = ModelDirLayout(Path(where.path))
+    return any(_holds_files(d) for d in (layout.checkpoints, layout.backup)) or layout.preempted_file.exists()
+
+
+def _holds_files(directory: Path) -> bool:
+    try:
+        return any(directory.iterdir())
+    except OSError:
+        return False
 
 
 def restart_counts(record: RunRecord) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 from launcher.engines import registry
 from launcher.engines.base import NO_ANSWER, GroupBackend, TaskLive
 from launcher.records.identity import launcher_identity
+from launcher.records.preparing import Preparing, preparing_runs, resolve_run
 from launcher.records.states import RunState
 from launcher.records.store import RunRecord, RunStore, TaskRecord, UnreadableRun
 from launcher.tasks import TaskId
@@ -75,7 +76,33 @@ def run_list(store: RunStore, *, every: bool = False) -> tuple[list[RunView], li
     many it left out: the active runs and the ``RECENT`` latest (reading only their records),
     or ``every`` run."""
     records, unreadable, hidden = (*store.scan(), 0) if every else store.recent(RECENT)
-    return [run_view(r) for r in records], unreadable, hidden
+    return [run_view(r) for r in records] + [preparing_view(p) for p in preparing_runs(store.home)], unreadable, hidden
+
+
+def one_view(store: RunStore, ref: str | None) -> RunView:
+    """``tfl status RUN``: the run as its backend sees it now, or a detached launch being prepared."""
+    found = resolve_run(store, ref)
+    return preparing_view(found) if isinstance(found, Preparing) else run_view(found, measure=True)
+
+
+PREPARING = "preparing"  # a detached launch whose hosts are being made ready: no record yet (records.preparing)
+
+
+def preparing_view(preparing: Preparing) -> RunView:
+    """A launch being prepared, as its note says: preparing while its launcher lives, else lost."""
+    alive = preparing.launcher.alive()
+    pid = preparing.launcher.pid
+    message = (f"its background launcher (pid {pid}) is making the hosts ready (checks, code shipped); the run is "
+               f"recorded once they are, and `tfl stop {preparing.run_id}` calls it off" if alive else
+               f"its background launcher (pid {pid}) ended before the run was recorded; nothing ran (its log: "
+               f"{preparing.run_dir}/launcher.log)")
+    tasks = [TaskView(task=task, host=host, state=PREPARING if alive else "gone", attempt=0, pid=None, alive=False,
+                      cpu_percent=None, rss_mb=None, uptime_s=None, exit_code=None, progress=None)
+             for task, host in preparing.tasks]
+    return RunView(run_id=preparing.run_id, job=preparing.job, state=PREPARING if alive else RunState.LOST.value, alive=0,
+                   total=len(tasks), started=preparing.created, duration_s=round(time.time() - preparing.created, 1),
+                   restarts=0, restart_reasons=[], message=message, tasks=tasks, network=preparing.network,
+                   launcher_pid=pid)
 
 
 def effective_state(record: RunRecord) -> RunState:
@@ -101,7 +128,7 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
     backend_state: dict[str, str] = backend.describe(record) if measure and isinstance(backend, GroupBackend) else {}
     now = time.time()
     return RunView(
-        run_id=record.run_id, job=record.job, state=effective_state(record).value,
+        run_id=record.run_id, job=record.job, state=_shown_state(effective_state(record), live),
         alive=sum(t.alive for t in tasks), total=len(tasks), started=record.created,
         duration_s=round((record.ended or now) - record.created, 1), restarts=len(record.restarts),
         restart_reasons=[r.reason for r in record.restarts], message=record.message, tasks=tasks,
@@ -116,6 +143,17 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
         launcher_pid=record.launcher_pid, from_launcher=any(t.source == "launcher" for t in live.values()),
         silent_hosts=sorted({t.host for t in tasks if t.state == NO_ANSWER}),
     )
+
+
+PENDING = "pending"  # a run whose tasks all wait in their engine's queue (a Slurm job PENDING); never recorded
+
+
+def _shown_state(state: RunState, live: dict[str, TaskLive]) -> str:
+    """The run's state as ``tfl status`` says it: a running run whose engine holds its tasks in
+    its queue (their live state ``pending``) and runs none of them is pending, not running."""
+    if state == RunState.RUNNING and any(t.state == PENDING for t in live.values()) and not any(t.alive for t in live.values()):
+        return PENDING
+    return state.value
 
 
 def _task_view(task: TaskRecord, live: TaskLive) -> TaskView:

@@ -34,8 +34,9 @@ from launcher.engines.base import Cleanup, GroupResize, Stopped, TaskLive, TaskP
 from launcher.engines.preflight import Check, HostTasks
 from launcher.engines.slurm import recorded
 from launcher.engines.slurm.job import SlurmJob, sbatch_message
-from launcher.engines.slurm.jobstate import Runner, run_command
+from launcher.engines.slurm.jobstate import CommandResult, Runner, run_command
 from launcher.engines.slurm.node.batch import read_task_info
+from launcher.engines.slurm.node.errors import SlurmError
 from launcher.engines.slurm.node.nodes import rank_of_task
 from launcher.engines.slurm.outcome import (
     Outcome,
@@ -206,13 +207,24 @@ class SlurmBackend:
 
     # --- a recorded run, from any terminal ------------------------------------------------
     def inspect(self, record: RunRecord, *, ask: bool) -> dict[str, TaskLive]:
-        return recorded.inspect(record, self._run)
+        return recorded.inspect(record, self._asking)
 
     def describe(self, record: RunRecord) -> dict[str, str]:
-        return recorded.describe(record, self._run)
+        return recorded.describe(record, self._asking)
 
     def stop_recorded(self, record: RunRecord, grace: float) -> Stopped:
-        return Stopped(recorded.stop(record, self._run, grace))
+        bad = conf_checks(self._environ)
+        if bad and record.state.is_terminal:  # its launcher ended the job; Slurm cannot be asked to make sure
+            return Stopped(unreached=[f"slurm: {bad[0].detail}"])
+        return Stopped(recorded.stop(record, self._asking, grace))
+
+    def _asking(self, argv: Sequence[str]) -> CommandResult:
+        """The runner of `tfl status` and `tfl stop`: a SLURM_CONF that names no file fails each
+        command at once, in one line naming the fix, not after Slurm's 60 s of retries."""
+        bad = conf_checks(self._environ)
+        if bad:
+            raise SlurmError(bad[0].detail)
+        return self._run(argv)
 
     def clean_recorded(self, record: RunRecord) -> Cleanup:
         """Nothing outside the run dir: a Slurm run's files (script, logs, progress) are in it,

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, Callable
 
-from launcher.contract import PROGRESS_FILE, RUN_DIR
+from launcher.contract import MODEL_DIR, PROGRESS_FILE, RUN_DIR
 from launcher.describe.hosts import HOST_CACHE, SSHTarget
 from launcher.engines.base import NO_ANSWER, Cleanup, Stopped, TaskLive
 from launcher.engines.parallel import parallel
@@ -262,13 +262,14 @@ def clean(record: RunRecord) -> Cleanup:
     """Remove the run's directories on every SSH host at once (the agent's ``remove``, which
     refuses anything not named after the run). An unreachable host is reported, not raised."""
     hosts = run_dirs_there(record)
+    shared = shared_model_dirs(record)
 
     def remove(host: str) -> dict[str, Any]:
         target, python, paths = hosts[host]
         conn = connect(target)
         try:
             answer: dict[str, Any] = agent_request(conn, python, {"mode": "remove", "run_id": record.run_id,
-                                                                  "paths": paths})
+                                                                  "paths": paths, "keep": shared.get(host, [])})
             return answer
         finally:
             conn.close()
@@ -285,7 +286,19 @@ def clean(record: RunRecord) -> Cleanup:
             elif "removed" in outcome:
                 done.removed.append(f"{host}:{path}")
                 done.bytes_freed += int(outcome["removed"])
+            elif "kept" in outcome and path not in done.kept:
+                done.kept.append(path)
     return done
+
+
+def shared_model_dirs(record: RunRecord) -> dict[str, list[str]]:
+    """host -> the model dirs on shared storage (``TFL_MODEL_DIR``) its tasks were given."""
+    dirs: dict[str, list[str]] = {}
+    for launch in LaunchPlan.from_dict(record.plan).tasks:
+        path = launch.env.get(MODEL_DIR)
+        if launch.ssh is not None and path and path not in dirs.setdefault(launch.host, []):
+            dirs[launch.host].append(path)
+    return dirs
 def cleanup(record: RunRecord) -> None:
     """Remove what the run shipped to its hosts (best effort, every host at once)."""
 

@@ -240,7 +240,8 @@ def cleanup(request: dict[str, Any]) -> dict[str, Any]:
 
 def remove(request: dict[str, Any]) -> dict[str, Any]:  # path -> {"removed": bytes} | {"absent": true} | {"error": why}
     """``tfl rm``/``tfl prune``: a finished run's directories, only ones named after the run (or a
-    host's dir right inside one: ``runs/<run>/<host>``), never through a link."""
+    host's dir right inside one: ``runs/<run>/<host>``), never through a link. The ``keep`` paths
+    (a model dir on shared storage) are only looked at: ``{"kept": true}`` where one exists."""
     import shutil
     result: dict[str, Any] = {}
     run_id = request["run_id"]
@@ -261,6 +262,8 @@ def remove(request: dict[str, Any]) -> dict[str, Any]:  # path -> {"removed": by
                 result[asked] = {"absent": True}
             except OSError as exc:
                 result[asked] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+    for kept in request.get("keep", []):
+        result.setdefault(kept, {"kept": True} if os.path.isdir(kept) else {"absent": True})
     return result
 
 
