@@ -84,31 +84,33 @@ def test_ctrl_c_ends_what_the_tasks_started_outside_their_groups(tmp_path: Path,
     assert len(escaped) == 4 and [p for p in escaped if pid_alive(p)] == [] and tfl_processes(home=str(tfl_home)) == []
 
 
-
-# Attempt 0 leaves a daemon (fork, setsid, fork; its pid in <dir>/daemon.<pid>) and fails; attempt 1
-# says whether that daemon is still there, as a restarted job would meet it (its port, its files).
+# Attempt 0 leaves a daemon (fork, setsid, fork; its pid in <dir>/<task>.<pid>) and fails; attempt 1
+# says whether its task's daemon is still there, as a restarted job would meet it (its port, its files).
 RESTARTED = """
     import os, sys, time
-    folder = sys.argv[1]
+    folder, task = sys.argv[1], os.environ["TFL_TASK"].replace(":", "-")
     if os.environ["TFL_ATTEMPT"] == "0":
         if os.fork() == 0:
             os.setsid()
             if os.fork() == 0:
-                open(os.path.join(folder, f"daemon.{os.getpid()}"), "w").close()
+                open(os.path.join(folder, f"{task}.{os.getpid()}"), "w").close()
                 time.sleep(120)
             os._exit(0)
         deadline = time.monotonic() + 60  # a hang guard
-        while not os.listdir(folder):
+        while not [f for f in os.listdir(folder) if f.startswith(task + ".")]:
             assert time.monotonic() < deadline
             time.sleep(0.05)
         sys.exit(1)
-    pid = int(os.listdir(folder)[0].split(".")[1])
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            alive = f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        alive = False
-    print("attempt 0's daemon:", "alive" if alive else "gone", flush=True)
+
+    def running(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    mine = [f for f in os.listdir(folder) if f.startswith(task + ".")]
+    print("attempt 0's daemon:", "alive" if any(running(f.rsplit(".", 1)[1]) for f in mine) else "gone", flush=True)
 """
 
 
