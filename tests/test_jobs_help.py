@@ -34,3 +34,25 @@ def test_a_mistyped_job_option_is_refused_before_tensorflow() -> None:
                           text=True, timeout=300)
     assert done.returncode == 2 and "unrecognized arguments: --epocs 3" in done.stderr, done.stderr
     assert done.stderr.rstrip().endswith("tensorflow imported: False"), done.stderr
+
+
+@pytest.mark.parametrize("option", ["--batch-size", "--steps-per-epoch", "--backup-every-steps", "--steps-per-execution",
+                                    "--virtual-devices"])
+def test_a_count_of_zero_is_refused_as_the_options_are_parsed(option: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--batch-size 0` was a ZeroDivisionError traceback after TensorFlow's start-up; `--steps-per-epoch 0`
+    silently meant the whole set."""
+    from launcher.jobkit import job_arguments
+
+    parser = job_arguments("a job", batch_size=32)
+    for bad, why in (("0", "0: give 1 or more"), ("-2", "-2: give 1 or more"), ("x", "'x' is not a whole number")):
+        with pytest.raises(SystemExit) as exited:
+            parser.parse_args([option, bad])
+        assert exited.value.code == 2 and f"argument {option}: {why}" in capsys.readouterr().err
+    assert getattr(parser.parse_args([option, "3"]), option[2:].replace("-", "_")) == 3
+
+
+def test_a_zero_batch_is_refused_before_tensorflow() -> None:
+    done = subprocess.run([sys.executable, "-c", PROBE, "jobs/mnist.py", "--batch-size", "0"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2 and "argument --batch-size: 0: give 1 or more" in done.stderr, done.stderr
+    assert done.stderr.rstrip().endswith("tensorflow imported: False"), done.stderr
