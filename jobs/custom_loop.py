@@ -19,14 +19,6 @@ from pathlib import Path
 
 from launcher import jobkit
 
-jobkit.select_tf_keras()  # before tensorflow is imported
-
-import numpy as np
-import tensorflow as tf
-import tf_keras as keras
-
-FEATURES, EXAMPLES = 8, 4096
-
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -38,6 +30,18 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+if __name__ == "__main__":
+    ARGS = parse_args()  # before TensorFlow is imported: --help and a wrong option answer at once
+
+jobkit.select_tf_keras()  # before tensorflow is imported
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+
+FEATURES, EXAMPLES = 8, 4096
+
+
 def synthetic_data(seed: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(EXAMPLES, FEATURES))
@@ -45,8 +49,7 @@ def synthetic_data(seed: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     return x.astype(dtype), y.astype(dtype)
 
 
-def main() -> None:
-    args = parse_args()
+def main(args: argparse.Namespace) -> None:
     keras.utils.set_random_seed(args.seed)
     keras.backend.set_floatx(args.dtype)
     context = jobkit.task_context()
@@ -94,4 +97,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -20,13 +20,6 @@ from pathlib import Path
 
 from launcher import jobkit
 
-jobkit.select_tf_keras()  # before tensorflow is imported: Keras 3 breaks under MultiWorkerMirroredStrategy
-
-import tensorflow as tf
-import tf_keras as keras
-
-FEATURES = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
-
 
 def parse_args() -> argparse.Namespace:
     parser = jobkit.job_arguments(__doc__.splitlines()[0], batch_size=64,
@@ -36,6 +29,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--no-augment", action="store_true")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     return parser.parse_args()
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # before TensorFlow is imported: --help and a wrong option answer at once
+
+jobkit.select_tf_keras()  # before tensorflow is imported: Keras 3 breaks under MultiWorkerMirroredStrategy
+
+import tensorflow as tf
+import tf_keras as keras
+
+FEATURES = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
 
 
 def parse(record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -65,8 +69,7 @@ def build_model(learning_rate: float | keras.optimizers.schedules.LearningRateSc
     return model
 
 
-def main() -> None:
-    args = parse_args()
+def main(args: argparse.Namespace) -> None:
     keras.utils.set_random_seed(args.seed)
     keras.backend.set_floatx(args.dtype)
     context = jobkit.task_context()
@@ -98,6 +101,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     try:
-        main()
+        main(ARGS)
     except jobkit.JobKitError as err:  # bad input: one line, no traceback
         sys.exit(f"fashion_records: {err}")

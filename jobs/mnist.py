@@ -15,12 +15,6 @@ import argparse
 
 from launcher import jobkit
 
-jobkit.select_tf_keras()  # before tensorflow is imported: Keras 3 breaks under MultiWorkerMirroredStrategy
-
-import numpy as np
-import tensorflow as tf
-import tf_keras as keras
-
 
 def parse_args() -> argparse.Namespace:
     parser = jobkit.job_arguments(__doc__.splitlines()[0], batch_size=64,
@@ -35,6 +29,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--no-replay", action="store_true",
                         help="with --input pipeline: resume without the replay (not exact)")
     return parser.parse_args()
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # before TensorFlow is imported: --help and a wrong option answer at once
+
+jobkit.select_tf_keras()  # before tensorflow is imported: Keras 3 breaks under MultiWorkerMirroredStrategy
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
 
 
 def build_model(learning_rate: float | keras.optimizers.schedules.LearningRateSchedule) -> keras.Model:
@@ -67,8 +71,7 @@ def scale(images: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     return tf.cast(images, keras.backend.floatx()) / 255.0, tf.cast(labels, tf.int64)
 
 
-def main() -> None:
-    args = parse_args()
+def main(args: argparse.Namespace) -> None:
     keras.utils.set_random_seed(args.seed)
     keras.backend.set_floatx(args.dtype)
     context = jobkit.task_context()
@@ -105,4 +108,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -19,17 +19,21 @@ import sys
 
 from launcher import jobkit
 
-jobkit.select_tf_keras()  # before tensorflow is imported: Keras 3 breaks under MultiWorkerMirroredStrategy
-
-import numpy as np
-import tensorflow as tf
-import tf_keras as keras
-
 
 def parse_args() -> argparse.Namespace:
     parser = jobkit.job_arguments(__doc__.splitlines()[0], batch_size=64, data_help="an mnist.npz file", backups=False)
     parser.add_argument("--hidden-layers", type=int, default=3, help="Dense 256 ReLU layers before the output")
     return parser.parse_args()
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # before TensorFlow is imported: --help and a wrong option answer at once
+
+jobkit.select_tf_keras()  # before tensorflow is imported: Keras 3 breaks under MultiWorkerMirroredStrategy
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
 
 
 class LayerPerDevice(keras.Model):  # type: ignore[misc]  # tf_keras is untyped
@@ -108,8 +112,7 @@ def scale(images: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     return tf.cast(images, tf.float32) / 255.0, tf.cast(labels, tf.int64)
 
 
-def main() -> None:
-    args = parse_args()
+def main(args: argparse.Namespace) -> None:
     keras.utils.set_random_seed(args.seed)
     context = jobkit.task_context()
     if context.is_multi_worker:
@@ -140,4 +143,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

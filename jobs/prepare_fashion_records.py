@@ -16,10 +16,6 @@ from pathlib import Path
 
 from launcher import jobkit
 
-jobkit.select_tf_keras()
-
-import tensorflow as tf
-
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -31,6 +27,14 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+if __name__ == "__main__":
+    ARGS = parse_args()  # before TensorFlow is imported: --help and a wrong option answer at once
+
+jobkit.select_tf_keras()
+
+import tensorflow as tf
+
+
 def example(image: tf.Tensor, label: int) -> bytes:
     png = tf.io.encode_png(tf.reshape(image, (28, 28, 1))).numpy()
     features = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[png])),
@@ -38,8 +42,7 @@ def example(image: tf.Tensor, label: int) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()  # type: ignore[no-any-return]
 
 
-def main() -> None:
-    args = parse_args()
+def main(args: argparse.Namespace) -> None:
     if args.shards < 1:
         raise SystemExit(f"--shards is {args.shards}; expected at least 1")
     (images, labels), _ = jobkit.load_mnist(args.data, dataset="fashion_mnist")
@@ -60,4 +63,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -15,6 +15,17 @@ import argparse
 
 from launcher import jobkit
 
+
+def parse_args() -> argparse.Namespace:
+    parser = jobkit.job_arguments(__doc__.splitlines()[0], batch_size=32, data_help="a reuters.npz file as keras ships it")
+    parser.add_argument("--num-words", type=int, default=10000, help="vocabulary: the most frequent N words")
+    parser.add_argument("--maxlen", type=int, default=300, help="stories are padded or cut to this many words")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # before TensorFlow is imported: --help and a wrong option answer at once
+
 jobkit.select_tf_keras()  # before tensorflow is imported: Keras 3 breaks under MultiWorkerMirroredStrategy
 
 import numpy as np
@@ -22,13 +33,6 @@ import tensorflow as tf
 import tf_keras as keras
 
 from launcher.jobkit.reuters import NUM_CLASSES
-
-
-def parse_args() -> argparse.Namespace:
-    parser = jobkit.job_arguments(__doc__.splitlines()[0], batch_size=32, data_help="a reuters.npz file as keras ships it")
-    parser.add_argument("--num-words", type=int, default=10000, help="vocabulary: the most frequent N words")
-    parser.add_argument("--maxlen", type=int, default=300, help="stories are padded or cut to this many words")
-    return parser.parse_args()
 
 
 def build_model(num_words: int, maxlen: int,
@@ -57,8 +61,7 @@ def to_dataset(stories: np.ndarray, labels: np.ndarray, maxlen: int) -> tf.data.
     return tf.data.Dataset.from_tensor_slices((padded, labels.astype("int64")))
 
 
-def main() -> None:
-    args = parse_args()
+def main(args: argparse.Namespace) -> None:
     keras.utils.set_random_seed(args.seed)
     context = jobkit.task_context()
     strategy = jobkit.make_strategy(context, virtual_devices=args.virtual_devices)
@@ -93,4 +96,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

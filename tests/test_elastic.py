@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from itertools import combinations
 from pathlib import Path
 from typing import Any
@@ -220,3 +221,28 @@ def test_the_ssh_watch_lets_a_lost_host_take_tasks_again_once_it_answers() -> No
     assert lost is not None and Task.declared == [lost.describe()]
     assert watch.forget("h2")  # a probe logged in there again (``SSHBackend.probe``)
     assert watch.lost("h2") is None and not watch.forget("h2")
+
+
+def test_min_tasks_on_one_host_is_said_to_gain_nothing_but_the_batch(tmp_path: Path, tfl_home: Path) -> None:
+    """`--local N --min-tasks M`: every task shares the one host there is to lose. Allowed (the
+    kept global batch still counts: a fixed-size control run uses it), but said in one line."""
+    import subprocess
+    import sys
+
+    from launcher.plan.resize import one_host_warning
+
+    assert one_host_warning(plan(THREE, storage=STORAGE), 2) is None  # several hosts: truly elastic
+    assert one_host_warning(plan({"chief": ["localhost:1"], "worker": ["localhost:2"]}), None) is None  # not elastic
+    job = tmp_path / "job.py"
+    job.write_text("import os; print('batch', os.environ['TFL_GLOBAL_BATCH'])\n")
+    done = subprocess.run([sys.executable, "-m", "launcher", "launch", str(job), "--local", "2", "--min-tasks", "1",
+                           "--global-batch", "8"], env={**os.environ, "TFL_HOME": str(tfl_home)}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.count("batch 8") == 2, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "--min-tasks" in line]
+    assert warned == ["tfl: warning: --min-tasks 1 gains nothing here: every training task runs on 127.0.0.1, so no "
+                      "host can be lost while others go on; it keeps the global batch, and tasks failing "
+                      "--blacklist-after 2 attempts in a row lose that host, which ends the run whatever --max-restarts "
+                      "allows; spread the tasks over hosts with --cluster FILE for an elastic run"], done.stderr
+    local = plan({"chief": ["localhost:1"], "worker": ["localhost:2"]})
+    assert "lose that host" not in str(one_host_warning(local, 1, blacklist_after=0))  # 0: never lost for failing

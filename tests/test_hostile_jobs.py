@@ -84,6 +84,49 @@ def test_ctrl_c_ends_what_the_tasks_started_outside_their_groups(tmp_path: Path,
     assert len(escaped) == 4 and [p for p in escaped if pid_alive(p)] == [] and tfl_processes(home=str(tfl_home)) == []
 
 
+# Attempt 0 leaves a daemon (fork, setsid, fork; its pid in <dir>/<task>.<pid>) and fails; attempt 1
+# says whether its task's daemon is still there, as a restarted job would meet it (its port, its files).
+RESTARTED = """
+    import os, sys, time
+    folder, task = sys.argv[1], os.environ["TFL_TASK"].replace(":", "-")
+    if os.environ["TFL_ATTEMPT"] == "0":
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                open(os.path.join(folder, f"{task}.{os.getpid()}"), "w").close()
+                time.sleep(120)
+            os._exit(0)
+        deadline = time.monotonic() + 60  # a hang guard
+        while not [f for f in os.listdir(folder) if f.startswith(task + ".")]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        sys.exit(1)
+
+    def running(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    mine = [f for f in os.listdir(folder) if f.startswith(task + ".")]
+    print("attempt 0's daemon:", "alive" if any(running(f.rsplit(".", 1)[1]) for f in mine) else "gone", flush=True)
+"""
+
+
+def test_a_restart_begins_without_what_the_last_attempt_left(tmp_path: Path, child_env: dict[str, str],
+                                                            tfl_home: Path) -> None:
+    job, pids = tmp_path / "restarted.py", tmp_path / "pids"
+    job.write_text(textwrap.dedent(RESTARTED))
+    pids.mkdir()
+    done = subprocess.run([sys.executable, "-m", "launcher", "launch", str(job), "--local", "1", "--max-restarts", "1",
+                           "--", str(pids)], env=child_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "1 restart(s)" in done.stderr, done.stderr
+    assert "attempt 0's daemon: gone" in done.stdout, done.stdout
+    assert "the tasks left outside their process groups" in done.stderr and "before attempt 1" in done.stderr
+    assert [p for p in _escaped(pids) if pid_alive(p)] == []
+
+
 # Prints for about 4 s: the console's reader goes away while the tasks still print.
 CHATTY = """
     import time

@@ -14,7 +14,7 @@ from launcher import contract
 from launcher.engines.ssh.node import agent_tasks
 from tests.procs import pid_alive
 from tests.sshd import Sshd
-from tests.test_hostile_jobs import ESCAPES
+from tests.test_hostile_jobs import ESCAPES, RESTARTED
 from tests.test_ssh import only_run, tfl, two_hosts, write_job
 
 pytestmark = pytest.mark.ssh
@@ -40,5 +40,24 @@ def test_a_daemon_a_remote_task_left_ends_with_the_run(sshd: Sshd, tmp_path: Pat
         assert [p for p in escaped if pid_alive(p)] == [], f"left on the hosts after run {only_run(tfl_home)}"
     finally:
         for pid in escaped:
+            if pid_alive(pid):
+                os.kill(pid, 9)
+
+
+def test_a_restart_on_a_host_begins_without_what_the_last_attempt_left(sshd: Sshd, tmp_path: Path, tfl_home: Path,
+                                                                      child_env: dict[str, str]) -> None:
+    """The agent's session spans the attempts: it ends the last attempt's leftovers as the next one's tasks come."""
+    pids = tmp_path / "pids"
+    pids.mkdir(mode=0o777)
+    job = write_job(tmp_path / "src", textwrap.dedent(RESTARTED))
+    cluster = two_hosts(tmp_path, sshd, tfl_home)
+    try:
+        result = tfl(["launch", str(job), "--cluster", str(cluster), "--max-restarts", "1", "--", str(pids),
+                      "--model-dir", str(tmp_path / "model")], child_env, timeout=180)  # one machine: a shared dir
+        assert result.returncode == 0 and "1 restart(s)" in result.stderr, result.stderr[-3000:]
+        # the chief's daemon surely started (attempt 0's chief waited for it); the worker may have been stopped before its own
+        assert "[chief:0] attempt 0's daemon: gone" in result.stdout.replace("[chief:0]  ", "[chief:0] "), result.stdout
+    finally:
+        for pid in [int(p.name.rsplit(".", 1)[1]) for p in pids.iterdir()]:
             if pid_alive(pid):
                 os.kill(pid, 9)

@@ -102,3 +102,15 @@ def test_watch_redraws_the_list(store: RunStore, monkeypatch: pytest.MonkeyPatch
     result = runner.invoke(app, ["status", "--watch"])
     assert result.exit_code == 0, result.output
     assert result.stdout.count("RUN  ") == 2 and "\033[2J" not in result.stdout  # two frames; not a terminal: no clearing
+
+
+def test_ctrl_c_ends_a_logs_follow_as_it_ends_a_status_watch(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user who stops watching did not fail: both viewers (and `tfl tensorboard`) exit 0 on Ctrl-C."""
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("launcher.runs.stop.show_logs", interrupted)
+    monkeypatch.setattr("launcher.views.report.watch", interrupted)
+    followed = runner.invoke(app, ["logs", "running-one", "--follow"])
+    watched = runner.invoke(app, ["status", "--watch"])
+    assert (followed.exit_code, watched.exit_code) == (0, 0), followed.output

@@ -70,7 +70,7 @@ def launch(
     from launcher.describe.hosts import RemoteOptions
     from launcher.plan.build import render_plan
     from launcher.plan.network import public_warnings
-    from launcher.plan.resize import elastic_options
+    from launcher.plan.resize import elastic_options, one_host_warning
     from launcher.plan.run_options import SupervisorConfig
     from launcher.runs import launch as core
     from launcher.views.report import summary
@@ -94,8 +94,9 @@ def launch(
         typer.echo(render_plan(plan))
         _note(note)
         return
-    for warning in public_warnings(plan):
-        typer.echo(f"tfl: warning: {warning}", err=True)
+    for warning in [*public_warnings(plan), one_host_warning(plan, config.min_tasks, config.blacklist_after)]:
+        if warning:
+            typer.echo(f"tfl: warning: {warning}", err=True)
     if detach:
         _detach(plan, store, config, note)
         return

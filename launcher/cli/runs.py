@@ -138,7 +138,7 @@ def logs(
         _core(lambda: show_logs(store, record, sys.stdout, task=task, follow=follow, colour=_colour(), verbose=verbose,
                                    tail=tail))
     except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+        pass  # a user who stops following did not fail: exit 0, as `tfl status --watch` and `tfl tensorboard`
 
 
 @app.command(cls=_Command)

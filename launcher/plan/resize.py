@@ -211,6 +211,21 @@ def check_elastic(plan: LaunchPlan, *, min_tasks: int | None, batch: str = "glob
     return _with_global_batch(plan, _check_batch(min_tasks, size, global_batch, virtual_devices or 1))
 
 
+def one_host_warning(plan: LaunchPlan, min_tasks: int | None, blacklist_after: int = 0) -> str | None:
+    """An elastic run whose training tasks all share one host (``--local N``) cannot lose part of
+    its group: allowed (its kept global batch still counts, as a fixed-size control run uses it),
+    said in one line with what ``--min-tasks`` still does there: with ``--blacklist-after K``, K
+    failed attempts in a row lose the one host, which ends the run whatever ``--max-restarts`` allows."""
+    hosts = {t.host for t in plan.training_tasks}
+    if min_tasks is None or plan.unit is not None or len(hosts) != 1:
+        return None
+    ends = (f", and tasks failing --blacklist-after {blacklist_after} attempts in a row lose that host, which ends the "
+            "run whatever --max-restarts allows") if blacklist_after else ""
+    return (f"--min-tasks {min_tasks} gains nothing here: every training task runs on {hosts.pop()}, so no host can be "
+            f"lost while others go on; it keeps the global batch{ends}; spread the tasks over hosts with --cluster FILE "
+            "for an elastic run")
+
+
 def _check_shared(plan: LaunchPlan, min_tasks: int) -> None:
     hosts = sorted({t.host for t in plan.tasks})
     remote = any(t.ssh is not None for t in plan.tasks)

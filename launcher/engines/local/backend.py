@@ -69,6 +69,7 @@ class LocalBackend:
         self._kits: set[str] = set()  # job kit copies made for this run (tasks under another python than tfl's)
         self._network: PrivateNetwork | None = None  # the run's namespace (``--network private``/auto)
         self._marker: tuple[str, str | None] | None = None  # the run's TFL_RUN_ID and TFL_RUN_DIR, once a task started
+        self._attempt: int | None = None  # the attempt of the last task started
 
     # --- before a run -------------------------------------------------------------------
     def probe(self, hosts: Sequence[HostTasks], *, quick: bool) -> list[Check]:
@@ -121,6 +122,11 @@ class LocalBackend:
     # --- a live run ---------------------------------------------------------------------
     def start(self, launch: TaskLaunch, attempt: int) -> TaskProcess:
         env = {**os.environ, **launch.env, "TFL_ATTEMPT": str(attempt)}
+        if self._attempt is not None and attempt != self._attempt:
+            # the first task of the next attempt: the last one's tasks are all torn down, so what carries
+            # the marker now is what they left, which would meet this attempt (its ports, its files)
+            self._end_leftovers(f" before attempt {attempt}")
+        self._attempt = attempt
         if RUN_ID in launch.env:
             self._marker = (launch.env[RUN_ID], launch.env.get(RUN_DIR))
         if launch.cwd and not os.path.isdir(launch.cwd):
@@ -201,17 +207,18 @@ class LocalBackend:
         if self._network is not None:
             self._network.close()
 
-    def _end_leftovers(self) -> None:
+    def _end_leftovers(self, when: str = "") -> None:
         """A process a task started in a session or process group of its own (a daemon's double
         fork and setsid) outlives the task's group: found by the run's marker, as ``tfl stop``
-        finds it, and ended with the run. Once per run: ``close`` may be called again."""
+        finds it, and ended with its attempt (``start``) or the run. Once per marker: ``close``
+        may be called again."""
         marker, self._marker = self._marker, None
         if marker is None:
             return
         left = identity.marked_processes(marker[0], {}, marker[1])
         if left:
             say(f"tfl: ending {len(left)} process(es) the tasks left outside their process groups "
-                 f"(pid {', '.join(str(p.pid) for p in left)})")
+                 f"(pid {', '.join(str(p.pid) for p in left)}){when}")
             teardown(left, signal=identity.signal_group, alive=identity.is_running, grace=LEFTOVER_GRACE, kill_wait=5.0)
 
     # --- a recorded run -----------------------------------------------------------------

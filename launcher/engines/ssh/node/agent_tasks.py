@@ -172,6 +172,7 @@ class Session:
         self._early: dict[int, list[int]] = {}  # signals for a task not started yet: sent once it is
         self._threads: list[threading.Thread] = []
         self._marks: set[tuple[str, ...]] = set()  # each task started here: its MARKS values
+        self._ending = threading.Lock()  # held while an earlier attempt's leftovers are ended (``_next_attempt``)
 
     def serve(self) -> int:
         threading.Thread(target=self._commands, daemon=True).start()
@@ -221,14 +222,25 @@ class Session:
         frames = Tagged(self.frames, ident)
         env = request.get("env") or {}
         if env.get(MARKS[0]):
-            with self._lock:
-                self._marks.add(tuple(str(env.get(name, "")) for name in MARKS))
+            self._next_attempt(tuple(str(env.get(name, "")) for name in MARKS))
         try:
             code = run(request, frames, self, lambda pgid: self._started(ident, pgid))
         except Exception as exc:  # noqa: BLE001 - said to the launcher, never a silent task
             frames.control({"error": "the agent failed: %s: %s" % (type(exc).__name__, exc)})
             code = 126
         frames.control({"gone": code})
+
+    def _next_attempt(self, mark: tuple[str, ...]) -> None:
+        """The first task of a restart here: what the earlier attempts' tasks left outside their
+        groups (their groups are torn down by now) is ended before it starts, so that it cannot hold
+        this attempt's ports or files. The attempt's other tasks wait for that on ``_ending``."""
+        with self._ending:
+            with self._lock:
+                earlier = {m for m in self._marks if m[:2] == mark[:2] and m[2] != mark[2]}
+                self._marks -= earlier
+                self._marks.add(mark)
+            if earlier:
+                end_leftovers(earlier)
 
 
 class Heard(Protocol):
