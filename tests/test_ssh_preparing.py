@@ -5,7 +5,6 @@ record yet: `tfl status` from a second terminal listed nothing, so a user could 
 from __future__ import annotations
 
 import json
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -13,10 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.describe.ports import free_port
-from tests.sshd import HOSTS, Sshd, cluster_file
-from tests.test_ssh import SLEEP_JOB, wait_for, write_job
-from tests.test_ssh_prepare_signals import shipped, snapshot
+from tests.sshd import HOSTS, Sshd
+from tests.test_ssh import wait_for
+from tests.test_ssh_prepare_signals import held_launch, shipped
 
 pytestmark = pytest.mark.ssh
 
@@ -27,20 +25,11 @@ def tfl(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str
 
 def test_a_detached_launch_being_prepared_is_listed_and_stop_calls_it_off(sshd: Sshd, tmp_path: Path, tfl_home: Path,
                                                                           child_env: dict[str, str]) -> None:
-    go = tmp_path / "go"
-    held = sshd.home("127.0.0.3") / ".bashrc"  # holds 127.0.0.3's login until `go`: the launch stays preparing
-    before = snapshot(sshd)
-    held.write_text(f"while [ ! -e {shlex.quote(str(go))} ]; do sleep 0.05; done\n")
     background: list[psutil.Process] = []
+    stop: subprocess.Popen[str] | None = None
     try:
-        job = write_job(tmp_path / "src", SLEEP_JOB)
-        cluster = cluster_file(tmp_path / "cluster.json", sshd, {"chief": [f"127.0.0.2:{free_port()}"],
-                                                                 "worker": [f"127.0.0.3:{free_port()}"]},
-                               {"127.0.0.2": None, "127.0.0.3": None})
-        launcher = subprocess.Popen([sys.executable, "-m", "launcher", "launch", str(job), "--cluster", str(cluster),
-                                     "--detach"], env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            wait_for(lambda: any(p.glob("*/code/job.py") for p in shipped(sshd, "127.0.0.2", before)), timeout=120)
+        with held_launch(sshd, tmp_path, child_env, "--detach") as held:  # 127.0.0.3's login held: still preparing
+            launcher, before = held.launcher, held.before
             background = psutil.Process(launcher.pid).children()
             (run,) = [p.name for p in (tfl_home / "runs").iterdir()]
 
@@ -58,17 +47,13 @@ def test_a_detached_launch_being_prepared_is_listed_and_stop_calls_it_off(sshd: 
             stop = subprocess.Popen([sys.executable, "-m", "launcher", "stop", run], env=child_env, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
             wait_for(lambda: (tfl_home / "runs" / run / "stop_requested").exists() or stop.poll() is not None, timeout=60)
-            go.touch()  # 127.0.0.3 goes on: what was shipped there must go as well
+            held.go.touch()  # 127.0.0.3 goes on: what was shipped there must go as well
             stopped_out, stopped_err = stop.communicate(timeout=120)
             _, err = launcher.communicate(timeout=120)
-        finally:
-            for proc in (launcher, *(p for p in [locals().get("stop")] if p is not None)):
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
     finally:
-        held.unlink()
-        go.touch()
+        if stop is not None and stop.poll() is None:
+            stop.kill()
+            stop.wait()
         gone, alive = psutil.wait_procs(background, timeout=60)
         for proc in alive:
             proc.kill()
