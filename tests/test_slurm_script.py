@@ -133,10 +133,15 @@ fi
 echo "7.0 training.mnist-1"; echo "7.1 evaluator.mnist-1"; echo "7.2 training.other-run"
 """
 FAKE_SCONTROL = '#!/bin/bash\necho "JobId=7 JobState=RUNNING PreemptTime=${PREEMPT_TIME:-None} SuspendTime=None"\n'
+# A step squeue lists has been started, but its srun may not have written its pid yet (a loaded
+# machine: the evaluator's step took over its 0.5 s evaluator_timeout to get there, the kill found no
+# pid, and the step ended 137 after the grace): scancel waits for it, as Slurm signals a step it knows.
 FAKE_SCANCEL = """#!/bin/bash
 echo "$*" >> "$FAKE/scancel"
 sig=${1#--signal=}
-case "$2" in 7.0) kill -s "$sig" "$(cat "$FAKE/training.pid")" ;; 7.1) kill -s "$sig" "$(cat "$FAKE/evaluator.pid")" ;; esac
+case "$2" in 7.0) pid_file="$FAKE/training.pid" ;; 7.1) pid_file="$FAKE/evaluator.pid" ;; *) exit 0 ;; esac
+for _ in $(seq 600); do [ -s "$pid_file" ] && break; sleep 0.05; done  # a hang guard: 30 s
+kill -s "$sig" "$(cat "$pid_file")"
 """
 FAKE_PYTHON = '#!/bin/bash\n[ "$2" = launcher.engines.slurm.node.task ] && [ "$3" = nodes ] && echo n1=127.0.0.1,n2=127.0.0.1\n'
 
