@@ -18,7 +18,7 @@ The nodes' session dirs, Ray's address file (``RAY_TMPDIR``) and their per-user 
 task runners keep their dirs) lie in a private temp dir. The environment variables the cluster
 needs are set in this process only while it lives (its nodes, also those added later, inherit
 them); ``stop_ray_cluster`` puts ``os.environ`` back exactly as it was, stops every Ray process
-it started by pid, and returns those it had to kill.
+it started by identity (pid and start time), and returns those it had to kill.
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ class RayCluster:
     cluster: Any  # ray.cluster_utils.Cluster
     root: str  # the private dir of its sessions and caches
     saved_env: dict[str, str]  # os.environ before the cluster: put back by stop_ray_cluster
-    pids: set[int] = field(default_factory=set)  # every Ray process it started (more join as nodes are added)
+    # Every Ray process it started (more join as nodes are added), by identity: pid and start time. By the
+    # module's end the pid of one that ended (a killed node's) may be another's: pid_max 32768 wraps in minutes.
+    procs: set[psutil.Process] = field(default_factory=set)
 
     @property
     def address(self) -> str:
@@ -75,7 +77,7 @@ class RayCluster:
     def _add_node(self, tries: int) -> Any:
         for attempt in range(tries):
             before = _of_root(self.root)
-            known = self.pids | {c.pid for p in self.pids for c in _children(p)}
+            known = self.procs | {c for p in self.procs for c in _children(p)}
             try:
                 node = self.cluster.add_node(**_node_args())
             except Exception:
@@ -90,21 +92,28 @@ class RayCluster:
 
     def _note(self, node: Any) -> None:
         for infos in node.all_processes.values():
-            self.pids.update(i.process.pid for i in infos)
+            self.procs.update(p for p in map(_process, (i.process.pid for i in infos)) if p is not None)
 
     def kill_node(self, node_id: str) -> None:
         """A node's death: its raylet and every process under it (workers, agents), SIGKILL at once.
         Never through ``Cluster.remove_node``: on the head that also takes the GCS down (the whole cluster)."""
         node = self.node_of(node_id)
         assert node is not self.cluster.head_node, "the head is the launcher's node: no task runs there"
-        raylet = next(i.process.pid for i in node.all_processes["raylet"])
-        victims = [raylet, *(c.pid for c in _children(raylet))]
-        _kill(victims)
+        raylet = _process(next(i.process.pid for i in node.all_processes["raylet"]))
+        if raylet is not None:
+            _kill([raylet, *_children(raylet)])
 
 
-def _children(pid: int) -> list[psutil.Process]:
+def _process(pid: int) -> psutil.Process | None:
     try:
-        return psutil.Process(pid).children(recursive=True)
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+def _children(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children(recursive=True) if proc.is_running() else []
     except psutil.Error:
         return []
 
@@ -116,31 +125,33 @@ def _node_args() -> dict[str, Any]:
     return {**NODE_ARGS, **dict(zip(names, free_ports(len(names)), strict=True))}
 
 
-def _alive(pids: set[int]) -> list[int]:
+def _alive(procs: set[psutil.Process]) -> list[psutil.Process]:
+    """Those still running (is_running: the same pid *and* start time) and not zombies."""
     found = []
-    for pid in pids:
+    for proc in procs:
         try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                found.append(pid)
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
         except psutil.Error:
             pass
-    return found
+    return sorted(found, key=lambda p: p.pid)
 
 
-def _of_root(root: str) -> set[int]:
+def _of_root(root: str) -> set[psutil.Process]:
     """Every live process whose command line names the cluster's private dir (its session dir is
     there): Ray's GCS, raylets, workers and helpers, also those of a node that failed to start."""
     found = set()
     for proc in psutil.process_iter(["pid", "cmdline"]):
         if any(root in part for part in proc.info["cmdline"] or ()):
-            found.add(proc.info["pid"])
+            found.add(proc)
     return found
 
 
-def _kill(pids: set[int] | list[int]) -> None:
-    for pid in pids:
+def _kill(procs: set[psutil.Process] | list[psutil.Process]) -> None:
+    for proc in procs:
         try:
-            psutil.Process(pid).kill()
+            if proc.is_running():  # never a process that got the pid of one of ours that ended
+                proc.kill()
         except psutil.Error:
             pass
 
@@ -161,9 +172,9 @@ def _urgent_start(root: str) -> Iterator[None]:
     finally:
         if raised:
             os.setpriority(os.PRIO_PROCESS, 0, normal)
-            for pid in _of_root(root):
+            for proc in _of_root(root):
                 try:
-                    os.setpriority(os.PRIO_PROCESS, pid, normal)
+                    os.setpriority(os.PRIO_PROCESS, proc.pid, normal)
                 except OSError:
                     pass
 
@@ -208,35 +219,35 @@ def _start(root: str, nodes: int, saved: dict[str, str], system_config: dict[str
 
 
 def stop_ray_cluster(found: RayCluster) -> list[int]:
-    """Shut the cluster down, kill by pid whatever of it outlived that, put ``os.environ`` back as it
+    """Shut the cluster down, kill whatever of it outlived that, put ``os.environ`` back as it
     was before the cluster; the pids that were left."""
-    pids = set(found.pids) | _of_root(found.root)
-    for pid in list(pids):  # workers and runners the raylets started are theirs: take them too
-        pids.update(c.pid for c in _children(pid))
+    procs = set(found.procs) | _of_root(found.root)
+    for proc in list(procs):  # workers and runners the raylets started are theirs: take them too
+        procs.update(_children(proc))
     try:
         found.cluster.shutdown()
     except Exception:  # noqa: BLE001 (a node already removed by a test; the pids below are the proof)
         pass
     deadline = time.monotonic() + 15
-    while _alive(pids) and time.monotonic() < deadline:
+    while _alive(procs) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = _alive(pids | _of_root(found.root))
+    left = _alive(procs | _of_root(found.root))
     _kill(left)
     shutil.rmtree(found.root, ignore_errors=True)
     _restore_env(found.saved_env)
-    return left
+    return [p.pid for p in left]
 
 
 def task_runners(found: RayCluster) -> list[int]:
     """The live actor processes of tfl's task runners on the cluster's nodes (``ray::TaskRunner...``)."""
-    pids = set(found.pids)
-    for pid in list(pids):
-        pids.update(c.pid for c in _children(pid))
+    procs = set(found.procs)
+    for proc in list(procs):
+        procs.update(_children(proc))
     runners = []
-    for pid in _alive(pids):
+    for proc in _alive(procs):
         try:
-            if psutil.Process(pid).cmdline()[:1] and psutil.Process(pid).cmdline()[0].startswith("ray::TaskRunner"):
-                runners.append(pid)
+            if proc.cmdline()[:1] and proc.cmdline()[0].startswith("ray::TaskRunner"):
+                runners.append(proc.pid)
         except psutil.Error:
             pass
     return runners

@@ -18,6 +18,8 @@ import psutil
 import pytest
 
 from launcher.records.identity import ProcessIdentity, find_process, start_ticks
+from launcher.records.states import RunState
+from launcher.records.store import RunStore
 from tests.procs import tfl_processes
 
 SLEEP = """
@@ -55,13 +57,22 @@ def detached_run(tmp_path: Path, child_env: dict[str, str], tfl_home: Path) -> s
                               "--grace-period", "1"], env=child_env, capture_output=True, text=True, timeout=60)
     assert started.returncode == 0, started.stderr
     run = started.stdout.strip()
-    deadline = time.monotonic() + 30
-    while len(tfl_processes(run_id=run)) < 1 and time.monotonic() < deadline:
+    # Its task running *and* recorded, as the tests' first look expects ("running", alive 1): the task's
+    # process exists a moment before the launcher saves its pid and then the run's "running" (a loaded
+    # machine: longer than a `tfl status` takes to start, which then said "starting").
+    deadline = time.monotonic() + 30  # a hang guard
+    while not _running_and_recorded(tfl_home, run) and time.monotonic() < deadline:
         time.sleep(0.05)
     yield run
     stopped = subprocess.run([sys.executable, "-m", "launcher", "stop", run], env=child_env, capture_output=True,
                              text=True, timeout=60)
     assert stopped.returncode == 0, stopped.stderr
+
+
+def _running_and_recorded(home: Path, run: str) -> bool:
+    record = RunStore(home).load(run)
+    return (record.state == RunState.RUNNING and all(t.pid for t in record.tasks)
+            and len(tfl_processes(run_id=run)) == 1)
 
 
 def status(run: str, env: dict[str, str], **seen: object) -> dict[str, object]:

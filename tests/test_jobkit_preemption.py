@@ -85,7 +85,12 @@ def test_inside_training_a_group_that_stops_progressing_ends_as_sigterm_would(tm
 
 
 def test_inside_training_the_notice_is_recorded_and_the_save_is_never_cut_short(tmp_path: Path) -> None:
-    code, out, _ = run_with_notice(tmp_path, setup="""
+    # The peer answers at once, as a live group's do. The clock of the stall limit (0.5 s here) runs from
+    # the notice, and the save can begin only once the peer probe has ended: with the peer "b", the
+    # resolver's time to say "b" does not exist (LLMNR, a slow DNS: up to the probe's whole 0.5 s) came
+    # out of that limit, and the guard could end the task before its save began.
+    with socket.create_server(("127.0.0.1", 0)) as alive:
+        code, out, _ = run_with_notice(tmp_path, worker=f"127.0.0.1:{alive.getsockname()[1]}", setup="""
         import threading
         notice.training_begins()
         notice.step_done(); notice.step_done(); notice.epoch_done()

@@ -50,9 +50,9 @@ class Bystanders:
 
     def take(self, pid: int) -> subprocess.Popen[bytes] | None:
         """A bystander on ``pid``, or None when the kernel keeps that pid for its holder."""
+        if os.path.exists(f"/proc/{pid}"):
+            return None  # in use (a zombie too): the kernel skips it
         for _ in range(50):
-            if os.path.exists(f"/proc/{pid}"):
-                return None  # in use (a zombie too): the kernel skips it
             with open(NS_LAST_PID, "w") as f:
                 f.write(str(pid - 1))
             proc = subprocess.Popen(BYSTANDER, start_new_session=True)
@@ -61,6 +61,13 @@ class Bystanders:
                 return proc
             proc.kill()  # another process on the machine forked in between: try again
             proc.wait()
+            # That fork may have got ``pid`` itself (it is the next fork's after our write): it is not the
+            # holder this test asks about, only a stranger of the machine (a sleep of a fake script, a cat).
+            # Once it has ended, the pid is free again; taking it for the kernel's keeping was a flake.
+            deadline = time.monotonic() + 30  # a hang guard: the machine's forks are mostly short-lived
+            while os.path.exists(f"/proc/{pid}"):
+                assert time.monotonic() < deadline, f"pid {pid} went to another process of the machine, which still runs"
+                time.sleep(0.01)
         raise AssertionError(f"could not get pid {pid} in 50 tries")
 
     def kill_all(self) -> None:

@@ -20,7 +20,7 @@ from launcher.engines.slurm.outcome import PREEMPTED, Outcome, preempted_step, p
 from launcher.engines.slurm.script import BatchJob, render_batch_script, sbatch_header
 from launcher.engines.slurm.settings import parse_slurm_cluster
 from launcher.errors import ClusterFileError
-from tests.test_slurm_script import batch, events, fake_slurm
+from tests.test_slurm_script import batch, events, fake_slurm, kill_script
 
 PREEMPTED_LINES = ("srun: error: n1: task 0: Exited with exit code 170\n"
                    "srun: error: n2: task 1: Exited with exit code 170\n")
@@ -61,7 +61,7 @@ def notice_when_waiting(tmp_path: Path, script: subprocess.Popen[str], attempt: 
     ``attempt``'s training step waits for it."""
     deadline = time.monotonic() + 60
     while not (tmp_path / f"waiting.{attempt}").exists():
-        assert time.monotonic() < deadline and script.poll() is None, script.communicate()
+        assert time.monotonic() < deadline and script.poll() is None, kill_script(script)
         time.sleep(0.05)
     script.send_signal(signal.SIGTERM)
 
@@ -177,16 +177,17 @@ def test_slurm_preempting_without_requeue_ends_the_script(tmp_path: Path) -> Non
 def test_slurm_preempting_with_requeue_waits_for_slurm(tmp_path: Path) -> None:
     script = start_script(tmp_path, batch(str(tmp_path), requeue=True),
                           preemptible(tmp_path, PREEMPT_ATTEMPTS="0", PREEMPT_TIME="2026-11-25T01:15:14"))
-    notice_when_waiting(tmp_path, script, 0)
-    deadline = time.monotonic() + 30
-    while "training 0 exit 170" not in (events(tmp_path) if Path(RunFiles(str(tmp_path)).events).exists() else []):
-        assert time.monotonic() < deadline and script.poll() is None
-        time.sleep(0.05)
-    time.sleep(1.5)
-    assert script.poll() is None  # waits for Slurm to end it (GraceTime), then to requeue the job
-    assert "training 1 start" not in events(tmp_path) and "end" not in " ".join(events(tmp_path))
-    script.kill()
-    _, err = script.communicate(timeout=30)
+    try:  # the script waits for Slurm forever (`while :; do sleep 1; done`): ended here, passed or not
+        notice_when_waiting(tmp_path, script, 0)
+        deadline = time.monotonic() + 30
+        while "training 0 exit 170" not in (events(tmp_path) if Path(RunFiles(str(tmp_path)).events).exists() else []):
+            assert time.monotonic() < deadline and script.poll() is None
+            time.sleep(0.05)
+        time.sleep(1.5)
+        assert script.poll() is None  # waits for Slurm to end it (GraceTime), then to requeue the job
+        assert "training 1 start" not in events(tmp_path) and "end" not in " ".join(events(tmp_path))
+    finally:
+        _, err = kill_script(script)
     assert "tfl: Slurm preempts job 7; it will be requeued and go on from the checkpoint" in err
 
 

@@ -3,6 +3,7 @@ run by bash against fake srun/squeue/scancel (restarts, stop, the evaluator's en
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
@@ -133,10 +134,15 @@ fi
 echo "7.0 training.mnist-1"; echo "7.1 evaluator.mnist-1"; echo "7.2 training.other-run"
 """
 FAKE_SCONTROL = '#!/bin/bash\necho "JobId=7 JobState=RUNNING PreemptTime=${PREEMPT_TIME:-None} SuspendTime=None"\n'
+# A step squeue lists has been started, but its srun may not have written its pid yet (a loaded
+# machine: the evaluator's step took over its 0.5 s evaluator_timeout to get there, the kill found no
+# pid, and the step ended 137 after the grace): scancel waits for it, as Slurm signals a step it knows.
 FAKE_SCANCEL = """#!/bin/bash
 echo "$*" >> "$FAKE/scancel"
 sig=${1#--signal=}
-case "$2" in 7.0) kill -s "$sig" "$(cat "$FAKE/training.pid")" ;; 7.1) kill -s "$sig" "$(cat "$FAKE/evaluator.pid")" ;; esac
+case "$2" in 7.0) pid_file="$FAKE/training.pid" ;; 7.1) pid_file="$FAKE/evaluator.pid" ;; *) exit 0 ;; esac
+for _ in $(seq 600); do [ -s "$pid_file" ] && break; sleep 0.05; done  # a hang guard: 30 s
+kill -s "$sig" "$(cat "$pid_file")"
 """
 FAKE_PYTHON = '#!/bin/bash\n[ "$2" = launcher.engines.slurm.node.task ] && [ "$3" = nodes ] && echo n1=127.0.0.1,n2=127.0.0.1\n'
 
@@ -207,14 +213,24 @@ def start_with_both_steps(tmp_path: Path, **env: str) -> subprocess.Popen[str]:
     b = BatchJob(**{**batch(str(tmp_path), restarts=3, evaluator=True).__dict__, "python": str(tmp_path / "bin" / "python"),
                     "cwd": str(tmp_path)})
     script = subprocess.Popen(["bash", "-c", render_batch_script(b)], env=fake_slurm(tmp_path, 0, HANG="1", **env),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 20
     while not ((tmp_path / "training.pid").exists() and (tmp_path / "evaluator.pid").exists()):
         if time.monotonic() > deadline or script.poll() is not None:
-            script.kill()
-            raise AssertionError(script.communicate())
+            raise AssertionError(kill_script(script))
         time.sleep(0.05)
     return script
+
+
+def kill_script(script: subprocess.Popen[str]) -> tuple[str, str]:
+    """SIGKILL to the script's whole group (started in a session of its own), then its output. A
+    kill() of bash alone left its fake steps' `sleep 300` holding its pipes: communicate() then
+    waited for them, and a failed wait became a 300 s hang. Only while bash is not yet reaped:
+    its pid, and so its group's id, cannot be another's."""
+    if script.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(script.pid, signal.SIGKILL)
+    return script.communicate(timeout=30)
 
 
 def test_script_sigint_stops_the_steps_and_does_not_restart(tmp_path: Path) -> None:
@@ -224,8 +240,7 @@ def test_script_sigint_stops_the_steps_and_does_not_restart(tmp_path: Path) -> N
         script.send_signal(signal.SIGINT)
         _, err = script.communicate(timeout=120)
     finally:
-        if script.poll() is None:
-            script.kill()
+        kill_script(script)
     assert script.returncode == 143, (err, events(tmp_path))
     # this run's steps got SIGTERM through scancel (another run's step in the same allocation did not)
     assert sorted((tmp_path / "scancel").read_text().splitlines()) == ["--signal=TERM 7.0", "--signal=TERM 7.1"]
@@ -248,7 +263,7 @@ def test_signals_while_one_is_passed_on_each_step_gets_one_sigterm(tmp_path: Pat
         deadline = time.monotonic() + 20
         script.send_signal(signal.SIGINT)
         while not (tmp_path / "squeue.calls").exists():  # the first pass is listing the steps, held at the gate
-            assert time.monotonic() < deadline and script.poll() is None, script.communicate()
+            assert time.monotonic() < deadline and script.poll() is None, kill_script(script)
             time.sleep(0.02)
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):
             script.send_signal(signum)
@@ -256,8 +271,7 @@ def test_signals_while_one_is_passed_on_each_step_gets_one_sigterm(tmp_path: Pat
         gate.touch()
         _, err = script.communicate(timeout=120)
     finally:
-        if script.poll() is None:
-            script.kill()
+        kill_script(script)
     assert script.returncode == 143, (err, events(tmp_path))
     assert sorted((tmp_path / "scancel").read_text().splitlines()) == ["--signal=TERM 7.0", "--signal=TERM 7.1"], err
     assert (tmp_path / "squeue.calls").read_text().splitlines() == ["listing"]  # one pass: the stop; a notice after it is moot

@@ -16,6 +16,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -55,15 +56,19 @@ def send(agent: subprocess.Popen[bytes], line: dict[str, Any]) -> None:
     agent.stdin.flush()
 
 
-MARKED: set[int] = set()  # agents whose mark was read (the frames follow it)
+# Agents whose mark was read (the frames follow it): the Popen objects, not their pids. Keyed by pid,
+# a later agent of this worker that got an earlier one's pid (pid_max 32768 wraps within a suite
+# run) had its mark read as a frame header: a length from the mark's bytes (~1.9e9), a read to the
+# agent's end (its heartbeat timeout, 30 s), and no frames.
+MARKED: weakref.WeakSet[subprocess.Popen[bytes]] = weakref.WeakSet()
 
 
 def tagged_frames(agent: subprocess.Popen[bytes]) -> Iterator[tuple[bytes, int, bytes]]:
     """(kind, task id, payload) of each frame; a ping's id is 0."""
     assert agent.stdout is not None
-    if agent.pid not in MARKED:
+    if agent not in MARKED:
         assert agent.stdout.read(len(MARK)) == MARK
-        MARKED.add(agent.pid)
+        MARKED.add(agent)
     while header := agent.stdout.read(5):
         payload = agent.stdout.read(int.from_bytes(header[1:], "big"))
         if header[:1] == b"P":
