@@ -336,7 +336,7 @@ def test_pending_job_shows_its_reason(slurm_cluster: SlurmCluster, env: dict[str
         assert done.returncode == 0, done.stderr
         run = done.stdout.strip()
         view = wait_status(env, run, lambda v: v["backend_state"].get("reason") == "Resources", timeout=60)
-        assert view["state"] == "running" and view["backend_state"]["state"] == "PENDING" and view["alive"] == 0
+        assert view["state"] == "pending" and view["backend_state"]["state"] == "PENDING" and view["alive"] == 0  # not "running"
         assert [t["state"] for t in view["tasks"]] == ["pending", "pending"]
         assert "  slurm: job " in tfl(env, "status", run).stdout and ", state PENDING, reason Resources" in tfl(env, "status", run).stdout
         assert tfl(env, "stop", run).returncode == 0
