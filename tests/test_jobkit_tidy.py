@@ -102,3 +102,23 @@ def test_a_task_that_ends_the_normal_way_leaves_no_bytecode_either(tmp_path: Pat
                           env=task_env(tmp))
     assert done.returncode == 0, done.stderr
     assert not list(tmp.iterdir())
+
+
+def test_the_teardown_ends_a_task_whose_wakeup_fd_was_taken_over(tmp_path: Path) -> None:
+    """An asyncio loop (or anything else) may set its own wakeup fd: the notice thread then never hears
+    of a signal, and the main thread's handler must end the task itself, not swallow the teardown."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(mode=0o700)
+    taken = BLOCKED.replace('print("ready", flush=True)', 'import signal\nsignal.set_wakeup_fd(-1)\nprint("ready", flush=True)')
+    taken = taken.replace("os.read(os.pipe()[0], 1)", "import time\nwhile True:\n    time.sleep(0.05)")
+    task = subprocess.Popen([sys.executable, "-c", taken, "chief"], stdout=subprocess.PIPE, text=True, env=task_env(tmp))
+    try:
+        assert task.stdout is not None and task.stdout.readline().strip() == "ready"
+        task.send_signal(signal.Signals[TEARDOWN_SIGNAL])
+        task.communicate(timeout=60)
+    finally:
+        if task.poll() is None:
+            task.kill()
+            task.communicate()
+    assert task.returncode == -signal.Signals[TEARDOWN_SIGNAL]
+    assert not list(tmp.iterdir())

@@ -149,7 +149,12 @@ def _install() -> None:
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    del signum, frame  # the watching thread acts; this handler only has to exist
+    """The watching thread acts on a notice. A signal that ends the task is also acted on here, if
+    the main thread gets to it first: the thread may never hear of it, should anything have taken
+    the wakeup fd over (an asyncio loop does), and the task must not outlive its teardown."""
+    del frame
+    if signum == TEARDOWN or (signum == signal.SIGTERM and _NOTICE.evaluator):
+        _die_by(signal.Signals(signum))
 
 
 def _watch(read_fd: int) -> None:
