@@ -50,6 +50,9 @@ __all__ = ["CONNECTION_LOST", "HEARTBEAT_TIMEOUT", "SSHBackend", "agent_ping_eve
 # machine going away): the task's notice, so it gets the grace to save the agreed checkpoint.
 KILL_GRACE = DEFAULT_GRACE_S
 START_TIMEOUT = 60.0  # for the agent to report the job's pid (python startup on a busy host)
+# At the run's end, how long every agent at once gets to exit: its tasks' leftovers outside their groups
+# get SIGTERM, 2 s (agent_tasks.LEFTOVER_GRACE), then SIGKILL; the launch returns once that is done.
+AGENT_END_WAIT = 10.0
 PING = {"ping": 1}
 # An agent's pings per ``watch.SILENT_AFTER``: each is a packet this launcher decrypts and hands from
 # its connection's thread to the task's reader thread, two wakeups, most of what an idle launcher of
@@ -232,7 +235,14 @@ class SSHBackend:
         """Ends the run's side of every agent, then removes what the run shipped (once) and the
         run's firewall tables."""
         self._closing.set()
-        for session in list(self._sessions.values()):
+        sessions = list(self._sessions.values())
+        ending = [s for s in sessions if not s.closed.is_set() and self._watch.lost(s.host) is None]
+        for session in ending:  # every agent at once; a lost host's is not waited for
+            session.end()
+        deadline = time.monotonic() + AGENT_END_WAIT
+        for session in ending:
+            session.closed.wait(max(0.0, deadline - time.monotonic()))
+        for session in sessions:
             session.close()
         if self._plan is not None and self._caches and not self._cleaned:
             self._cleaned = True

@@ -75,6 +75,17 @@ class HostSession:
             except (OSError, EOFError):
                 pass
 
+    def end(self) -> None:
+        """Say we are done: EOF on the agent's stdin. It fences what is left of the tasks, ends what
+        they left outside their groups (``agent_tasks.end_leftovers``: SIGTERM, a grace, SIGKILL) and
+        exits; ``closed`` is set once it has (the backend waits for that, so that nothing of the run
+        is alive on the host when the launch returns)."""
+        with self._send_lock:
+            try:
+                self.chan.shutdown_write()
+            except (OSError, EOFError):
+                pass  # gone already: nothing to wait for
+
     def close(self, cause: str | None = None) -> None:
         """End our side: the agent fences every task of the host (``cause``: why, for their logs)."""
         if cause is not None and self._cause is None:
