@@ -25,11 +25,20 @@ def test_the_agent_spells_the_contracts_marks() -> None:
     assert agent_tasks.MARKS == (contract.RUN_ID, contract.RUN_DIR, contract.ATTEMPT, contract.TASK)
 
 
-def test_a_daemon_a_remote_task_left_ends_with_the_run(sshd: Sshd, tmp_path: Path, tfl_home: Path,
-                                                       child_env: dict[str, str]) -> None:
+# The same escapes, ignoring SIGTERM (inherited by both): the agent gives them SIGTERM, 2 s, then SIGKILL as
+# its session ends, and the launcher closed its side and returned without waiting for that, so they were
+# still alive as `tfl launch` exited 0.
+STUBBORN = textwrap.dedent(ESCAPES).replace("import os, subprocess, sys, time",
+                                            "import os, signal, subprocess, sys, time\n"
+                                            "signal.signal(signal.SIGTERM, signal.SIG_IGN)")
+
+
+@pytest.mark.parametrize("escapes", [textwrap.dedent(ESCAPES), STUBBORN], ids=["plain", "ignoring-sigterm"])
+def test_a_daemon_a_remote_task_left_is_gone_when_the_launch_returns(escapes: str, sshd: Sshd, tmp_path: Path,
+                                                                     tfl_home: Path, child_env: dict[str, str]) -> None:
     pids = tmp_path / "pids"
     pids.mkdir(mode=0o777)  # the hosts' tasks write here (one machine: root on the loopback hosts)
-    job = write_job(tmp_path / "src", textwrap.dedent(ESCAPES))
+    job = write_job(tmp_path / "src", escapes)
     cluster = two_hosts(tmp_path, sshd, tfl_home)
     escaped: list[int] = []
     try:
@@ -37,30 +46,6 @@ def test_a_daemon_a_remote_task_left_ends_with_the_run(sshd: Sshd, tmp_path: Pat
         escaped = [int(p.name.rsplit(".", 1)[1]) for p in pids.iterdir()]
         assert result.returncode == 0 and "succeeded" in result.stderr, result.stderr[-3000:]
         assert len(escaped) == 4, sorted(p.name for p in pids.iterdir())  # two per task: a daemon, a group of its own
-        assert [p for p in escaped if pid_alive(p)] == [], f"left on the hosts after run {only_run(tfl_home)}"
-    finally:
-        for pid in escaped:
-            if pid_alive(pid):
-                os.kill(pid, 9)
-
-
-def test_leftovers_that_ignore_sigterm_are_gone_when_the_launch_returns(sshd: Sshd, tmp_path: Path, tfl_home: Path,
-                                                                       child_env: dict[str, str]) -> None:
-    """The agent gives them SIGTERM, 2 s, then SIGKILL as its session ends; the launcher closed its side
-    and returned without waiting for that, so they were still alive as `tfl launch` exited 0."""
-    pids = tmp_path / "pids"
-    pids.mkdir(mode=0o777)
-    stubborn = textwrap.dedent(ESCAPES).replace("import os, subprocess, sys, time",
-                                                "import os, signal, subprocess, sys, time\n"
-                                                "signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by both")
-    job = write_job(tmp_path / "src", stubborn)
-    cluster = two_hosts(tmp_path, sshd, tfl_home)
-    escaped: list[int] = []
-    try:
-        result = tfl(["launch", str(job), "--cluster", str(cluster), "--", str(pids), "0"], child_env, timeout=180)
-        escaped = [int(p.name.rsplit(".", 1)[1]) for p in pids.iterdir()]
-        assert result.returncode == 0 and "succeeded" in result.stderr, result.stderr[-3000:]
-        assert len(escaped) == 4, sorted(p.name for p in pids.iterdir())
         assert [p for p in escaped if pid_alive(p)] == [], f"left on the hosts as run {only_run(tfl_home)} returned"
     finally:
         for pid in escaped:
