@@ -24,7 +24,6 @@ import sys
 import tempfile
 
 GENERATED_PREFIX = "__autograph_generated_file"
-_REGISTERED = False
 
 
 def generated_files() -> list[str]:
@@ -44,12 +43,10 @@ def generated_files() -> list[str]:
 
 
 def remove_at_exit() -> None:
-    """Also at a normal exit (the evaluator's, a job's own): after autograph's handler, which
-    leaves the bytecode. Once per process."""
-    global _REGISTERED  # noqa: PLW0603 - one registration per process, as atexit's are
-    if not _REGISTERED:
-        atexit.register(remove_generated_files)
-        _REGISTERED = True
+    """Also at a normal exit (the evaluator's, a job's own), whichever of it and autograph's handler,
+    which leaves the bytecode, runs first. Once per process, however often it is called."""
+    atexit.unregister(remove_generated_files)
+    atexit.register(remove_generated_files)
 
 
 def remove_generated_files() -> None:

@@ -262,7 +262,7 @@ def clean(record: RunRecord) -> Cleanup:
     """Remove the run's directories on every SSH host at once (the agent's ``remove``, which
     refuses anything not named after the run). An unreachable host is reported, not raised."""
     hosts = run_dirs_there(record)
-    shared = shared_model_dirs(record)
+    shared = model_dirs_by_host(record)
 
     def remove(host: str) -> dict[str, Any]:
         target, python, paths = hosts[host]
@@ -291,7 +291,7 @@ def clean(record: RunRecord) -> Cleanup:
     return done
 
 
-def shared_model_dirs(record: RunRecord) -> dict[str, list[str]]:
+def model_dirs_by_host(record: RunRecord) -> dict[str, list[str]]:
     """host -> the model dirs on shared storage (``TFL_MODEL_DIR``) its tasks were given."""
     dirs: dict[str, list[str]] = {}
     for launch in LaunchPlan.from_dict(record.plan).tasks:
@@ -299,6 +299,8 @@ def shared_model_dirs(record: RunRecord) -> dict[str, list[str]]:
         if launch.ssh is not None and path and path not in dirs.setdefault(launch.host, []):
             dirs[launch.host].append(path)
     return dirs
+
+
 def cleanup(record: RunRecord) -> None:
     """Remove what the run shipped to its hosts (best effort, every host at once)."""
 
