@@ -64,10 +64,11 @@ def test_a_cluster_stopped_under_a_run_ends_it_with_its_summary(tmp_path: Path, 
     assert "Failed to connect to GCS" not in err, err[-3000:]
     assert launch.returncode == 1 and f"tfl: run {run} failed after" in err and "its Ray actor died" in err, err[-3000:]
     assert json.loads((tfl_home / "runs" / run / "state.json").read_text())["state"] == "failed"
-    # A resume reaches the cluster at the address the run recorded: fixing the description would change nothing.
+    # A resume reaches the cluster at the address the run recorded (fixing the description would change nothing),
+    # or at the one --address gives.
     resumed = subprocess.run([sys.executable, "-m", "launcher", "resume", run], env={**child_env, **ENV}, capture_output=True,
                              text=True, timeout=120)
     assert resumed.returncode == 2 and resumed.stderr.strip() == (
         f"tfl: error: ray.address {address}: nothing answers at {address} (Connection refused); start the run's "
-        "cluster there again (`ray start --head`); a resume reaches it at the address the run recorded, so for a cluster "
-        "elsewhere launch the job again"), resumed.stderr[-3000:]
+        f"cluster there again (`ray start --head`), or give its new address: `tfl resume {run} --address HOST:PORT`"), \
+        resumed.stderr[-3000:]

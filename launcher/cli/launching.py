@@ -202,11 +202,11 @@ def supervise(plan_file: Path, config_json: str) -> None:
 
 
 @app.command("_resume", cls=_Command, hidden=True)
-def resume_body(run_id: str, config_json: str) -> None:
+def resume_body(run_id: str, config_json: str, address: str | None = typer.Option(None, "--address", hidden=True)) -> None:
     """The detached launcher of `tfl resume --detach`."""
     from launcher.runs.launch import resume_detached
 
-    record = _core(lambda: resume_detached(run_id, config_json, _store()))
+    record = _core(lambda: resume_detached(run_id, config_json, _store(), address))
     raise typer.Exit(record.exit_code or 0)
 
 

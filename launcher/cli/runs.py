@@ -90,6 +90,9 @@ def resume(
     max_restarts: int | None = typer.Option(None, "--max-restarts", min=0, help="instead of the run's own"),
     max_preemptions: int | None = typer.Option(None, "--max-preemptions", min=0, help="instead of the run's own"),
     grace_period: float | None = typer.Option(None, "--grace-period", min=0, help="instead of the run's own"),
+    address: str | None = typer.Option(None, "--address", metavar="HOST:PORT",
+                                       help="a Ray run: its cluster's new address, once started again elsewhere "
+                                            "(default: the address the run recorded)"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="also show TensorFlow's known start-up noise"),
 ) -> None:
     """Continue a stopped, preempted or failed run from its last checkpoint: the same plan, hosts and
@@ -103,12 +106,12 @@ def resume(
     config = resume_config(record, {"max_restarts": max_restarts, "max_preemptions": max_preemptions,
                                     "grace_period": grace_period})
     if detach:
-        pid = _core(lambda: core.detach_resume(record.run_id, store, config))
+        pid = _core(lambda: core.detach_resume(record.run_id, store, config, address))
         typer.echo(record.run_id)
         typer.echo(f"tfl: run {record.run_id} resumed in the background (pid {pid}); follow it with "
                    f"`tfl logs {record.run_id} --follow`, end it with `tfl stop {record.run_id}`", err=True)
         return
-    prepared, claimed = _core(lambda: core.resume(record.run_id, store, config))
+    prepared, claimed = _core(lambda: core.resume(record.run_id, store, config, address))
     typer.echo(f"tfl: resuming run {record.run_id} (attempt {claimed.attempt}); logs in {record.run_dir}/logs", err=True)
     done = _core(lambda: core.supervise(prepared, store, claimed, config, sys.stdout, colour=_colour(), verbose=verbose))
     say(summary(done))

@@ -33,7 +33,7 @@ from launcher.plan.storage import check_sharing, preemption_restarts
 from launcher.records.identity import ProcessIdentity
 from launcher.records.preparing import Preparing, end_preparing, forget_preparing, note_preparing, waiting_parent
 from launcher.records.store import STOP_REQUEST, RunRecord, RunStore
-from launcher.runs.resume import check_resumable, claim, recorded_plan
+from launcher.runs.resume import check_resumable, claim, move_to, recorded_plan
 from launcher.supervise.supervisor import Supervisor, initial_record
 from launcher.supervise.waker import Waker
 from launcher.views.logs import LogFollower
@@ -155,14 +155,16 @@ def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: 
     return supervise(prepared, store, record, config, out, colour=colour, verbose=verbose)
 
 
-def resume(run_id: str, store: RunStore, config: SupervisorConfig) -> tuple[Prepared, RunRecord]:
+def resume(run_id: str, store: RunStore, config: SupervisorConfig, address: str | None = None) -> tuple[Prepared, RunRecord]:
     """``tfl resume``: the recorded run's plan, prepared on its backend again, and its record
-    claimed for the next attempt (``launcher.runs.resume``); ``supervise`` runs it."""
+    claimed for the next attempt (``launcher.runs.resume``); ``supervise`` runs it. ``address``: a Ray
+    run's cluster at a new address (``move_to``)."""
     record = store.load(run_id)
     check_resumable(record)  # before the hosts are reached: a live run's ports would only confuse
+    move_to(record, address)
     prepared = prepare(recorded_plan(record))
     try:
-        return prepared, claim(store, run_id, config)
+        return prepared, claim(store, run_id, config, address)
     except BaseException:
         prepared.backend.close()
         raise
@@ -202,11 +204,13 @@ def detach(plan: LaunchPlan, store: RunStore, config: SupervisorConfig) -> int:
     return _spawn(["_supervise", str(plan_file), json.dumps(asdict(config))], store, plan.run_id, record_wait(plan))
 
 
-def detach_resume(run_id: str, store: RunStore, config: SupervisorConfig) -> int:
+def detach_resume(run_id: str, store: RunStore, config: SupervisorConfig, address: str | None = None) -> int:
     """``tfl resume --detach``: the refusals here, then ``resume`` in a background launcher."""
     record = store.load(run_id)
     check_resumable(record)
-    return _spawn(["_resume", run_id, json.dumps(asdict(config))], store, run_id, record_wait(recorded_plan(record)))
+    move_to(record, address)
+    args = ["_resume", run_id, json.dumps(asdict(config)), *(["--address", address] if address is not None else [])]
+    return _spawn(args, store, run_id, record_wait(recorded_plan(record)))
 
 
 def record_wait(plan: LaunchPlan) -> float:
@@ -299,10 +303,10 @@ def supervise_detached(plan_file: Path, config_json: str, store: RunStore) -> Ru
         end_preparing(store.home, plan.run_id, plan.run_dir)
 
 
-def resume_detached(run_id: str, config_json: str, store: RunStore) -> RunRecord:
+def resume_detached(run_id: str, config_json: str, store: RunStore, address: str | None = None) -> RunRecord:
     """The body of a detached resume (``tfl _resume``)."""
     config = SupervisorConfig(**json.loads(config_json))
-    prepared, record = resume(run_id, store, config)
+    prepared, record = resume(run_id, store, config, address)
     return supervise(prepared, store, record, config, None)
 
 

@@ -71,6 +71,20 @@ def refusal(record: RunRecord) -> str | None:
     return None
 
 
+def move_to(record: RunRecord, address: str | None) -> None:
+    """``tfl resume --address``: the run goes on on its Ray cluster at a new address (the cluster started again on
+    another host or port), and its record names that address from then on (``tfl status``, ``tfl stop``, a later
+    resume). A run not on Ray, or a malformed address, is refused in one line."""
+    if address is None:
+        return
+    move = getattr(recorded_plan(record).unit, "moved_to", None)  # only a unit with a cluster address has it
+    if move is None:
+        raise UsageError(f"run {record.run_id} ran on {record.backend}, not on Ray: --address gives a Ray run its "
+                         "cluster's new address; resume it without --address")
+    unit = move(address)
+    record.plan = {**record.plan, "unit": {"kind": unit.kind, **unit.to_dict()}}
+
+
 def check_resumable(record: RunRecord) -> None:
     why = refusal(record)
     if why is not None:
@@ -87,13 +101,14 @@ def _locked(run_dir: str) -> Iterator[None]:
         os.close(fd)
 
 
-def claim(store: RunStore, run_id: str, config: SupervisorConfig) -> RunRecord:
+def claim(store: RunStore, run_id: str, config: SupervisorConfig, address: str | None = None) -> RunRecord:
     """Make this process the run's launcher for its next attempt: checked again under the run
-    dir's lock (a second resume now finds this launcher alive and is refused)."""
+    dir's lock (a second resume now finds this launcher alive and is refused). ``address``: ``move_to``."""
     record = store.load(run_id)
     with _locked(record.run_dir):
         record = store.load(run_id)
         check_resumable(record)
+        move_to(record, address)
         # Not ended, yet resumable: its launcher is gone (`tfl status` shows it LOST, never as running).
         state = record.state.value if record.state.is_terminal else f"{RunState.LOST.value}: its launcher was gone"
         was = f"{state}: {record.message}" if record.message else state

@@ -61,7 +61,8 @@ class RayBackend:
         kit = kit_dir()
         try:
             # a plan whose tasks have their nodes is a recorded run's (`tfl resume`)
-            ray = connect(unit.address, runtime_env(unit.working_dir, kit), RECORDED_FIX if unit.nodes else LAUNCH_FIX)
+            fix = RECORDED_FIX.format(run=plan.run_id) if unit.nodes else LAUNCH_FIX
+            ray = connect(unit.address, runtime_env(unit.working_dir, kit), fix)
         finally:  # ray.init has uploaded it to the cluster: nothing stays here, even if this launcher is killed
             shutil.rmtree(kit, ignore_errors=True)
         self._group = RayGroup(ray, plan)

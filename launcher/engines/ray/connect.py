@@ -19,9 +19,10 @@ from launcher.errors import LaunchError
 # Ray's own connect retries an address where nothing listens for minutes, printing its C++ warnings.
 REACH_TIMEOUT = 5.0
 LAUNCH_FIX = "start the cluster (`ray start --head`) or fix ray.address in the description"
-# A resume reaches the run's cluster at the address it recorded: the description is not read again.
-RECORDED_FIX = ("start the run's cluster there again (`ray start --head`); a resume reaches it at the address the run "
-                "recorded, so for a cluster elsewhere launch the job again")
+# A resume reaches the run's cluster at the address it recorded (the description is not read again), or at the
+# one `--address` gives: the cluster started again elsewhere.
+RECORDED_FIX = ("start the run's cluster there again (`ray start --head`), or give its new address: "
+                "`tfl resume {run} --address HOST:PORT`")
 LAUNCHER_DIR = Path(__file__).resolve().parents[2]
 # The job kit, and the task runner the actors are: all a node needs of tfl.
 KIT_FILES = ("__init__.py", "contract.py", "jobkit", "engines/__init__.py", "engines/ray/__init__.py", "engines/ray/node/__init__.py",

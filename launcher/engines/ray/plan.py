@@ -19,6 +19,7 @@ from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from launcher import contract
+from launcher.engines.ray.address import address_problem
 from launcher.errors import UsageError
 from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
 from launcher.plan.tfconfig import tf_config_json
@@ -52,6 +53,14 @@ class RayUnit:
 
     def actor_name(self, run_id: str, task: TaskId) -> str:
         return f"tfl-{run_id}-{task.slug}"
+
+    def moved_to(self, address: str) -> RayUnit:
+        """The unit on the run's cluster at a new address (``tfl resume --address``: a cluster started again
+        on another host or port); a malformed address is one line."""
+        problem = address_problem(address)
+        if problem:
+            raise UsageError(f"--address: {problem}")
+        return dataclasses.replace(self, address=address)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from launcher.describe.fields import EnvName, EnvValue, describe_error, one_line
 from launcher.describe.spec import StorageSettings
-from launcher.engines.ray.address import HOST_PORT
+from launcher.engines.ray.address import address_problem
 from launcher.errors import ClusterFileError
 
 PLACEMENTS = ("STRICT_SPREAD", "SPREAD", "PACK")
@@ -29,18 +29,6 @@ _RESOURCE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/-]*")
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-def address_problem(value: str) -> str | None:
-    """Why ``value`` is not a Ray address tfl can connect to, or None."""
-    if value == "auto":
-        return None
-    rest = value.removeprefix("ray://")
-    match = HOST_PORT.fullmatch(rest)
-    if match is None or not 1 <= int(match.group(2)) <= 65535:
-        return (f"'{value}' is not a Ray address; write \"auto\" (the cluster this machine is part of), "
-                "\"ray://HOST:10001\" (Ray Client) or \"HOST:6379\" (the head's GCS)")
-    return None
 
 
 class RaySettings(_Strict):
