@@ -10,6 +10,8 @@ run's steps), waits for it to end, SIGKILL after the grace period; a job already
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from dataclasses import replace
 
@@ -22,6 +24,8 @@ from launcher.engines.teardown import teardown
 from launcher.records.states import TaskState
 from launcher.records.store import RunRecord
 from launcher.tasks import TaskId
+
+_BATCH_OUTPUT = re.compile(r"batch-(\d+)\.out")  # ``SlurmFiles.batch_output`` of a submitted job
 
 
 def job_ref(record: RunRecord) -> JobRef:
@@ -86,16 +90,31 @@ def describe(record: RunRecord, run: Runner) -> dict[str, str]:
     except SlurmError as exc:
         return {"job": ref.job_id or "?", "state": f"unknown ({exc})"}
     if state is None:
-        return {"job": ref.job_id or "not submitted", "state": "gone (Slurm no longer knows it)"}
-    facts = {"job": state.job_id, "state": state.state}
-    if state.reason and (state.is_pending or state.is_terminal):
-        facts["reason"] = state.reason
-    if state.nodelist:
-        facts["nodes"] = state.nodelist
-    requeued = read_events(ref.files).requeued
-    if requeued:
-        facts["requeued"] = f"{requeued} time(s) by Slurm"
+        facts = {"job": ref.job_id or "not submitted", "state": "gone (Slurm no longer knows it)"}
+    else:
+        facts = {"job": state.job_id, "state": state.state}
+        if state.reason and (state.is_pending or state.is_terminal):
+            facts["reason"] = state.reason
+        if state.nodelist:
+            facts["nodes"] = state.nodelist
+        requeued = read_events(ref.files).requeued
+        if requeued:
+            facts["requeued"] = f"{requeued} time(s) by Slurm"
+    earlier = earlier_jobs(ref, facts["job"])
+    if earlier:  # a resumed run's: for `sacct -j` of the attempts before
+        facts["earlier jobs"] = " ".join(earlier)
     return facts
+
+
+def earlier_jobs(ref: JobRef, job_id: str) -> list[str]:
+    """The run's other Slurm jobs, oldest first: `tfl resume` submits a new job in the same run dir, and
+    every job that started wrote its ``batch-<id>.out`` there (a requeued job keeps its id)."""
+    try:
+        names = os.listdir(ref.files.root)
+    except OSError:
+        return []
+    ids = {match[1] for name in names if (match := _BATCH_OUTPUT.fullmatch(name))} - {job_id}
+    return sorted(ids, key=int)
 
 
 def stop(record: RunRecord, run: Runner, grace: float) -> int:
