@@ -18,7 +18,8 @@ The nodes' session dirs, Ray's address file (``RAY_TMPDIR``) and their per-user 
 task runners keep their dirs) lie in a private temp dir. The environment variables the cluster
 needs are set in this process only while it lives (its nodes, also those added later, inherit
 them); ``stop_ray_cluster`` puts ``os.environ`` back exactly as it was, stops every Ray process
-it started by identity (pid and start time), and returns those it had to kill.
+it started by identity (pid and start time), and returns those it had to kill. The fixture also proves
+that no private dir of a cluster this process stopped was made again (``made_again``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ NODES = 5  # the head (no CPU: the launcher's node) and four task nodes
 # Node death noticed in about 5 s (a killed raylet's checks fail at once) rather than Ray's ~15 s;
 # each check still waits Ray's default 10 s for a slow raylet, so a loaded machine is not taken for a dead one.
 TEST_SYSTEM_CONFIG: dict[str, Any] = {"health_check_period_ms": 1000, "health_check_failure_threshold": 5}
+STOPPED_ROOTS: list[str] = []  # the private dirs of the clusters this process stopped (``made_again``)
 
 
 @dataclass
@@ -191,6 +193,7 @@ def start_ray_cluster(nodes: int = NODES, system_config: dict[str, Any] | None =
         except Exception:
             _kill(_of_root(root))
             shutil.rmtree(root, ignore_errors=True)
+            STOPPED_ROOTS.append(root)
             _restore_env(saved)
             if attempt == tries - 1:
                 raise
@@ -208,9 +211,11 @@ def _start(root: str, nodes: int, saved: dict[str, str], system_config: dict[str
     # The nodes inherit this process's env (also those added later): until stop_ray_cluster puts it back.
     os.makedirs(os.path.join(root, "ray"), mode=0o700)  # RAY_TMPDIR/ray: Ray's address file (else /tmp/ray, shared)
     os.environ.update(ENV, XDG_CACHE_HOME=os.path.join(root, "cache"), RAY_TMPDIR=root)
+    # A copy: Ray writes the session's spill dir into the dict it is given, and a later cluster of this process
+    # (another module's, a retried start) handed that dict made the stopped cluster's session dir again (its spill dir).
     cluster = Cluster(initialize_head=True, head_node_args={**_node_args(), "num_cpus": 0, "include_dashboard": False,
                                                             "temp_dir": os.path.join(root, "t"),
-                                                            "_system_config": system_config})
+                                                            "_system_config": dict(system_config)})
     found = RayCluster(cluster, root, saved)
     found._note(cluster.head_node)
     for _ in range(nodes - 1):
@@ -234,8 +239,17 @@ def stop_ray_cluster(found: RayCluster) -> list[int]:
     left = _alive(procs | _of_root(found.root))
     _kill(left)
     shutil.rmtree(found.root, ignore_errors=True)
+    STOPPED_ROOTS.append(found.root)
     _restore_env(found.saved_env)
     return [p.pid for p in left]
+
+
+def made_again() -> list[str]:
+    """The private dirs of this process's stopped clusters that exist again (removed now): Ray made them again."""
+    back = [root for root in STOPPED_ROOTS if os.path.exists(root)]
+    for root in back:
+        shutil.rmtree(root, ignore_errors=True)
+    return back
 
 
 def task_runners(found: RayCluster) -> list[int]:
@@ -277,6 +291,8 @@ def ray_cluster() -> Iterator[RayCluster]:
             ray.shutdown()
         changed = sorted(k for k in {*found.saved_env, *os.environ} if found.saved_env.get(k) != os.environ.get(k))
         _restore_env(saved)  # also without what importing Ray set (RAY_CLIENT_MODE) and ENV
+        back = made_again()  # this cluster's own, or one an earlier cluster of this process left
         assert not left, f"Ray processes left after the cluster's shutdown (killed now): {left}"
         assert not connected, "the test process was left connected to Ray (ray.init without ray.shutdown)"
         assert not changed, f"environment variables not restored after the Ray cluster: {changed}"
+        assert not back, f"the dirs of Ray clusters stopped before were made again (removed now): {back}"
