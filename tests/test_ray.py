@@ -256,8 +256,8 @@ def test_stop_of_a_run_whose_cluster_is_gone_names_it_and_the_run_can_then_be_re
     assert stopped.stdout.splitlines() == [
         f"run {run}: stopped 0 process(es) left by a launcher that was gone",
         f"  not reached: the Ray cluster at {address}: ray.address {address}: nothing answers at {address} (Connection "
-        "refused); start the cluster (`ray start --head`) or fix ray.address in the description; the run's actors were its "
-        "launcher's, and Ray ends an actor with its owner"], stopped.stdout
+        "refused); nothing of the run runs there: its actors were its launcher's, and Ray ends an actor with its owner"], \
+        stopped.stdout
     assert record(tfl_home, run)["state"] == "stopped"
     removed = tfl(["rm", run], child_env, timeout=60)
     assert removed.returncode == 0 and not store.run_dir(run).exists(), removed.stdout + removed.stderr

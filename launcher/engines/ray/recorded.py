@@ -21,6 +21,8 @@ from launcher.records.store import RunRecord
 from launcher.tasks import TaskId
 
 CALL_TIMEOUT = 30.0
+# Why a stop that cannot reach the cluster has nothing left to do there.
+GONE = "nothing of the run runs there: its actors were its launcher's, and Ray ends an actor with its owner"
 
 
 def _unit(record: RunRecord) -> RayUnit:
@@ -80,11 +82,10 @@ def stop(record: RunRecord, grace: float) -> Stopped:
     if record.state.is_terminal and not any(t.state == TaskState.RUNNING for t in record.tasks):
         return Stopped()
     unit = _unit(record)
-    try:
-        ray = connect(unit.address)
+    try:  # nothing to start or fix for a stop: what was there ended with the launcher
+        ray = connect(unit.address, fix=GONE)
     except LaunchError as exc:
-        return Stopped(0, [f"the Ray cluster at {unit.address}: {exc}; the run's actors were its launcher's, and Ray "
-                           "ends an actor with its owner"])
+        return Stopped(0, [f"the Ray cluster at {unit.address}: {exc}"])
     try:
         actors = [a for t in record.tasks if (a := _actor(ray, unit, record.run_id, t.task)) is not None]
         closing = [a.close.remote(grace) for a in actors]
