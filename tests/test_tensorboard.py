@@ -4,8 +4,10 @@ curves, and is gone when the command ends (Ctrl-C, or the command killed)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -140,3 +142,18 @@ def _wait_for_tags(port: int, timeout: float = 60.0) -> dict[str, list[str]]:
         if tags or time.monotonic() > deadline:
             return {run: sorted(t) for run, t in tags.items()}
         time.sleep(0.2)
+
+
+def test_tensorboards_log_is_0600_whatever_the_umask(tfl_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tensorboard.log was opened with open(..., "ab"): 0644 under the usual umask 022, the one file
+    of a run dir others could read (docs/commands.md: tfl's files in it are 0600, whatever the umask)."""
+    run_dir = tfl_home / "runs" / "here"
+    add_run(RunStore(tfl_home), "here", [task("chief:0", {"TFL_RUN_DIR": str(run_dir)})])
+    monkeypatch.setattr(sys, "executable", "/bin/true")  # a TensorBoard that exits at once: the log is made all the same
+    old = os.umask(0o022)
+    try:
+        result = runner.invoke(app, ["tensorboard", "here", "--port", str(free_port())])
+    finally:
+        os.umask(old)
+    assert result.exit_code != 0 and "TensorBoard exited with code 0 before it served" in result.stderr, result.output
+    assert stat.S_IMODE((run_dir / "tensorboard.log").stat().st_mode) == 0o600

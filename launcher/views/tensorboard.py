@@ -30,6 +30,7 @@ from launcher.contract import CHIEF, MODEL_DIR, MODEL_SUBDIR, RUN_DIR
 from launcher.describe.hosts import SSHTarget
 from launcher.engines.teardown import teardown
 from launcher.errors import LaunchError, UsageError
+from launcher.files import open_private
 from launcher.plan.launch_plan import LaunchPlan
 from launcher.records.store import RunRecord
 from launcher.tasklog import tail_lines
@@ -110,7 +111,7 @@ def serve(record: RunRecord, port: int | None, out: TextIO, *, ready_timeout: fl
     port = free_port(port)
     log_path = Path(record.run_dir) / "tensorboard.log"
     main = ["-m", "tensorboard.main"] if "://" in where.path else ["-c", NO_TF_MAIN]  # a URL needs TensorFlow's file systems
-    with open(log_path, "ab") as log:
+    with open_private(log_path) as log:  # 0600 as every file of the run dir, whatever the umask
         proc = subprocess.Popen([sys.executable, *main, "--logdir", where.path, "--port", str(port), "--host", HOST],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=_die_with_parent)
