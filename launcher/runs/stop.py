@@ -75,7 +75,8 @@ def call_off(store: RunStore, preparing: Preparing, grace: float | None = None) 
     if launcher is None:
         end_preparing(store.home, preparing.run_id, preparing.run_dir)
         return (f"run {preparing.run_id}: its background launcher (pid {preparing.launcher.pid}) ended before it recorded "
-                f"the run; nothing to stop (its log: {preparing.run_dir}/launcher.log)")
+                f"the run; nothing to stop (its log: {preparing.run_dir}/launcher.log; `tfl rm {preparing.run_id}` "
+                "removes its dir)")
     run_dir = Path(preparing.run_dir)
     write_atomic(run_dir / STOP_REQUEST, "")
     teardown([launcher], signal=_send, alive=is_running, grace=(grace or 0.0) + LAUNCHER_EXTRA_GRACE, kill_wait=5.0)
