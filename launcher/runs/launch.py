@@ -159,7 +159,7 @@ def resume(run_id: str, store: RunStore, config: SupervisorConfig) -> tuple[Prep
     """``tfl resume``: the recorded run's plan, prepared on its backend again, and its record
     claimed for the next attempt (``launcher.runs.resume``); ``supervise`` runs it."""
     record = store.load(run_id)
-    check_resumable(record)  # before the hosts are reached: a live run's ports would only confuse
+    check_resumable(record, job=True)  # before the hosts are reached: a live run's ports would only confuse
     prepared = prepare(recorded_plan(record))
     try:
         return prepared, claim(store, run_id, config)
@@ -205,7 +205,7 @@ def detach(plan: LaunchPlan, store: RunStore, config: SupervisorConfig) -> int:
 def detach_resume(run_id: str, store: RunStore, config: SupervisorConfig) -> int:
     """``tfl resume --detach``: the refusals here, then ``resume`` in a background launcher."""
     record = store.load(run_id)
-    check_resumable(record)
+    check_resumable(record, job=True)
     return _spawn(["_resume", run_id, json.dumps(asdict(config))], store, run_id, record_wait(recorded_plan(record)))
 
 
