@@ -9,6 +9,7 @@ launcher is gone (killed with -9, machine rebooted…). Idempotent.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Callable, TextIO
 
 import psutil
 
+from launcher.console import say
 from launcher.engines import registry
 from launcher.engines.base import Stopped
 from launcher.engines.teardown import teardown
@@ -138,3 +140,6 @@ def show_logs(store: RunStore, record: RunRecord, out: TextIO, *, task: str | No
         sleep(interval)
         follower.poll_once()
     follower.stop()
+    for one in tasks:  # a log that is not there shows nothing: say so rather than look like an empty one
+        if not os.path.exists(one.log_path):
+            say(f"tfl: {one.task} has no log at {one.log_path} (not started yet, or the file was removed)")
