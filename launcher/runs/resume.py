@@ -81,6 +81,18 @@ def job_gone(record: RunRecord) -> str | None:
             "there to resume the run, or launch the job from where it is now for a new run")
 
 
+def starts_over(record: RunRecord) -> str | None:
+    """A note for a resume whose model dir, read here, holds no checkpoint or backup (removed since
+    the run stopped, or never written): the job starts from step 0, whatever the run's record said."""
+    from launcher.views.report import kept_checkpoint
+    from launcher.views.tensorboard import model_dir_of
+
+    if kept_checkpoint(record) is not False:
+        return None
+    return (f"tfl: note: run {record.run_id}'s model dir {model_dir_of(record).path} holds no checkpoint or backup: "
+            "the job starts over from step 0")
+
+
 def check_resumable(record: RunRecord, *, job: bool = False) -> None:
     """``refusal`` as an error; ``job``: also a local run's job script gone (``job_gone``)."""
     why = refusal(record) or (job_gone(record) if job else None)
