@@ -120,6 +120,8 @@ def serve(record: RunRecord, port: int | None, out: TextIO, *, ready_timeout: fl
             _wait_ready(proc, port, log_path, ready_timeout)
             out.write(f"TensorBoard for run {record.run_id}: http://{HOST}:{port}/\n"
                       f"  logdir {where.path}; its log {log_path}; Ctrl-C stops it\n")
+            if "://" not in where.path and not has_events(where.path):
+                out.write(f"  no event files under {where.path} yet: TensorBoard shows them as the job writes them\n")
             out.flush()
             code = proc.wait()  # it ends on its own only when it fails
         raise LaunchError(f"TensorBoard exited with code {code}: {' | '.join(tail_lines(log_path, 3))}")
@@ -128,6 +130,11 @@ def serve(record: RunRecord, port: int | None, out: TextIO, *, ready_timeout: fl
     finally:
         teardown([proc], signal=lambda p, n: p.send_signal(n) if p.poll() is None else None,
                  alive=lambda p: p.poll() is None, grace=5.0)
+
+
+def has_events(path: str) -> bool:
+    """Whether TensorBoard finds anything to show under ``path`` (its event files)."""
+    return any(name.startswith("events.out.tfevents") for _, _, files in os.walk(path) for name in files)
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], port: int, log_path: Path, timeout: float) -> None:
