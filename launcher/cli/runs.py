@@ -135,10 +135,10 @@ def logs(
     TensorFlow's known start-up noise (oneDNN, CUDA stubs, cuInit without a driver, gRPC and
     coordination-service lines) is hidden and counted per task; --verbose shows every line.
     """
-    from launcher.runs.stop import show_logs
+    from launcher.runs.stop import logs_of, show_logs
 
     store = _store()
-    record = _core(lambda: store.resolve(run))
+    record = _core(lambda: logs_of(store, run))
     try:
         _core(lambda: show_logs(store, record, sys.stdout, task=task, follow=follow, colour=_colour(), verbose=verbose,
                                    tail=tail))

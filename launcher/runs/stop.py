@@ -21,7 +21,7 @@ from launcher.console import say
 from launcher.engines import registry
 from launcher.engines.base import Stopped
 from launcher.engines.teardown import teardown
-from launcher.errors import UsageError
+from launcher.errors import RunNotFoundError, UsageError
 from launcher.files import write_atomic
 from launcher.records.identity import is_running, launcher_identity
 from launcher.records.preparing import Preparing, end_preparing, resolve_run
@@ -117,6 +117,20 @@ def _mark_stopped(store: RunStore, record: RunRecord, message: str) -> None:
 def _ended(store: RunStore, run_id: str) -> bool:
     state = effective_state(store.load(run_id))
     return state.is_terminal or state == RunState.LOST
+
+
+def logs_of(store: RunStore, ref: str | None) -> RunRecord:
+    """The run ``tfl logs`` shows (as ``tfl stop`` finds it); a detached launch not recorded yet has
+    no task logs: said in one line with its launcher's log, never "not found" nor an older run's logs."""
+    found = resolve_run(store, ref)
+    if not isinstance(found, Preparing):
+        return found
+    log = f"{found.run_dir}/launcher.log"
+    if found.launcher.alive():
+        raise RunNotFoundError(f"run {found.run_id} is being prepared (its hosts made ready): no task has started, so no "
+                               f"task logs yet; its background launcher's log: {log}")
+    raise RunNotFoundError(f"run {found.run_id}: its background launcher (pid {found.launcher.pid}) ended before it recorded "
+                           f"the run; no task ran (its log: {log}; `tfl rm {found.run_id}` removes its dir)")
 
 
 def show_logs(store: RunStore, record: RunRecord, out: TextIO, *, task: str | None = None, follow: bool = False,
