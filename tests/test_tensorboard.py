@@ -4,8 +4,10 @@ curves, and is gone when the command ends (Ctrl-C, or the command killed)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -140,3 +142,39 @@ def _wait_for_tags(port: int, timeout: float = 60.0) -> dict[str, list[str]]:
         if tags or time.monotonic() > deadline:
             return {run: sorted(t) for run, t in tags.items()}
         time.sleep(0.2)
+
+
+def test_tensorboards_log_is_0600_whatever_the_umask(tfl_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tensorboard.log was opened with open(..., "ab"): 0644 under the usual umask 022, the one file
+    of a run dir others could read (docs/commands.md: tfl's files in it are 0600, whatever the umask)."""
+    run_dir = tfl_home / "runs" / "here"
+    add_run(RunStore(tfl_home), "here", [task("chief:0", {"TFL_RUN_DIR": str(run_dir)})])
+    monkeypatch.setattr(sys, "executable", "/bin/true")  # a TensorBoard that exits at once: the log is made all the same
+    old = os.umask(0o022)
+    try:
+        result = runner.invoke(app, ["tensorboard", "here", "--port", str(free_port())])
+    finally:
+        os.umask(old)
+    assert result.exit_code != 0 and "TensorBoard exited with code 0 before it served" in result.stderr, result.output
+    assert stat.S_IMODE((run_dir / "tensorboard.log").stat().st_mode) == 0o600
+
+
+# A stand-in for TensorBoard: listens on its --port for a moment, then exits (serve reports that exit).
+LISTEN_A_MOMENT = ("import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[sys.argv.index('--port') + 1]))); "
+                   "s.listen(); time.sleep(1.5)")
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_a_run_with_no_event_files_yet_says_so(tfl_home: Path, monkeypatch: pytest.MonkeyPatch, events: bool) -> None:
+    """A run with no event files (not trained yet, a job that writes none) got an empty TensorBoard
+    and no word why; it is said under the URL now, and only then."""
+    run_dir = tfl_home / "runs" / "here"
+    add_run(RunStore(tfl_home), "here", [task("chief:0", {"TFL_RUN_DIR": str(run_dir)})])
+    if events:
+        subprocess.run([sys.executable, "-c", WRITE_EVENTS, str(run_dir / "model" / "tensorboard" / "train")], check=True,
+                       timeout=120)
+    monkeypatch.setattr("launcher.views.tensorboard.NO_TF_MAIN", LISTEN_A_MOMENT)
+    result = runner.invoke(app, ["tensorboard", "here", "--port", str(free_port())])
+    assert "TensorBoard exited with code 0" in result.stderr, result.output
+    note = f"  no event files under {run_dir / 'model'} yet: TensorBoard shows them as the job writes them"
+    assert (note in result.stdout.splitlines()) is not events, result.stdout

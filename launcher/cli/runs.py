@@ -98,21 +98,26 @@ def resume(
     """Continue a stopped, preempted or failed run from its last checkpoint: the same plan, hosts and
     model dir, the next attempt. Refused for a run that succeeded or still runs."""
     from launcher.runs import launch as core
-    from launcher.runs.resume import resume_config
+    from launcher.runs.resume import resume_config, starts_over
     from launcher.views.report import summary
 
     store = _store()
     record = _core(lambda: store.resolve(run))
     config = resume_config(record, {"max_restarts": max_restarts, "max_preemptions": max_preemptions,
                                     "grace_period": grace_period})
+    note = starts_over(record)
     if detach:
         pid = _core(lambda: core.detach_resume(record.run_id, store, config, address))
         typer.echo(record.run_id)
         typer.echo(f"tfl: run {record.run_id} resumed in the background (pid {pid}); follow it with "
                    f"`tfl logs {record.run_id} --follow`, end it with `tfl stop {record.run_id}`", err=True)
+        if note:
+            say(note)
         return
     prepared, claimed = _core(lambda: core.resume(record.run_id, store, config, address))
     typer.echo(f"tfl: resuming run {record.run_id} (attempt {claimed.attempt}); logs in {record.run_dir}/logs", err=True)
+    if note:
+        say(note)
     done = _core(lambda: core.supervise(prepared, store, claimed, config, sys.stdout, colour=_colour(), verbose=verbose))
     say(summary(done))
     raise typer.Exit(done.exit_code or 0)
@@ -133,10 +138,10 @@ def logs(
     TensorFlow's known start-up noise (oneDNN, CUDA stubs, cuInit without a driver, gRPC and
     coordination-service lines) is hidden and counted per task; --verbose shows every line.
     """
-    from launcher.runs.stop import show_logs
+    from launcher.runs.stop import logs_of, show_logs
 
     store = _store()
-    record = _core(lambda: store.resolve(run))
+    record = _core(lambda: logs_of(store, run))
     try:
         _core(lambda: show_logs(store, record, sys.stdout, task=task, follow=follow, colour=_colour(), verbose=verbose,
                                    tail=tail))

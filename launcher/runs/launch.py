@@ -160,7 +160,7 @@ def resume(run_id: str, store: RunStore, config: SupervisorConfig, address: str 
     claimed for the next attempt (``launcher.runs.resume``); ``supervise`` runs it. ``address``: a Ray
     run's cluster at a new address (``move_to``)."""
     record = store.load(run_id)
-    check_resumable(record)  # before the hosts are reached: a live run's ports would only confuse
+    check_resumable(record, job=True)  # before the hosts are reached: a live run's ports would only confuse
     move_to(record, address)
     prepared = prepare(recorded_plan(record))
     try:
@@ -207,7 +207,7 @@ def detach(plan: LaunchPlan, store: RunStore, config: SupervisorConfig) -> int:
 def detach_resume(run_id: str, store: RunStore, config: SupervisorConfig, address: str | None = None) -> int:
     """``tfl resume --detach``: the refusals here, then ``resume`` in a background launcher."""
     record = store.load(run_id)
-    check_resumable(record)
+    check_resumable(record, job=True)
     move_to(record, address)
     args = ["_resume", run_id, json.dumps(asdict(config)), *(["--address", address] if address is not None else [])]
     return _spawn(args, store, run_id, record_wait(recorded_plan(record)))

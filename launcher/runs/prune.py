@@ -19,7 +19,8 @@ from pathlib import Path
 
 from launcher.contract import MODEL_DIR
 from launcher.engines import registry
-from launcher.errors import UsageError
+from launcher.errors import RunNotFoundError, UsageError
+from launcher.records import orphans
 from launcher.records.identity import launcher_identity
 from launcher.records.index import mark_ended
 from launcher.records.store import RunRecord, RunStore
@@ -36,6 +37,7 @@ class Removed:
     bytes_elsewhere: int = 0
     left: list[str] = field(default_factory=list)  # what could not be removed, with why
     kept: list[str] = field(default_factory=list)  # what is deliberately not removed (shared storage)
+    note: str = ""  # what it was, when that is not a recorded run
 
 
 def parse_age(text: str) -> float:
@@ -81,6 +83,19 @@ def remove(store: RunStore, record: RunRecord) -> Removed:
     return Removed(record.run_id, freed, cleanup.removed, cleanup.bytes_freed, left, shared_model_dirs(record, cleanup.kept))
 
 
+NO_RECORD = "no record: a launch that ended before it recorded its run"
+
+
+def remove_orphan(store: RunStore, run_id: str) -> Removed:
+    """Remove a run dir that holds no record (see ``orphans.busy``)."""
+    run_dir = store.run_dir(run_id)
+    freed = disk_usage(run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    mark_ended(store.home, run_id)  # a launch killed while it prepared leaves its marker too
+    left = [f"{run_dir}: could not be removed entirely"] if run_dir.exists() else []
+    return Removed(run_id, freed, left=left, note=NO_RECORD)
+
+
 def shared_model_dirs(record: RunRecord, seen: Sequence[str] = ()) -> list[str]:
     """The run's model dirs on shared storage that exist (here, or ``seen`` by its hosts): tfl rm
     leaves them, and says so. One the job never made is not named."""
@@ -116,16 +131,19 @@ class Outcome:
     removed: list[Removed] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)  # run id, why it stays
     would: list[tuple[str, int]] = field(default_factory=list)  # dry run: run id, bytes here
+    would_orphans: list[tuple[str, int]] = field(default_factory=list)  # dry run: record-less run dirs, bytes
     kept: int = 0  # runs prune left alone
 
     def render(self) -> str:
         lines = [line for done in self.removed for line in _removed_lines(done)]
         lines += [f"would remove {run_id} ({size_text(size)})" for run_id, size in self.would]
+        lines += [f"would remove {run_id} ({size_text(size)}; {NO_RECORD})" for run_id, size in self.would_orphans]
         lines += [f"kept {run_id}: {why}" for run_id, why in self.refused]
         here = sum(d.bytes_freed for d in self.removed)
         there = sum(d.bytes_elsewhere for d in self.removed)
-        if self.would:
-            lines.append(f"tfl: would remove {len(self.would)} run(s), {size_text(sum(s for _, s in self.would))} here "
+        would = self.would + self.would_orphans
+        if would:
+            lines.append(f"tfl: would remove {len(would)} run(s), {size_text(sum(s for _, s in would))} here "
                          "(dry run: nothing removed)")
         elif self.removed:
             lines.append(f"tfl: removed {len(self.removed)} run(s), {size_text(here)} freed here"
@@ -138,24 +156,39 @@ class Outcome:
 
 
 def _removed_lines(done: Removed) -> list[str]:
-    head = f"removed {done.run_id} ({size_text(done.bytes_freed)})"
+    head = f"removed {done.run_id} ({size_text(done.bytes_freed)}{'; ' + done.note if done.note else ''})"
     if done.elsewhere:
         head += f" and {', '.join(done.elsewhere)} ({size_text(done.bytes_elsewhere)})"
     return [head, *(f"  left: {why}" for why in done.left), *(f"  kept: {what}" for what in done.kept)]
 
 
 def rm_runs(store: RunStore, refs: Sequence[str]) -> Outcome:
-    """``tfl rm RUN…``: every run named (id or unique prefix) that is not running. An unknown
-    name raises before anything is removed."""
-    records = list({r.run_id: r for r in (store.resolve(ref) for ref in refs)}.values())
+    """``tfl rm RUN…``: every run named (id or unique prefix) that is not running, and every run dir
+    without a record named that nothing makes any more. An unknown name raises before anything is removed."""
+    found = list({_id_of(r): r for r in (_resolve(store, ref) for ref in refs)}.values())
     outcome = Outcome()
-    for record in records:
-        why = still_running(record)
+    for one in found:
+        why = still_running(one) if isinstance(one, RunRecord) else orphans.busy(store, one)
         if why is not None:
-            outcome.refused.append((record.run_id, why))
+            outcome.refused.append((_id_of(one), why))
         else:
-            outcome.removed.append(remove(store, record))
+            outcome.removed.append(remove(store, one) if isinstance(one, RunRecord) else remove_orphan(store, one))
     return outcome
+
+
+def _resolve(store: RunStore, ref: str) -> RunRecord | str:
+    """The recorded run ``ref`` names, else the name of the record-less run dir it names."""
+    try:
+        return store.resolve(ref)
+    except RunNotFoundError:
+        orphan = orphans.find_orphan(store, ref)
+        if orphan is None:
+            raise
+        return orphan
+
+
+def _id_of(found: RunRecord | str) -> str:
+    return found.run_id if isinstance(found, RunRecord) else found
 
 
 def prune_runs(store: RunStore, *, older_than: str | None, keep: int | None, dry_run: bool) -> Outcome:
@@ -174,4 +207,16 @@ def prune_runs(store: RunStore, *, older_than: str | None, keep: int | None, dry
             outcome.would.append((record.run_id, disk_usage(store.run_dir(record.run_id))))
         else:
             outcome.removed.append(remove(store, record))
+    for orphan in _orphans_to_prune(store, age):
+        if dry_run:
+            outcome.would_orphans.append((orphan, disk_usage(store.run_dir(orphan))))
+        else:
+            outcome.removed.append(remove_orphan(store, orphan))
     return outcome
+
+
+def _orphans_to_prune(store: RunStore, age: float | None) -> list[str]:
+    """The record-less run dirs nothing makes any more, unchanged for longer than ``age`` (any, without it)."""
+    now = time.time()
+    old = [o for o in orphans.orphan_ids(store) if age is None or now - orphans.last_change(store.run_dir(o)) > age]
+    return [o for o in old if orphans.busy(store, o, now) is None]  # the process scan only for those

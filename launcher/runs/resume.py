@@ -85,8 +85,31 @@ def move_to(record: RunRecord, address: str | None) -> None:
     record.plan = {**record.plan, "unit": {"kind": unit.kind, **unit.to_dict()}}
 
 
-def check_resumable(record: RunRecord) -> None:
-    why = refusal(record)
+def job_gone(record: RunRecord) -> str | None:
+    """Why a local run cannot be resumed because its job script is no longer where it was launched
+    from (its tasks would start only to fail opening it, an attempt spent), or None."""
+    tasks = (record.plan or {}).get("tasks") or []
+    if record.backend != "local" or not tasks or os.path.isfile(os.path.join(tasks[0].get("cwd") or "", record.job)):
+        return None
+    return (f"run {record.run_id}: its job script {record.job} is gone (moved or removed since the launch); put it back "
+            "there to resume the run, or launch the job from where it is now for a new run")
+
+
+def starts_over(record: RunRecord) -> str | None:
+    """A note for a resume whose model dir, read here, holds no checkpoint or backup (removed since
+    the run stopped, or never written): the job starts from step 0, whatever the run's record said."""
+    from launcher.views.report import kept_checkpoint
+    from launcher.views.tensorboard import model_dir_of
+
+    if kept_checkpoint(record) is not False:
+        return None
+    return (f"tfl: note: run {record.run_id}'s model dir {model_dir_of(record).path} holds no checkpoint or backup: "
+            "the job starts over from step 0")
+
+
+def check_resumable(record: RunRecord, *, job: bool = False) -> None:
+    """``refusal`` as an error; ``job``: also a local run's job script gone (``job_gone``)."""
+    why = refusal(record) or (job_gone(record) if job else None)
     if why is not None:
         raise UsageError(why)
 

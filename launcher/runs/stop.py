@@ -9,6 +9,7 @@ launcher is gone (killed with -9, machine rebooted…). Idempotent.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -16,10 +17,11 @@ from typing import Callable, TextIO
 
 import psutil
 
+from launcher.console import say
 from launcher.engines import registry
 from launcher.engines.base import Stopped
 from launcher.engines.teardown import teardown
-from launcher.errors import UsageError
+from launcher.errors import RunNotFoundError, UsageError
 from launcher.files import write_atomic
 from launcher.records.identity import is_running, launcher_identity
 from launcher.records.preparing import Preparing, end_preparing, resolve_run
@@ -75,7 +77,8 @@ def call_off(store: RunStore, preparing: Preparing, grace: float | None = None) 
     if launcher is None:
         end_preparing(store.home, preparing.run_id, preparing.run_dir)
         return (f"run {preparing.run_id}: its background launcher (pid {preparing.launcher.pid}) ended before it recorded "
-                f"the run; nothing to stop (its log: {preparing.run_dir}/launcher.log)")
+                f"the run; nothing to stop (its log: {preparing.run_dir}/launcher.log; `tfl rm {preparing.run_id}` "
+                "removes its dir)")
     run_dir = Path(preparing.run_dir)
     write_atomic(run_dir / STOP_REQUEST, "")
     teardown([launcher], signal=_send, alive=is_running, grace=(grace or 0.0) + LAUNCHER_EXTRA_GRACE, kill_wait=5.0)
@@ -116,6 +119,20 @@ def _ended(store: RunStore, run_id: str) -> bool:
     return state.is_terminal or state == RunState.LOST
 
 
+def logs_of(store: RunStore, ref: str | None) -> RunRecord:
+    """The run ``tfl logs`` shows (as ``tfl stop`` finds it); a detached launch not recorded yet has
+    no task logs: said in one line with its launcher's log, never "not found" nor an older run's logs."""
+    found = resolve_run(store, ref)
+    if not isinstance(found, Preparing):
+        return found
+    log = f"{found.run_dir}/launcher.log"
+    if found.launcher.alive():
+        raise RunNotFoundError(f"run {found.run_id} is being prepared (its hosts made ready): no task has started, so no "
+                               f"task logs yet; its background launcher's log: {log}")
+    raise RunNotFoundError(f"run {found.run_id}: its background launcher (pid {found.launcher.pid}) ended before it recorded "
+                           f"the run; no task ran (its log: {log}; `tfl rm {found.run_id}` removes its dir)")
+
+
 def show_logs(store: RunStore, record: RunRecord, out: TextIO, *, task: str | None = None, follow: bool = False,
               colour: bool = False, verbose: bool = False, tail: int | None = None, interval: float = 0.2,
               sleep: Callable[[float], None] = time.sleep) -> None:
@@ -137,3 +154,6 @@ def show_logs(store: RunStore, record: RunRecord, out: TextIO, *, task: str | No
         sleep(interval)
         follower.poll_once()
     follower.stop()
+    for one in tasks:  # a log that is not there shows nothing: say so rather than look like an empty one
+        if not os.path.exists(one.log_path):
+            say(f"tfl: {one.task} has no log at {one.log_path} (not started yet, or the file was removed)")

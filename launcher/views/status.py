@@ -95,7 +95,7 @@ def preparing_view(preparing: Preparing) -> RunView:
     message = (f"its background launcher (pid {pid}) is making the hosts ready (checks, code shipped); the run is "
                f"recorded once they are, and `tfl stop {preparing.run_id}` calls it off" if alive else
                f"its background launcher (pid {pid}) ended before the run was recorded; nothing ran (its log: "
-               f"{preparing.run_dir}/launcher.log)")
+               f"{preparing.run_dir}/launcher.log; `tfl rm {preparing.run_id}` removes its dir)")
     tasks = [TaskView(task=task, host=host, state=PREPARING if alive else "gone", attempt=0, pid=None, alive=False,
                       cpu_percent=None, rss_mb=None, uptime_s=None, exit_code=None, progress=None)
              for task, host in preparing.tasks]

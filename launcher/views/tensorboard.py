@@ -30,6 +30,7 @@ from launcher.contract import CHIEF, MODEL_DIR, MODEL_SUBDIR, RUN_DIR
 from launcher.describe.hosts import SSHTarget
 from launcher.engines.teardown import teardown
 from launcher.errors import LaunchError, UsageError
+from launcher.files import open_private
 from launcher.plan.launch_plan import LaunchPlan
 from launcher.records.store import RunRecord
 from launcher.tasklog import tail_lines
@@ -110,7 +111,7 @@ def serve(record: RunRecord, port: int | None, out: TextIO, *, ready_timeout: fl
     port = free_port(port)
     log_path = Path(record.run_dir) / "tensorboard.log"
     main = ["-m", "tensorboard.main"] if "://" in where.path else ["-c", NO_TF_MAIN]  # a URL needs TensorFlow's file systems
-    with open(log_path, "ab") as log:
+    with open_private(log_path) as log:  # 0600 as every file of the run dir, whatever the umask
         proc = subprocess.Popen([sys.executable, *main, "--logdir", where.path, "--port", str(port), "--host", HOST],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=_die_with_parent)
@@ -119,6 +120,8 @@ def serve(record: RunRecord, port: int | None, out: TextIO, *, ready_timeout: fl
             _wait_ready(proc, port, log_path, ready_timeout)
             out.write(f"TensorBoard for run {record.run_id}: http://{HOST}:{port}/\n"
                       f"  logdir {where.path}; its log {log_path}; Ctrl-C stops it\n")
+            if "://" not in where.path and not has_events(where.path):
+                out.write(f"  no event files under {where.path} yet: TensorBoard shows them as the job writes them\n")
             out.flush()
             code = proc.wait()  # it ends on its own only when it fails
         raise LaunchError(f"TensorBoard exited with code {code}: {' | '.join(tail_lines(log_path, 3))}")
@@ -127,6 +130,11 @@ def serve(record: RunRecord, port: int | None, out: TextIO, *, ready_timeout: fl
     finally:
         teardown([proc], signal=lambda p, n: p.send_signal(n) if p.poll() is None else None,
                  alive=lambda p: p.poll() is None, grace=5.0)
+
+
+def has_events(path: str) -> bool:
+    """Whether TensorBoard finds anything to show under ``path`` (its event files)."""
+    return any(name.startswith("events.out.tfevents") for _, _, files in os.walk(path) for name in files)
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], port: int, log_path: Path, timeout: float) -> None:
