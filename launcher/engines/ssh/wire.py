@@ -243,14 +243,19 @@ def _tarball(items: list[tuple[str, str]]) -> BinaryIO:
 
 
 def _shipped(info: tarfile.TarInfo, local: str) -> tarfile.TarInfo | None:
-    """``info`` as shipped (None: a cache, left out). A symlink out of the directory is refused here, in
-    one line naming it: the hosts' unpack (tarfile's "data" filter) would refuse it, host by host."""
+    """``info`` as shipped (None: a cache, left out). A symlink out of the directory, a FIFO or a device
+    file is refused here, in one line naming it: the hosts' unpack (tarfile's "data" filter) would refuse
+    it, host by host, in a line that blamed the workdir and the disk."""
     if any(p in SKIP_DIRS for p in info.name.split("/")) or info.name.endswith(".pyc"):
         return None
+    name = info.name.removeprefix("./")
     if info.issym() and _escapes(info.name, info.linkname):
-        name = info.name.removeprefix("./")
         raise UsageError(f"--sync {local}: {name} is a symlink to {info.linkname}, outside the directory, which the hosts "
                          "refuse to unpack; remove it, or point it inside the directory with a relative path")
+    if info.isfifo() or info.isdev():
+        kind = "a named pipe (FIFO)" if info.isfifo() else "a device file"
+        raise UsageError(f"--sync {local}: {name} is {kind}, which the hosts refuse to unpack; remove it from the "
+                         "directory, or move it out")
     return info
 
 
