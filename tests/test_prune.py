@@ -172,3 +172,27 @@ def test_agent_looks_at_a_kept_model_dir_and_never_removes_it(tmp_path: Path) ->
     result = agent.remove({"run_id": "r-1", "paths": [], "keep": [str(made), str(never)]})
     assert result == {str(made): {"kept": True}, str(never): {"absent": True}}
     assert made.is_dir()
+
+
+def test_a_run_with_a_host_not_reached_keeps_its_record_until_force(tfl_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a host could not remove is named, and the record that finds it there stays (exit 1, for
+    `tfl rm` and `tfl prune`), unless `tfl rm --force`: removed here, it would be lost to tfl."""
+    from launcher.engines.base import Cleanup
+    from launcher.engines.local.backend import LocalBackend
+
+    store = RunStore(tfl_home)
+    add_run(store, "far", 30)
+    left = Cleanup(removed=["gpu1:/c/far"], bytes_freed=4096, left=["gpu2: unreachable; left /c/far there"])
+    monkeypatch.setattr(LocalBackend, "clean_recorded", lambda self, record: left)
+    for command in (["rm", "far"], ["prune"]):
+        held = runner.invoke(app, command)
+        assert held.exit_code == 1, held.output
+        lines = held.stdout.splitlines()
+        assert lines[0].startswith("kept far: ") and "`tfl rm far` again" in lines[0] and "`tfl rm --force far`" in lines[0]
+        assert lines[1:3] == ["  left: gpu2: unreachable; left /c/far there", "  removed: gpu1:/c/far (4.1 KB)"]
+        assert lines[3].startswith("tfl: no run removed; 1 run(s) kept while their hosts still hold part of them")
+        assert store.run_dir("far").exists() and active_ids(tfl_home) == []
+    forced = runner.invoke(app, ["rm", "--force", "far"])
+    assert forced.exit_code == 0, forced.output
+    assert forced.stdout.splitlines()[1] == "  left: gpu2: unreachable; left /c/far there"  # said, then forgotten
+    assert not store.run_dir("far").exists()

@@ -1,5 +1,5 @@
 """`tfl rm` of an SSH run against a real sshd: the run's dirs on its hosts go; an unreachable
-host is reported and the run is still removed here."""
+host is named, and the run's record stays (exit 1) until a `tfl rm` once the host is back."""
 
 from __future__ import annotations
 
@@ -44,17 +44,29 @@ def test_rm_removes_the_runs_dirs_on_its_hosts(sshd: Sshd, tmp_path: Path, tfl_h
     assert all((d / "result.txt").exists() for d in there.values())
     # The worker's host goes away before the run is removed.
     state = tfl_home / "runs" / run / "state.json"
-    record = json.loads(state.read_text())
+    saved = state.read_text()
+    record = json.loads(saved)
     record["plan"]["tasks"][1]["ssh"]["host"] = NOWHERE
     state.write_text(json.dumps(record))
 
-    removed = tfl(["rm", run], child_env)
-    assert removed.returncode == 0, removed.stderr
-    lines = removed.stdout.splitlines()
+    held = tfl(["rm", run], child_env)
+    assert held.returncode == 1, held.stdout + held.stderr
+    lines = held.stdout.splitlines()
     own = {host: next(p for p in (d, *d.parents) if p.name == run) for host, d in there.items()}  # the run's dir there
-    assert lines[0].startswith(f"removed {run} (") and f"and 127.0.0.2:{own['127.0.0.2']} (" in lines[0]
+    assert lines[0].startswith(f"kept {run}: ") and f"`tfl rm {run}` again" in lines[0] and f"`tfl rm --force {run}`" in lines[0]
     assert lines[1].startswith("  left: 127.0.0.3: ") and lines[1].endswith(f"left {own['127.0.0.3']} there")
-    assert lines[2].startswith("tfl: removed 1 run(s), ") and "KB on SSH hosts" in lines[2]
+    assert lines[2].startswith(f"  removed: 127.0.0.2:{own['127.0.0.2']} (") and "KB)" in lines[2]
+    assert lines[3].startswith("tfl: no run removed; 1 run(s) kept while their hosts still hold part of them")
     assert not there["127.0.0.2"].exists() and (there["127.0.0.3"] / "result.txt").exists()
     assert workdirs["127.0.0.2"].exists() and (workdirs["127.0.0.2"] / "job.py").exists()  # the user's workdir stays
+    assert state.exists()  # the record stays: it is what finds the run's dir on the host once it is back
+    assert tfl(["prune", "--keep", "0"], child_env).returncode == 1 and state.exists()  # prune keeps it as well
+
+    state.write_text(saved)  # the host is back
+    removed = tfl(["rm", run], child_env)
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    lines = removed.stdout.splitlines()
+    assert lines[0].startswith(f"removed {run} (") and f"and 127.0.0.3:{own['127.0.0.3']} (" in lines[0], lines
+    assert lines[1].startswith("tfl: removed 1 run(s), ") and "KB on SSH hosts" in lines[1]
+    assert not own["127.0.0.3"].exists() and not own["127.0.0.2"].exists()
     assert not (tfl_home / "runs" / run).exists()

@@ -417,3 +417,21 @@ def test_a_synced_symlink_out_of_the_directory_is_one_line_before_any_host(tmp_p
         assert str(info.value) == (f"--sync {src}: data/{name} is a symlink to {target}, outside the directory, which the hosts "
                                    "refuse to unpack; remove it, or point it inside the directory with a relative path")
         (src / "data" / name).unlink()
+
+
+def test_a_synced_named_pipe_is_one_line_naming_it_not_the_hosts_unpack_blaming_the_workdir(tmp_path: Path) -> None:
+    """A FIFO in DIR (a job's control pipe, a socket-like leftover) went into the tarball, and every host's
+    unpack refused it: `could not unpack the code there (SpecialFileError …); check hosts.<h>.workdir and free disk`."""
+    from launcher.engines.ssh.wire import archives
+    from launcher.errors import UsageError
+
+    src = tmp_path / "proj"
+    (src / "run").mkdir(parents=True)
+    (src / "train.py").write_text("")
+    os.mkfifo(src / "run" / "control")
+    with pytest.raises(UsageError) as info:
+        archives([(str(src), "/remote/code")])
+    assert str(info.value) == (f"--sync {src}: run/control is a named pipe (FIFO), which the hosts refuse to unpack; "
+                               "remove it from the directory, or move it out")
+    (src / "run" / "control").unlink()
+    assert len(archives([(str(src), "/remote/code")])) == 1

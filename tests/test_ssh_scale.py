@@ -199,7 +199,7 @@ def test_getting_hosts_ready_reads_the_plan_s_tasks_a_few_times_not_once_per_hos
         def ensure(self, plan: Any, host: str) -> None:
             return None
 
-    def answer(chan: str, request: dict[str, Any], host: str, python: str) -> dict[str, Any]:
+    def answer(chan: str, request: dict[str, Any], host: str, python: str, payloads: Any = ()) -> dict[str, Any]:
         return {"python": "3.11", "executable": python, "ports": {}, "tfl_cache": f"/cache/{host}"} if request["mode"] == "probe" else {}
 
     monkeypatch.setattr(prepare, "converse", answer)

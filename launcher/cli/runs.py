@@ -150,14 +150,17 @@ def logs(
 
 
 @app.command(cls=_Command)
-def rm(runs: list[str] = typer.Argument(..., help="run ids or unique prefixes", autocompletion=_run_ids)) -> None:
+def rm(runs: list[str] = typer.Argument(..., help="run ids or unique prefixes", autocompletion=_run_ids),
+       force: bool = typer.Option(False, "--force", help="remove the record even when part of the run stays on a "
+                                  "host that could not be reached (tfl then forgets it)")) -> None:
     """Remove finished runs: their record, logs and default model dir here, and what they left
-    on SSH hosts (an unreachable host is reported). A running run is kept (exit 1)."""
+    on SSH hosts. A running run is kept (exit 1); so is one with a host that could not be
+    reached, named, until `tfl rm` again once it is back (or --force)."""
     from launcher.runs.prune import rm_runs
 
-    outcome = _core(lambda: rm_runs(_store(), runs))
+    outcome = _core(lambda: rm_runs(_store(), runs, force=force))
     typer.echo(outcome.render())
-    raise typer.Exit(1 if outcome.refused else 0)
+    raise typer.Exit(1 if outcome.refused or outcome.held else 0)
 
 
 @app.command(cls=_Command)
@@ -169,10 +172,12 @@ def prune(
     dry_run: bool = typer.Option(False, "--dry-run", help="say what would be removed; remove nothing"),
 ) -> None:
     """Remove finished runs older than --older-than and beyond the --keep latest (as `tfl rm`).
-    Running runs are never touched."""
+    Running runs are never touched; one with a host that could not be reached is kept (exit 1)."""
     from launcher.runs.prune import prune_runs
 
-    typer.echo(_core(lambda: prune_runs(_store(), older_than=older_than, keep=keep, dry_run=dry_run)).render())
+    outcome = _core(lambda: prune_runs(_store(), older_than=older_than, keep=keep, dry_run=dry_run))
+    typer.echo(outcome.render())
+    raise typer.Exit(1 if outcome.held else 0)  # part of a run stays on a host it could not reach: its record too
 
 
 @app.command(cls=_Command)

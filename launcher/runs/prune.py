@@ -38,6 +38,7 @@ class Removed:
     left: list[str] = field(default_factory=list)  # what could not be removed, with why
     kept: list[str] = field(default_factory=list)  # what is deliberately not removed (shared storage)
     note: str = ""  # what it was, when that is not a recorded run
+    held: bool = False  # its record stays here: ``left`` lies on its hosts, for a later ``tfl rm`` to remove
 
 
 def parse_age(text: str) -> float:
@@ -72,10 +73,14 @@ def to_prune(records: Sequence[RunRecord], *, older_than: float | None, keep: in
     return sorted(candidates, key=lambda r: r.created)
 
 
-def remove(store: RunStore, record: RunRecord) -> Removed:
-    """Remove one run that is not running (see ``still_running``), on its hosts then here."""
+def remove(store: RunStore, record: RunRecord, *, force: bool = False) -> Removed:
+    """Remove one run that is not running (see ``still_running``), on its hosts then here. When
+    something of it stays on a host (unreachable, or a path it could not remove), its record stays
+    too (``held``), unless ``force``: without it no later ``tfl rm`` could find what is left there."""
     run_dir = store.run_dir(record.run_id)  # this store's, whatever path the record names (a moved store)
     cleanup = registry.get(record.backend).clean_recorded(record)
+    if cleanup.left and not force:
+        return Removed(record.run_id, 0, cleanup.removed, cleanup.bytes_freed, list(cleanup.left), held=True)
     freed = disk_usage(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     mark_ended(store.home, record.run_id)  # the marker a lost run still had
@@ -129,6 +134,7 @@ class Outcome:
     """What ``tfl rm`` / ``tfl prune`` did (or, on a dry run, would do)."""
 
     removed: list[Removed] = field(default_factory=list)
+    held: list[Removed] = field(default_factory=list)  # record kept: something of the run stays on its hosts
     refused: list[tuple[str, str]] = field(default_factory=list)  # run id, why it stays
     would: list[tuple[str, int]] = field(default_factory=list)  # dry run: run id, bytes here
     would_orphans: list[tuple[str, int]] = field(default_factory=list)  # dry run: record-less run dirs, bytes
@@ -136,6 +142,7 @@ class Outcome:
 
     def render(self) -> str:
         lines = [line for done in self.removed for line in _removed_lines(done)]
+        lines += [line for done in self.held for line in _held_lines(done)]
         lines += [f"would remove {run_id} ({size_text(size)})" for run_id, size in self.would]
         lines += [f"would remove {run_id} ({size_text(size)}; {NO_RECORD})" for run_id, size in self.would_orphans]
         lines += [f"kept {run_id}: {why}" for run_id, why in self.refused]
@@ -149,7 +156,9 @@ class Outcome:
             lines.append(f"tfl: removed {len(self.removed)} run(s), {size_text(here)} freed here"
                          + (f" and {size_text(there)} on SSH hosts" if there else ""))
         else:
-            lines.append("tfl: nothing to remove")
+            lines.append("tfl: no run removed" if self.held else "tfl: nothing to remove")
+        if self.held:
+            lines[-1] += f"; {len(self.held)} run(s) kept while their hosts still hold part of them"
         if self.kept:
             lines[-1] += f"; {self.kept} run(s) kept"
         return "\n".join(lines)
@@ -162,9 +171,23 @@ def _removed_lines(done: Removed) -> list[str]:
     return [head, *(f"  left: {why}" for why in done.left), *(f"  kept: {what}" for what in done.kept)]
 
 
-def rm_runs(store: RunStore, refs: Sequence[str]) -> Outcome:
+def _held_lines(done: Removed) -> list[str]:
+    run = done.run_id
+    head = (f"kept {run}: part of it stays on its hosts (left: below); its record stays so that `tfl rm {run}` "
+            f"again removes the rest once they answer (`tfl rm --force {run}` forgets it)")
+    gone = [f"  removed: {', '.join(done.elsewhere)} ({size_text(done.bytes_elsewhere)})"] if done.elsewhere else []
+    return [head, *(f"  left: {why}" for why in done.left), *gone]
+
+
+def _done(outcome: Outcome, removed: Removed) -> None:
+    (outcome.held if removed.held else outcome.removed).append(removed)
+
+
+def rm_runs(store: RunStore, refs: Sequence[str], *, force: bool = False) -> Outcome:
     """``tfl rm RUN…``: every run named (id or unique prefix) that is not running, and every run dir
-    without a record named that nothing makes any more. An unknown name raises before anything is removed."""
+    without a record named that nothing makes any more. An unknown name raises before anything is removed.
+    ``force``: also a run something of which stays on its hosts (one unreachable): its record goes, and
+    tfl forgets what is left there."""
     found = list({_id_of(r): r for r in (_resolve(store, ref) for ref in refs)}.values())
     outcome = Outcome()
     for one in found:
@@ -172,7 +195,7 @@ def rm_runs(store: RunStore, refs: Sequence[str]) -> Outcome:
         if why is not None:
             outcome.refused.append((_id_of(one), why))
         else:
-            outcome.removed.append(remove(store, one) if isinstance(one, RunRecord) else remove_orphan(store, one))
+            _done(outcome, remove(store, one, force=force) if isinstance(one, RunRecord) else remove_orphan(store, one))
     return outcome
 
 
@@ -206,7 +229,7 @@ def prune_runs(store: RunStore, *, older_than: str | None, keep: int | None, dry
         if dry_run:
             outcome.would.append((record.run_id, disk_usage(store.run_dir(record.run_id))))
         else:
-            outcome.removed.append(remove(store, record))
+            _done(outcome, remove(store, record))
     for orphan in _orphans_to_prune(store, age):
         if dry_run:
             outcome.would_orphans.append((orphan, disk_usage(store.run_dir(orphan))))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.engines.parallel import first_error, parallel
 from launcher.engines.preflight import Check, HostTasks, host_tasks, judge, judge_setup, probe_request
 from launcher.engines.ssh.failures import SSHError
-from launcher.engines.ssh.wire import Tarballs, agent_request, archives, cleanup_request, converse, kit_archive
+from launcher.engines.ssh.wire import Payload, Tarballs, agent_request, cleanup_request, converse, kit_archive, streamed_archives
 from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
 
 if TYPE_CHECKING:
@@ -31,8 +31,17 @@ def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str], fire
     failure to reach one raises. ``caches`` gets the per-user tfl dir of each host where the run's dirs
     were made (so ``close`` removes them there, also after a refusal that came later); a host
     with ``ssh.firewall`` gets the run's table (``firewall``) last, once all else passed.
-    The code's tarballs are built once for the launch and sent to every host (``Tarballs``)."""
+    The code's tarballs are built once for the launch and sent to every host (``Tarballs``), from
+    temp files that go when the hosts are ready."""
     tarballs = Tarballs()
+    try:
+        return _prepare_hosts(plan, pool, caches, firewalls, tarballs)
+    finally:
+        tarballs.close()
+
+
+def _prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str], firewalls: Firewalls,
+                   tarballs: Tarballs) -> list[Check]:
     by_host = tasks_by_host(plan)  # once: a scan of every task per host cost hosts × tasks
 
     def reach(host: HostTasks) -> list[Check]:
@@ -42,7 +51,8 @@ def prepare_hosts(plan: LaunchPlan, pool: HostPool, caches: dict[str, str], fire
         if _failed(checks):
             return checks
         cache = facts["tfl_cache"]
-        done = converse(chan, unpack_request(by_host[host.host], cache, tarballs), host.host, host.python)
+        request, payloads = unpack_request(by_host[host.host], cache, tarballs)
+        done = converse(chan, request, host.host, host.python, payloads)
         if not done.get("dirs"):  # the run's dirs are made there and are ours: a refusal below still removes them
             caches[host.host] = cache
         if "error" in done:
@@ -67,17 +77,19 @@ def tasks_by_host(plan: LaunchPlan) -> dict[str, list[TaskLaunch]]:
     return hosts
 
 
-def unpack_request(host_tasks: list[TaskLaunch], cache: str, tarballs: Tarballs | None = None) -> dict[str, Any]:
+def unpack_request(host_tasks: list[TaskLaunch], cache: str, tarballs: Tarballs) -> tuple[dict[str, Any], list[Payload]]:
     """The run's dirs on the host of ``host_tasks`` (a configured workdir first, then the run dir,
-    parents first), the code shipped there and the job kit."""
+    parents first), the code shipped there and the job kit; and the code's tarballs, which follow
+    the request (``converse``), so that no job dir's size sits in memory."""
     tasks = [t.on_host(cache) for t in host_tasks]
     copies = sorted({copy for task in tasks for copy in task.sync})
+    code, payloads = streamed_archives(copies, tarballs)
     dirs = tasks[0].dirs
     if dirs is None:  # a plan recorded by a tfl that shipped no kit
-        return {"mode": "unpack", "archives": archives(copies, tarballs)}
-    return {"mode": "unpack", "kit": dirs.kit, "archives": [*archives(copies, tarballs), kit_archive(dirs.kit)],
+        return {"mode": "unpack", "archives": code}, payloads
+    return {"mode": "unpack", "kit": dirs.kit, "archives": [*code, kit_archive(dirs.kit)],
             "dirs": [*({"path": p, "private": False, "role": "workdir"} for p in dirs.checked),
-                     *({"path": p, "private": True, "role": "run dir"} for p in dirs.private)]}
+                     *({"path": p, "private": True, "role": "run dir"} for p in dirs.private)]}, payloads
 
 
 def cleanup_hosts(plan: LaunchPlan, pool: HostPool, hosts: list[str]) -> None:

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import base64
 import functools
-import io
 import json
 import os
 import shlex
 import tarfile
+import tempfile
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from launcher.engines.ssh.connect import finish_command, send_all, start_command
 from launcher.engines.ssh.failures import SSHError
@@ -48,6 +48,8 @@ MARK = b"\x1etfl\x1e"  # starts each of the agent's answers (agent.MARK)
 LAUNCHER_DIR = HERE.parents[1]
 KIT_FILES = (("__init__.py", "launcher/__init__.py"), ("contract.py", "launcher/contract.py"), ("jobkit", "launcher/jobkit"))
 # Directories never worth shipping with --sync (virtualenvs, VCS data, caches).
+LINE_BYTES = 3 << 14  # 48 KiB of tarball per base64 line of a Payload (a multiple of 3: each line decodes alone)
+SEND_BLOCK = 1 << 20  # bytes of a Payload read and sent at a time
 SKIP_DIRS = frozenset({".git", ".hg", ".venv", "venv", "__pycache__", ".mypy_cache", ".pytest_cache",
                        ".ruff_cache", "node_modules", ".ipynb_checkpoints"})
 
@@ -109,12 +111,41 @@ def python_failure(python: str, code: int | None, stderr: bytes, host: str) -> s
     return f"the tfl agent failed under '{python}' ({said}); set hosts.{host}.python to a Python >= 3.8"
 
 
+class Payload:
+    """A tarball sent after its request, as ``lines`` base64 lines (``LINE_BYTES`` each before encoding),
+    kept in an unnamed temp file (0600, gone with its descriptor): its size never sits in memory, here
+    or on the host (the agent spools it to disk the same way). Several hosts' threads send it at once."""
+
+    def __init__(self, tarball: BinaryIO) -> None:
+        self.file, self.lines = tempfile.TemporaryFile(), 0
+        with tarball:
+            tarball.seek(0)
+            while block := tarball.read(LINE_BYTES):
+                self.file.write(base64.b64encode(block) + b"\n")
+                self.lines += 1
+        self.file.flush()
+        self.size = self.file.tell()
+
+    def send(self, chan: Channel) -> None:
+        fd, sent = self.file.fileno(), 0
+        while sent < self.size:  # pread: no shared file offset between the hosts' threads
+            block = os.pread(fd, min(SEND_BLOCK, self.size - sent), sent)
+            send_all(chan, block)
+            sent += len(block)
+
+    def close(self) -> None:
+        self.file.close()
+
+
 class Tarballs:
-    """The tarballs of one launch, each built once (base64) and shared by every host it goes to:
-    the same files go to each host, only their destination differs. Safe from several threads."""
+    """The tarballs of one launch, each built once and shared by every host it goes to: the same
+    files go to each host, only their destination differs. ``of``: inline (base64 in the request),
+    for the small job kit; ``payload``: sent after the request (``Payload``), for the code, whatever
+    its size. Safe from several threads; ``close`` drops the payloads' temp files."""
 
     def __init__(self) -> None:
         self._built: dict[tuple[tuple[str, str], ...], str] = {}
+        self._payloads: dict[tuple[tuple[str, str], ...], Payload] = {}
         self._lock = threading.Lock()
         self.builds = 0  # how many were built (a test's proof)
 
@@ -122,9 +153,25 @@ class Tarballs:
         key = tuple(items)
         with self._lock:  # one build per key; the others wait for it rather than build it again
             if key not in self._built:
-                self._built[key] = base64.b64encode(_tarball(items)).decode()
+                with _tarball(items) as tarball:
+                    tarball.seek(0)
+                    self._built[key] = base64.b64encode(tarball.read()).decode()
                 self.builds += 1
             return self._built[key]
+
+    def payload(self, items: list[tuple[str, str]]) -> Payload:
+        key = tuple(items)
+        with self._lock:
+            if key not in self._payloads:
+                self._payloads[key] = Payload(_tarball(items))
+                self.builds += 1
+            return self._payloads[key]
+
+    def close(self) -> None:
+        with self._lock:
+            for payload in self._payloads.values():
+                payload.close()
+            self._payloads.clear()
 
 
 _KIT = Tarballs()  # this launcher's kit, built once per process (hosts reached at once wait for the one build)
@@ -138,18 +185,33 @@ def archives(copies: Iterable[tuple[str, str]], tarballs: Tarballs | None = None
     """Files and directory contents to copy, as the agent's ``unpack`` request takes them:
     one gzipped tarball (base64) per destination directory (``tarballs``: the launch's, built once)."""
     tarballs = tarballs or Tarballs()
+    return [{"dest": dest, "data": tarballs.of(items)} for dest, items in _by_dest(copies).items()]
+
+
+def streamed_archives(copies: Iterable[tuple[str, str]], tarballs: Tarballs) -> tuple[list[dict[str, Any]], list[Payload]]:
+    """``archives`` whose tarballs follow the request (``converse``'s ``payloads``) rather than sit in
+    it: ``{"dest", "lines"}`` each, and the payloads to send, in that order."""
+    by_dest = _by_dest(copies)
+    payloads = [tarballs.payload(items) for items in by_dest.values()]
+    return [{"dest": dest, "lines": p.lines} for dest, p in zip(by_dest, payloads, strict=True)], payloads
+
+
+def _by_dest(copies: Iterable[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
     by_dest: dict[str, list[tuple[str, str]]] = {}
     for local, remote in copies:
         dest = os.path.dirname(remote) if os.path.isfile(local) else remote
         by_dest.setdefault(dest, []).append((local, os.path.basename(remote) if os.path.isfile(local) else "."))
-    return [{"dest": dest, "data": tarballs.of(items)} for dest, items in by_dest.items()]
+    return by_dest
 
 
-def converse(chan: Channel, request: dict[str, Any], host: str, python: str) -> dict[str, Any]:
-    """One request to an agent waiting for more (a pre-started one) and its one-line answer."""
+def converse(chan: Channel, request: dict[str, Any], host: str, python: str, payloads: Iterable[Payload] = ()) -> dict[str, Any]:
+    """One request to an agent waiting for more (a pre-started one) and its one-line answer;
+    ``payloads`` (an unpack request's code) are sent right after the request's line."""
     answer = b""
     try:
-        send_all(chan, (json.dumps(request) + "\n").encode())  # an unpack request carries the code: MBs
+        send_all(chan, (json.dumps(request) + "\n").encode())
+        for payload in payloads:
+            payload.send(chan)
         while not (MARK in answer and answer.endswith(b"\n")):
             data = chan.recv(65536)
             if not data:
@@ -167,23 +229,33 @@ def converse(chan: Channel, request: dict[str, Any], host: str, python: str) -> 
     return result
 
 
-def _tarball(items: list[tuple[str, str]]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for local, name in items:
-            tar.add(local, arcname=name, filter=functools.partial(_shipped, local=local))
-    return buffer.getvalue()
+def _tarball(items: list[tuple[str, str]]) -> BinaryIO:
+    """The gzipped tarball of ``items``, in an unnamed temp file (a job dir's size never sits in memory)."""
+    spool = tempfile.TemporaryFile()
+    try:
+        with tarfile.open(fileobj=spool, mode="w:gz") as tar:
+            for local, name in items:
+                tar.add(local, arcname=name, filter=functools.partial(_shipped, local=local))
+    except BaseException:
+        spool.close()
+        raise
+    return spool
 
 
 def _shipped(info: tarfile.TarInfo, local: str) -> tarfile.TarInfo | None:
-    """``info`` as shipped (None: a cache, left out). A symlink out of the directory is refused here, in
-    one line naming it: the hosts' unpack (tarfile's "data" filter) would refuse it, host by host."""
+    """``info`` as shipped (None: a cache, left out). A symlink out of the directory, a FIFO or a device
+    file is refused here, in one line naming it: the hosts' unpack (tarfile's "data" filter) would refuse
+    it, host by host, in a line that blamed the workdir and the disk."""
     if any(p in SKIP_DIRS for p in info.name.split("/")) or info.name.endswith(".pyc"):
         return None
+    name = info.name.removeprefix("./")
     if info.issym() and _escapes(info.name, info.linkname):
-        name = info.name.removeprefix("./")
         raise UsageError(f"--sync {local}: {name} is a symlink to {info.linkname}, outside the directory, which the hosts "
                          "refuse to unpack; remove it, or point it inside the directory with a relative path")
+    if info.isfifo() or info.isdev():
+        kind = "a named pipe (FIFO)" if info.isfifo() else "a device file"
+        raise UsageError(f"--sync {local}: {name} is {kind}, which the hosts refuse to unpack; remove it from the "
+                         "directory, or move it out")
     return info
 
 

@@ -87,7 +87,58 @@ def _user(uid: int) -> str:
 
 
 def unpack(request: dict[str, Any]) -> dict[str, Any]:
-    """The run's dirs (each ``{"path", "private", "role"}``), then the archives, then the kit check."""
+    """The run's dirs (each ``{"path", "private", "role"}``), then the archives, then the kit check.
+    An archive's ``lines`` follow the request on stdin: they are read first, whatever comes next."""
+    try:
+        archives = spool(request.get("archives", []), sys.stdin)
+    except (OSError, EOFError, ValueError) as exc:
+        return {"error": "%s: %s" % (type(exc).__name__, exc)}
+    try:
+        return _unpack(request, archives)
+    finally:
+        for item in archives:
+            if "file" in item:
+                item["file"].close()
+
+
+def spool(archives: list[dict[str, Any]], stream: Any) -> list[dict[str, Any]]:
+    """Each archive, an inline one (``data``) as it is, one whose ``lines`` (base64) follow on
+    ``stream`` read into an unnamed temp file (``file``): its size never sits in memory."""
+    import base64
+    import tempfile
+
+    spooled: list[dict[str, Any]] = []
+    failed: Exception | None = None
+    try:
+        for item in archives:
+            if "lines" not in item:
+                spooled.append(item)
+                continue
+            into = tempfile.TemporaryFile()
+            spooled.append(dict(item, file=into))
+            for _ in range(int(item["lines"])):
+                line = stream.readline()
+                if not line.endswith("\n"):
+                    raise EOFError("the code's tarball ended early, after %d bytes" % into.tell())
+                try:
+                    if failed is None:
+                        into.write(base64.b64decode(line))
+                except (OSError, ValueError) as exc:  # a full disk: the other lines are read all the same,
+                    failed = exc  # so that none of them is taken for the next request
+            into.seek(0)
+        if failed is not None:
+            raise failed
+    except BaseException:
+        for item in spooled:
+            if "file" in item:
+                item["file"].close()
+        raise
+    return spooled
+
+
+def _unpack(request: dict[str, Any], archives: list[dict[str, Any]]) -> dict[str, Any]:
+    import tarfile
+
     problems = {}
     for entry in request.get("dirs", []):
         problem = dir_problem(entry["path"], bool(entry.get("private")))
@@ -96,10 +147,8 @@ def unpack(request: dict[str, Any]) -> dict[str, Any]:
             break  # the dirs come parents first: nothing below a refused one is made
     if problems:
         return {"dirs": problems}
-    import tarfile
-
     try:
-        extracted = extract(request.get("archives", []))
+        extracted = extract(archives)
     except (OSError, EOFError, ValueError, tarfile.TarError) as exc:
         return {"error": "%s: %s" % (type(exc).__name__, exc)}
     result: dict[str, Any] = {"dirs": {}, "extracted": extracted}
@@ -121,7 +170,8 @@ def extract(archives: list[dict[str, Any]]) -> int:
     extracted = 0
     for item in archives:
         os.makedirs(item["dest"], mode=0o700, exist_ok=True)
-        with Archive.open(fileobj=io.BytesIO(base64.b64decode(item["data"])), mode="r:gz") as tar:
+        data = item["file"] if "file" in item else io.BytesIO(base64.b64decode(item["data"]))
+        with Archive.open(fileobj=data, mode="r:gz") as tar:
             members = tar.getmembers()
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(item["dest"], members=members, filter="data")
