@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -56,6 +58,29 @@ def test_worker_writes_to_scratch_that_is_removed(
             raise RuntimeError("training failed")
     assert not layout.root.exists()  # removed even though training failed
     assert not (tmp_path / "run" / "model").exists()  # the worker never touches the real dir
+
+
+def test_the_dirs_the_kit_makes_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    """A model dir on shared storage, ``<storage>/<run id>/model``, was 0755 (0777 under umask 000):
+    every user of every host that mounts the storage could read, or replace, the user's checkpoints."""
+    storage = tmp_path / "shared"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    os.chmod(tmp_path, 0o755)  # an existing parent stays as it is
+    modes = {}
+    old = os.umask(0)
+    try:
+        with chief_only_writes(storage / "run-1" / "model", TaskContext("chief", 0, CLUSTER)):
+            pass
+        with chief_only_writes(storage / "run-1" / "model", TaskContext("worker", 0, CLUSTER, run_dir=run_dir)) as worker:
+            for d in (worker.root.parent, worker.root):  # run/scratch and run/scratch/worker-0, removed at the end
+                modes[d.name] = stat.S_IMODE(d.stat().st_mode)
+    finally:
+        os.umask(old)
+    for d in (storage, storage / "run-1", storage / "run-1" / "model"):
+        modes[d.name] = stat.S_IMODE(d.stat().st_mode)
+    assert modes == dict.fromkeys(["scratch", "worker-0", "shared", "run-1", "model"], 0o700)
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o755
 
 
 def test_layout_names() -> None:

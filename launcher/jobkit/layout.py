@@ -6,6 +6,11 @@ sync-on-read variables is a collective), so non-chief tasks write into a private
 scratch directory that is removed when training ends: TensorFlow's `write_filepath`
 pattern, with the scratch kept outside the model dir so nothing there can be
 mistaken for the chief's output (or followed by the evaluator).
+
+The dirs the kit makes (the model dir and any missing parent, e.g. ``<storage>/<run id>`` on
+shared storage, and the scratch dirs) are 0700 whatever the umask: the model is its user's, and
+TensorFlow writes checkpoints and event files as the umask allows (0644, 0666 under umask 000).
+A dir that already exists (a ``--model-dir`` the user made) is left as it is.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from launcher.jobkit.context import TaskContext
 def chief_only_writes(model_dir: Path, context: TaskContext) -> Iterator[ModelDirLayout]:
     """Yield the layout this task writes to: the real one (chief) or a scratch copy."""
     if context.is_chief:
-        model_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(model_dir)
         yield ModelDirLayout(model_dir)
         return
     scratch = _fresh_scratch_dir(context)
@@ -46,8 +51,27 @@ def _fresh_scratch_dir(context: TaskContext) -> Path:
     # leaves behind stays with its run and is wiped by the task's next attempt.
     scratch = context.run_dir / "scratch" / task_slug(context.task_type, context.task_index)
     shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
+    make_private_dirs(scratch)
     return scratch
+
+
+def make_private_dirs(path: Path) -> None:
+    """Make ``path`` and each missing parent 0700 (chmod after mkdir: a umask of 0200 must not
+    narrow them either); dirs that exist, or that another process makes meanwhile, are left as they are."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+            continue
+        os.chmod(directory, 0o700)
 
 
 def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
