@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -80,6 +81,23 @@ def test_a_new_host_key_accepted_is_appended_once_and_known_from_then_on(sshd: S
     text = known.read_text()
     assert text.startswith(first) and text.count(f"[127.0.0.2]:{sshd.port}") == 1, text
 
+
+
+def test_a_known_hosts_file_made_by_accepting_a_key_is_0600_whatever_the_umask(tmp_path: Path) -> None:
+    """Made as the umask said it was 0666 under umask 000 (and a missing grandparent dir 0777, where
+    its dir could be swapped): anyone could add a key for any host."""
+    made, kept = tmp_path / "a" / "new" / "known_hosts", tmp_path / "known_hosts"
+    kept.write_text("")
+    os.chmod(kept, 0o644)
+    old = os.umask(0)
+    try:
+        for path in (made, kept):
+            hostkeys.append(str(path), "[127.0.0.2]:2222", "ssh-ed25519", "AAAA")
+    finally:
+        os.umask(old)
+    modes = [stat.S_IMODE(p.stat().st_mode) for p in (made, made.parent, made.parent.parent, kept)]
+    assert modes == [0o600, 0o700, 0o700, 0o644]
+    assert made.read_text() == kept.read_text() == "[127.0.0.2]:2222 ssh-ed25519 AAAA\n"
 
 def test_the_identity_file_is_read_once_for_many_connections_and_again_when_replaced(sshd: Sshd, tmp_path: Path) -> None:
     key = tmp_path / "id_ed25519"

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.files import private_dir
+
 Entry = tuple[int, str, str]  # line number, key type, base64 blob
 
 
@@ -129,10 +131,13 @@ def append(path: str, name: str, keytype: str, blob: str) -> None:
     """``--accept-new-host-keys``: the new host's line at the end of the file (never a rewrite);
     the cache learns it without reading the file again when nobody else wrote in between."""
     file = Path(path)
-    file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dir(file.parent, exist_ok=True)  # and each missing parent: 0700, whatever the umask
     with _LOCK:
         before = signature(path)
-        with file.open("a") as f:
+        # a file made here is 0600, never as the umask says (0666 under umask 000): whoever can
+        # write it can vouch for any host's key; an existing file keeps its mode
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "a") as f:
             f.write(f"{name} {keytype} {blob}\n")
         parsed = _CACHE.get(path)
         after = signature(path)
