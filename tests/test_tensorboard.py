@@ -178,3 +178,36 @@ def test_a_run_with_no_event_files_yet_says_so(tfl_home: Path, monkeypatch: pyte
     assert "TensorBoard exited with code 0" in result.stderr, result.output
     note = f"  no event files under {run_dir / 'model'} yet: TensorBoard shows them as the job writes them"
     assert (note in result.stdout.splitlines()) is not events, result.stdout
+
+
+def test_tensorboards_temp_files_stay_in_a_private_dir_that_goes_with_it(tfl_home: Path, child_env: dict[str, str],
+                                                                         tmp_path: Path) -> None:
+    """TensorBoard wrote its pid, port and logdir into $TMPDIR/.tensorboard-info (/tmp/...), a fixed dir
+    it makes 0777 without the sticky bit: any user could swap its files or, made first, make it fail."""
+    run_dir = tfl_home / "runs" / "r-1"
+    add_run(RunStore(tfl_home), "r-1", [task("chief:0", {"TFL_RUN_DIR": str(run_dir)})])
+    shared_tmp = tmp_path / "tmp"
+    shared_tmp.mkdir()
+    port = free_port()
+    tfl = subprocess.Popen([sys.executable, "-m", "launcher", "tensorboard", "--port", str(port)],
+                           env={**child_env, "TMPDIR": str(shared_tmp)}, cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        first = tfl.stdout.readline()  # type: ignore[union-attr]
+        assert first == f"TensorBoard for run r-1: http://127.0.0.1:{port}/\n", first + tfl.stderr.read()  # type: ignore[union-attr]
+        (board,) = psutil.Process(tfl.pid).children()
+        private = Path(board.environ()["TMPDIR"])
+        assert private.parent == run_dir and stat.S_IMODE(private.stat().st_mode) == 0o700
+        info = private / ".tensorboard-info" / f"pid-{board.pid}.info"
+        deadline = time.monotonic() + 60  # a hang guard: TensorBoard writes it as it starts serving
+        while not info.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert info.exists() and json.loads(info.read_text())["port"] == port
+        assert list(shared_tmp.iterdir()) == []
+        tfl.send_signal(signal.SIGINT)
+        assert tfl.wait(timeout=30) == 0
+        board.wait(timeout=15)
+        assert not private.exists() and list(shared_tmp.iterdir()) == []
+    finally:
+        tfl.kill()
+        tfl.wait()

@@ -8,17 +8,22 @@ storage here), the command says how to reach it through SSH instead of starting 
 TensorBoard runs with its own stand-in for TensorFlow (its ``notf`` switch): reading local
 event files needs nothing more, and it starts in seconds instead of importing TensorFlow.
 It listens on the loopback address only, and stops with the command (Ctrl-C, SIGTERM, or
-the command dying: it gets SIGTERM then).
+the command dying: it gets SIGTERM then). Its temp files go to a private dir of the run dir's
+(``TMPDIR``), removed when it stops: left to itself TensorBoard writes its pid, port and logdir
+into ``/tmp/.tensorboard-info``, a fixed dir it makes 0777 without the sticky bit, where any
+user can delete or swap (symlink) its files, or make that dir first so that TensorBoard fails.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -111,10 +116,15 @@ def serve(record: RunRecord, port: int | None, out: TextIO, *, ready_timeout: fl
     port = free_port(port)
     log_path = Path(record.run_dir) / "tensorboard.log"
     main = ["-m", "tensorboard.main"] if "://" in where.path else ["-c", NO_TF_MAIN]  # a URL needs TensorFlow's file systems
-    with open_private(log_path) as log:  # 0600 as every file of the run dir, whatever the umask
-        proc = subprocess.Popen([sys.executable, *main, "--logdir", where.path, "--port", str(port), "--host", HOST],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+    private_tmp = tempfile.mkdtemp(prefix="tensorboard-tmp-", dir=record.run_dir)  # 0700; left by a kill -9, goes with tfl rm
+    try:
+        with open_private(log_path) as log:  # 0600 as every file of the run dir, whatever the umask
+            proc = subprocess.Popen([sys.executable, *main, "--logdir", where.path, "--port", str(port), "--host", HOST],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=_die_with_parent, env={**os.environ, "TMPDIR": private_tmp})
+    except BaseException:
+        shutil.rmtree(private_tmp, ignore_errors=True)
+        raise
     try:
         with _interrupt_on_sigterm():
             _wait_ready(proc, port, log_path, ready_timeout)
@@ -130,6 +140,7 @@ def serve(record: RunRecord, port: int | None, out: TextIO, *, ready_timeout: fl
     finally:
         teardown([proc], signal=lambda p, n: p.send_signal(n) if p.poll() is None else None,
                  alive=lambda p: p.poll() is None, grace=5.0)
+        shutil.rmtree(private_tmp, ignore_errors=True)
 
 
 def has_events(path: str) -> bool:
