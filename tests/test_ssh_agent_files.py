@@ -76,6 +76,20 @@ def test_private_dirs_are_made_0700_and_a_symlink_or_a_strangers_dir_is_refused(
     assert list(unpacked["dirs"]) == [str(strangers)] and not (strangers / "below").exists()  # nothing made below it
 
 
+
+def test_a_private_dirs_missing_parents_are_0700_whatever_the_umask(tmp_path: Path) -> None:
+    """A host's missing ~/.cache was made 0777 under a login umask of 000 (0755 under 022): anyone
+    could rename ~/.cache/tfl, checked, away and put a dir with their own code in its place."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
+    old = os.umask(0)
+    try:
+        assert agent_files.dir_problem(str(home / ".cache" / "tfl" / "runs"), private=True) is None
+    finally:
+        os.umask(old)
+    made = [home / ".cache", home / ".cache" / "tfl", home / ".cache" / "tfl" / "runs"]
+    assert [oct(p.stat().st_mode & 0o777) for p in [home, *made]] == ["0o755", "0o700", "0o700", "0o700"]
+
 def test_the_kit_imports_from_a_probe_and_a_broken_kit_says_why(tmp_path: Path) -> None:
     before = {n: m for n, m in sys.modules.items() if n.split(".")[0] == "launcher"}
     assert agent_files.kit_probe(kit_data())["ok"]

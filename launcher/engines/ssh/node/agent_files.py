@@ -62,7 +62,7 @@ def dir_problem(path: str, private: bool) -> dict[str, Any] | None:
     """Make ``path`` if missing (0700); None when it is a real directory of ours, else what is wrong."""
     try:
         if not os.path.lexists(path):
-            os.makedirs(path, mode=0o700, exist_ok=True)
+            make_dirs(path)
         info = os.lstat(path)
     except OSError as exc:
         return {"problem": "unusable", "detail": "%s: %s" % (type(exc).__name__, exc.strerror or exc)}
@@ -75,6 +75,19 @@ def dir_problem(path: str, private: bool) -> dict[str, Any] | None:
     if private and info.st_mode & 0o077:
         os.chmod(path, 0o700)
     return None
+
+
+def make_dirs(path: str) -> None:
+    """``path`` and each missing parent, 0700 (XDG's rule for a missing ``~/.cache``): os.makedirs
+    gives the parents the umask's mode, 0777 under umask 000, where the private dir below could be
+    renamed away and another put in its place after it was checked."""
+    parent = os.path.dirname(path)
+    if parent != path and not os.path.isdir(parent):
+        make_dirs(parent)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass  # made meanwhile (another session): judged as it is
 
 
 def _user(uid: int) -> str:
