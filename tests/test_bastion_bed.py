@@ -129,6 +129,19 @@ def test_an_unknown_bastion_key_is_refused_in_one_line_naming_the_bastion_and_th
     assert not (tfl_home / "runs").exists() or not any((tfl_home / "runs").glob("*/logs/*.log"))
 
 
+def test_a_bastion_this_machine_has_no_route_to_is_one_line_naming_the_jump(
+        jumpbed: JumpBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    """The launcher's namespace routes only its /30 to the bastion: 198.51.100.9 is ENETUNREACH, said as
+    no route and the jump's field, never as a refusal or a raw OSError."""
+    cluster = jumpbed.cluster_file(tmp_path / "cluster.json", tasks_for(jumpbed), sys.executable,
+                                   ssh={"jump": "root@198.51.100.9"})
+    done = tfl(jumpbed, child_env, "launch", str(write_job(tmp_path / "src", QUICK)), "--cluster", str(cluster))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert ("bastion 198.51.100.9 (ssh.jump): no route to 198.51.100.9 (Network is unreachable): the host is down, or "
+            "on a network this machine does not reach; check the bastion's address in ssh.jump") in done.stderr, done.stderr
+    assert bastion_logins(jumpbed) == 0
+
+
 def test_proxyjump_of_an_ssh_config_and_status_stop_rm_of_the_recorded_run(
         jumpbed: JumpBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
     config = tmp_path / "ssh_config"
