@@ -142,6 +142,36 @@ def test_a_bastion_this_machine_has_no_route_to_is_one_line_naming_the_jump(
     assert bastion_logins(jumpbed) == 0
 
 
+def test_hosts_named_by_ssh_config_aliases_are_refused_before_any_task_naming_the_name(
+        jumpbed: JumpBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    """``Host gpuN`` / ``HostName 198.18.0.x`` reaches each host through the bastion, but TF_CONFIG holds
+    gpuN and no host resolves it: the tasks would wait for each other forever. doctor and launch
+    say so, in one line naming the host, the name and the fix, and the launch leaves nothing there."""
+    aliases = {f"gpu{i}": a for i, a in enumerate(jumpbed.addresses, 1)}
+    config = tmp_path / "ssh_config"
+    config.write_text("".join(f"Host {n}\n    HostName {a}\n" for n, a in aliases.items())
+                      + f"Host gpu*\n    ProxyJump root@{BASTION_ADDRESS}\n")
+    names = list(aliases)
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps({
+        "cluster": {"chief": [f"{names[0]}:{PORT}"], "worker": [f"{n}:{PORT}" for n in names[1:]]},
+        "ssh": {"user": "root", "identity_file": str(jumpbed.client_key), "known_hosts": str(jumpbed.known_hosts),
+                "config": str(config)},
+        "hosts": {n: {"python": sys.executable} for n in names}}))
+    doctor = tfl(jumpbed, child_env, "doctor", "--cluster", str(cluster))
+    assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+    assert all(f"{n}  OK    ssh: reached" in doctor.stdout for n in names), doctor.stdout  # through the bastion
+    said = [line for line in doctor.stdout.splitlines() if " FAIL  names: " in line]
+    assert len(said) == len(names) and "gpu2 cannot resolve gpu1 (" in doctor.stdout, doctor.stdout
+    assert said[0].endswith("write those hosts' addresses in cluster, or make gpu1's DNS or /etc/hosts know them")
+    done = tfl(jumpbed, child_env, "launch", str(write_job(tmp_path / "src", QUICK)), "--cluster", str(cluster))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "tfl: error: gpu1: gpu1 cannot resolve gpu2 (" in done.stderr, done.stderr
+    left = [p for h in jumpbed.hosts for p in (h.home / ".cache" / "tfl" / "runs").glob("*/*")]
+    assert left == [], left
+    assert not any((tfl_home / "runs").glob("*/logs/*.log"))
+
+
 def test_proxyjump_of_an_ssh_config_and_status_stop_rm_of_the_recorded_run(
         jumpbed: JumpBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
     config = tmp_path / "ssh_config"
