@@ -172,6 +172,20 @@ def test_hosts_named_by_ssh_config_aliases_are_refused_before_any_task_naming_th
     assert not any((tfl_home / "runs").glob("*/logs/*.log"))
 
 
+def test_the_lost_host_probe_of_a_host_reached_straight_asks_its_ssh_config_hostname(
+        jumpbed: JumpBed, tmp_path: Path) -> None:
+    """An ssh config alias (``Host edge`` / ``HostName`` the bastion's address, its sshd up) reached straight:
+    the watch asks the address ssh dials, as it does through a bastion. Asked by the alias, it heard
+    nothing: the launcher's namespace resolves no name (and no DNS query leaves it)."""
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host edge\n    HostName {BASTION_ADDRESS}\n")
+    probe = ("import sys; from launcher.describe.hosts import SSHTarget; from launcher.engines.ssh.connect import reach; "
+             "print(reach(SSHTarget(host='edge', config=sys.argv[1], jump='none')))")
+    asked = subprocess.run(["ip", "netns", "exec", jumpbed.launcher_ns, sys.executable, "-c", probe, str(config)],
+                           capture_output=True, text=True, timeout=60)
+    assert (asked.returncode, asked.stdout.strip()) == (0, "True"), asked.stdout + asked.stderr
+
+
 def test_proxyjump_of_an_ssh_config_and_status_stop_rm_of_the_recorded_run(
         jumpbed: JumpBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
     config = tmp_path / "ssh_config"
