@@ -129,6 +129,63 @@ def test_an_unknown_bastion_key_is_refused_in_one_line_naming_the_bastion_and_th
     assert not (tfl_home / "runs").exists() or not any((tfl_home / "runs").glob("*/logs/*.log"))
 
 
+def test_a_bastion_this_machine_has_no_route_to_is_one_line_naming_the_jump(
+        jumpbed: JumpBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    """The launcher's namespace routes only its /30 to the bastion: 198.51.100.9 is ENETUNREACH, said as
+    no route and the jump's field, never as a refusal or a raw OSError."""
+    cluster = jumpbed.cluster_file(tmp_path / "cluster.json", tasks_for(jumpbed), sys.executable,
+                                   ssh={"jump": "root@198.51.100.9"})
+    done = tfl(jumpbed, child_env, "launch", str(write_job(tmp_path / "src", QUICK)), "--cluster", str(cluster))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert ("bastion 198.51.100.9 (ssh.jump): no route to 198.51.100.9 (Network is unreachable): the host is down, or "
+            "on a network this machine does not reach; check the bastion's address in ssh.jump") in done.stderr, done.stderr
+    assert bastion_logins(jumpbed) == 0
+
+
+def test_hosts_named_by_ssh_config_aliases_are_refused_before_any_task_naming_the_name(
+        jumpbed: JumpBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    """``Host gpuN`` / ``HostName 198.18.0.x`` reaches each host through the bastion, but TF_CONFIG holds
+    gpuN and no host resolves it: the tasks would wait for each other forever. doctor and launch
+    say so, in one line naming the host, the name and the fix, and the launch leaves nothing there."""
+    aliases = {f"gpu{i}": a for i, a in enumerate(jumpbed.addresses, 1)}
+    config = tmp_path / "ssh_config"
+    config.write_text("".join(f"Host {n}\n    HostName {a}\n" for n, a in aliases.items())
+                      + f"Host gpu*\n    ProxyJump root@{BASTION_ADDRESS}\n")
+    names = list(aliases)
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps({
+        "cluster": {"chief": [f"{names[0]}:{PORT}"], "worker": [f"{n}:{PORT}" for n in names[1:]]},
+        "ssh": {"user": "root", "identity_file": str(jumpbed.client_key), "known_hosts": str(jumpbed.known_hosts),
+                "config": str(config)},
+        "hosts": {n: {"python": sys.executable} for n in names}}))
+    doctor = tfl(jumpbed, child_env, "doctor", "--cluster", str(cluster))
+    assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+    assert all(f"{n}  OK    ssh: reached" in doctor.stdout for n in names), doctor.stdout  # through the bastion
+    said = [line for line in doctor.stdout.splitlines() if " FAIL  names: " in line]
+    assert len(said) == len(names) and "gpu2 cannot resolve gpu1 (" in doctor.stdout, doctor.stdout
+    assert said[0].endswith("write those hosts' addresses in cluster, or make gpu1's DNS or /etc/hosts know them")
+    done = tfl(jumpbed, child_env, "launch", str(write_job(tmp_path / "src", QUICK)), "--cluster", str(cluster))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "tfl: error: gpu1: gpu1 cannot resolve gpu2 (" in done.stderr, done.stderr
+    left = [p for h in jumpbed.hosts for p in (h.home / ".cache" / "tfl" / "runs").glob("*/*")]
+    assert left == [], left
+    assert not any((tfl_home / "runs").glob("*/logs/*.log"))
+
+
+def test_the_lost_host_probe_of_a_host_reached_straight_asks_its_ssh_config_hostname(
+        jumpbed: JumpBed, tmp_path: Path) -> None:
+    """An ssh config alias (``Host edge`` / ``HostName`` the bastion's address, its sshd up) reached straight:
+    the watch asks the address ssh dials, as it does through a bastion. Asked by the alias, it heard
+    nothing: the launcher's namespace resolves no name (and no DNS query leaves it)."""
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host edge\n    HostName {BASTION_ADDRESS}\n")
+    probe = ("import sys; from launcher.describe.hosts import SSHTarget; from launcher.engines.ssh.connect import reach; "
+             "print(reach(SSHTarget(host='edge', config=sys.argv[1], jump='none')))")
+    asked = subprocess.run(["ip", "netns", "exec", jumpbed.launcher_ns, sys.executable, "-c", probe, str(config)],
+                           capture_output=True, text=True, timeout=60)
+    assert (asked.returncode, asked.stdout.strip()) == (0, "True"), asked.stdout + asked.stderr
+
+
 def test_proxyjump_of_an_ssh_config_and_status_stop_rm_of_the_recorded_run(
         jumpbed: JumpBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
     config = tmp_path / "ssh_config"

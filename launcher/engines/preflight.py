@@ -1,18 +1,20 @@
 """Preflight checks: the facts a backend gathers about each host, judged in one place.
 
-Per host: reachable and authenticated (SSH hosts), python found, tensorflow / tf_keras /
-keras versions (Keras 3 breaks under MultiWorkerMirroredStrategy, so tf_keras and
-TF_USE_LEGACY_KERAS=1 are required), each task's port free, free disk in the working dir,
+Per host: reachable and authenticated (SSH hosts), python found, the other training hosts' names
+resolved (TF_CONFIG holds them), tensorflow / tf_keras / keras versions (Keras 3 breaks under
+MultiWorkerMirroredStrategy, so tf_keras and TF_USE_LEGACY_KERAS=1 are required), each task's
+port free, free disk in the working dir,
 GPUs visible; on SSH hosts also the shipped job kit imported by the host's python, the
 run's private dirs (``judge_setup``), and the cluster's shared storage seen by every host
 (``judge_storage``). Backends gather the facts (``Backend.probe`` / ``Backend.prepare``, with the
 agent's ``probe`` request, on the host itself); ``judge`` turns them into checks, the same
 for ``tfl doctor`` and for ``tfl launch`` (foreground or ``--detach``), which makes the
-quick subset (python, ports).
+quick subset (python, ports, names).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -51,6 +53,24 @@ class HostTasks:
     legacy_keras: bool = True  # TF_USE_LEGACY_KERAS=1 in the tasks' environment
     storage: str | None = None  # the cluster's shared storage (``tfl doctor`` proves it shared)
     chief: bool = False  # the chief (else worker:0) runs here
+    peers: list[str] = field(default_factory=list)  # the other training hosts' names (no IP literal): its tasks dial them
+
+
+def _with_peers(hosts: list[HostTasks]) -> list[HostTasks]:
+    """Each training host's ``peers``: the names of the other training hosts, as TF_CONFIG holds them,
+    which its tasks must resolve (an ssh config's ``Host`` alias reaches a host over SSH, not from the others)."""
+    names = [h.host for h in hosts if h.ports and not _is_address(h.host)]
+    for h in hosts:
+        h.peers = [n for n in names if n != h.host] if h.ports else []
+    return hosts
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 def host_tasks(plan: LaunchPlan) -> list[HostTasks]:
@@ -61,7 +81,7 @@ def host_tasks(plan: LaunchPlan) -> list[HostTasks]:
         entry.legacy_keras = entry.legacy_keras and t.env.get(LEGACY_KERAS, "").lower() in ("1", "true")
         if t.task.is_training:  # TensorFlow starts no server for the sidecar evaluator
             entry.ports.append((t.name, t.port))
-    return list(hosts.values())
+    return _with_peers(list(hosts.values()))
 
 
 def cluster_hosts(spec: ClusterSpec, options: RemoteOptions) -> list[HostTasks]:
@@ -76,7 +96,7 @@ def cluster_hosts(spec: ClusterSpec, options: RemoteOptions) -> list[HostTasks]:
                                             storage=spec.storage.path if spec.storage else None, chief=not hosts)
         if task.is_training:
             hosts[address.host].ports.append((str(task), address.port))
-    return list(hosts.values())
+    return _with_peers(list(hosts.values()))
 
 
 Gather = Callable[[HostTasks], "tuple[list[Check], dict[str, Any] | None]"]
@@ -97,7 +117,8 @@ def diagnose(hosts: Sequence[HostTasks], gather: Gather, *, quick: bool = False)
 
 
 def probe_request(h: HostTasks, *, quick: bool = False) -> dict[str, Any]:
-    return {"mode": "probe", "quick": quick, "ports": [p for _, p in h.ports], "ipv6": ":" in h.host, "workdir": h.workdir}
+    return {"mode": "probe", "quick": quick, "ports": [p for _, p in h.ports], "ipv6": ":" in h.host, "workdir": h.workdir,
+            "names": h.peers}
 
 
 def judge(h: HostTasks, facts: dict[str, Any], *, quick: bool = False) -> list[Check]:
@@ -114,6 +135,13 @@ def judge(h: HostTasks, facts: dict[str, Any], *, quick: bool = False) -> list[C
         checks.append(Check(h.host, f"port {port}", "ok", f"free for {task}") if held is None else Check(
             h.host, f"port {port}", "fail", f"port {port} of {task} is in use ({held}); "
                                             f"stop what holds it or give {task} another port in the cluster file"))
+    unresolved = facts.get("unresolved") or {}
+    if unresolved:
+        named = ", ".join(f"{n} ({why})" for n, why in unresolved.items())
+        checks.append(Check(h.host, "names", "fail", f"{h.host} cannot resolve {named}: its tasks reach the others by "
+                                                     "the names in cluster (TF_CONFIG), and would wait for them forever; "
+                                                     f"write those hosts' addresses in cluster, or make {h.host}'s DNS or "
+                                                     "/etc/hosts know them"))
     if public_address(h.host) and h.ports:
         checks.append(Check(h.host, "network", "warn", public_warning(h.host, [task for task, _ in h.ports])))
     if "kit" in facts:

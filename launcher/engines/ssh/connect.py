@@ -268,8 +268,8 @@ def reach(target: SSHTarget, timeout: float = PROBE_TIMEOUT) -> bool:
         jump = jump_for(target)
     except ValueError:
         jump = None
-    if jump is None:
-        return reachable(target.host, target.port, timeout)
+    if jump is None:  # the address ssh dials: an ssh config's HostName for it, as through a bastion
+        return reachable(hostname(target), target.port, timeout)
     try:
         hold = _BASTIONS.acquire(jump, target.host)
     except SSHError as exc:

@@ -4,6 +4,7 @@ explained."""
 
 from __future__ import annotations
 
+import errno
 import socket
 
 from launcher.describe.hosts import SSHTarget
@@ -25,6 +26,7 @@ def cause_of(exc: BaseException) -> str:
     return exc.cause if isinstance(exc, SSHError) else str(exc) or type(exc).__name__
 
 
+NO_ROUTE = (errno.EHOSTUNREACH, errno.ENETUNREACH)
 DROPS = (EOFError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
 
 
@@ -66,6 +68,11 @@ def explain(target: SSHTarget, exc: Exception, jump: Jump | None, tries: int, ba
         keys = target.identity_file or "ssh-agent / ~/.ssh keys"
         return SSHError(host, f"ssh authentication refused for {who} with {keys}; add the public key to "
                               f"~/.ssh/authorized_keys on {host} or fix {user_field} / ssh.identity_file")
+    if (why := _no_route(exc)) is not None:
+        fix = (f"check the bastion's address in {bastion_of}" if bastion_of else "check the host name and the network; "
+               "a host reached only through a bastion needs ssh.jump (or a ProxyJump in the ssh config)")
+        return SSHError(host, f"no route to {target.address} ({why}): the host is down, or on a network this machine "
+                              f"does not reach; {fix}")
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) or isinstance(exc, ConnectionRefusedError):
         return SSHError(host, f"connection refused on port {port}; is sshd running there, and is {port_field} right?")
     if isinstance(exc, TimeoutError) or "timed out" in str(exc).lower():
@@ -79,3 +86,15 @@ def explain(target: SSHTarget, exc: Exception, jump: Jump | None, tries: int, ba
     if isinstance(exc, socket.gaierror):
         return SSHError(host, f"unknown host name ({exc}); fix the host in the cluster file")
     return SSHError(host, f"ssh to {target} failed: {type(exc).__name__}: {exc}")
+
+
+def _no_route(exc: Exception) -> str | None:
+    """Why the host has no route (EHOSTUNREACH: down, nothing answered its ARP; ENETUNREACH: no route
+    to its network), or None. paramiko folds EHOSTUNREACH into "no valid connections" with refusals,
+    which it said as refused; one refusal among its addresses means something answered: refused."""
+    errors = getattr(exc, "errors", None)  # paramiko's NoValidConnectionsError: one error per address
+    found = list(errors.values()) if isinstance(errors, dict) else [exc]
+    routeless = [e for e in found if isinstance(e, OSError) and e.errno in NO_ROUTE]
+    if not routeless or len(routeless) < len(found):
+        return None
+    return str(routeless[0].strerror or routeless[0])

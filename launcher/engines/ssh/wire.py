@@ -106,6 +106,10 @@ def kit_data() -> str:
 def python_failure(python: str, code: int | None, stderr: bytes, host: str) -> str:
     said = " | ".join(stderr.decode(errors="replace").strip().splitlines()[-2:]) or (
         f"exit status {code}" if code != 0 else "it ended without the agent's answer: is it a python?")
+    if code == -1 and not stderr.strip():
+        # paramiko's "no exit status": sshd sent exit-signal (the agent was killed) or the connection went
+        return (f"the tfl agent under '{python}' ended with no exit status (killed by a signal, or its SSH connection "
+                f"was lost); try again, and if it recurs check {host} and hosts.{host}.python")
     if code == 127:
         return f"python '{python}' not found ({said}); set hosts.{host}.python to a python that has tensorflow"
     return f"the tfl agent failed under '{python}' ({said}); set hosts.{host}.python to a Python >= 3.8"

@@ -26,7 +26,8 @@ Modes of a request:
 ``probe``
     What ``tfl doctor`` checks: python, package versions, ports, disk, GPUs, and the job
     kit sent along imported as a task would (with ``quick``: python and ports only, what
-    ``tfl launch`` checks first). Always: where the host's per-user tfl dir is.
+    ``tfl launch`` checks first). Always: where the host's per-user tfl dir is, and which of the
+    cluster's names (``names``: the other training hosts, which its tasks dial) it cannot resolve.
 ``unpack`` / ``cleanup`` / ``storage`` / ``remove`` (``agent_files``)
     The run's private dirs, the shipped code and job kit, the kit's import check / their
     removal at the end / tokens proving shared storage (``tfl doctor``) / a finished run's
@@ -149,13 +150,24 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
     ipv6 = bool(request.get("ipv6"))
     ports = {str(p): _port_state(int(p), ipv6) for p in request.get("ports", [])}
     facts: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable, "ports": ports,
-                             "tfl_cache": files.tfl_cache()}
+                             "tfl_cache": files.tfl_cache(), "unresolved": _unresolved(request.get("names", []))}
     if request.get("kit"):
         facts.update(kit=files.kit_probe(request["kit"]), packages=files.packages())
     if request.get("quick"):
         return facts
     facts.update(packages=files.packages(), disk=_disk(files.expand(request.get("workdir") or "/")), gpus=_gpus())
     return facts
+
+
+def _unresolved(names: list[str]) -> dict[str, str]:
+    """The names of the cluster this host cannot resolve (its tasks dial them), with why."""
+    failed = {}
+    for name in names:
+        try:
+            socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as exc:
+            failed[name] = str(getattr(exc, "strerror", None) or exc)
+    return failed
 
 
 def _port_state(port: int, ipv6: bool = False) -> str | None:
