@@ -5,6 +5,8 @@ instead of tasks that wait for each other forever (pure: the facts are made here
 
 from __future__ import annotations
 
+import pytest
+
 from launcher.describe.hosts import RemoteOptions
 from launcher.describe.spec import parse_cluster
 from launcher.engines.preflight import HostTasks, cluster_hosts, judge, probe_request
@@ -38,3 +40,22 @@ def test_a_name_the_host_cannot_resolve_fails_naming_it_and_the_fix() -> None:
 def test_the_agent_reports_only_the_names_that_do_not_resolve() -> None:
     assert _unresolved(["localhost"]) == {}  # /etc/hosts: nothing leaves this machine
     assert _unresolved([]) == {}
+
+
+def test_a_slow_resolver_costs_one_lookup_not_one_per_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At hundreds of named hosts, each host asks for every other's name: asked one by one, a resolver
+    that takes a second per name (a DNS server timing out) would hold the launch's checks for minutes."""
+    import socket
+    import time
+
+    def slow(name: str, *args: object, **kwargs: object) -> list[object]:
+        time.sleep(1.0)
+        if name.startswith("gone"):
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return []
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    names = [f"gpu{i}" for i in range(31)] + ["gone1"]
+    started = time.monotonic()
+    assert _unresolved(names) == {"gone1": "Name or service not known"}
+    assert time.monotonic() - started < 16  # one by one: 32 s; 16 at a time: 2 s (a hang guard far above it)
