@@ -116,8 +116,7 @@ class ArrayInput(AddressedInput):
 
     def __init__(self, arrays: Sequence[np.ndarray], *, global_batch: int, seed: int,
                  augment: Augment | None = None, batch_fn: BatchFn | None = None) -> None:
-        if not arrays:
-            raise JobKitError("ArrayInput got no array; pass e.g. (x_train, y_train)")
+        _check_arrays(arrays)
         rows = {len(a) for a in arrays}
         if len(rows) != 1:
             shapes = ", ".join(str(np.shape(a)) for a in arrays)
@@ -155,3 +154,20 @@ class ArrayInput(AddressedInput):
         shares = tf.data.Dataset.range(tf.int64.max).map(one_share, num_parallel_calls=tf.data.AUTOTUNE,
                                                          deterministic=True)
         return self._finish(shares, share)
+
+
+def _check_arrays(arrays: Any) -> None:
+    """Refuse in one line what is not a tuple of arrays (else len() would count the wrong thing)."""
+    fix = "pass a tuple of arrays with one row per example: (x_train, y_train), or (x_train,) for one"
+    if isinstance(arrays, tf.data.Dataset) or (isinstance(arrays, (tuple, list))
+                                               and any(isinstance(a, tf.data.Dataset) for a in arrays)):
+        raise JobKitError("ArrayInput takes arrays in memory, not a tf.data.Dataset: give the dataset to jobkit.fit "
+                          f"itself (a resume then replays it: docs/input.md), or {fix}")
+    if not isinstance(arrays, (tuple, list)):
+        shape = f" of shape {tuple(np.shape(arrays))}" if hasattr(arrays, "shape") else ""
+        raise JobKitError(f"ArrayInput got a {type(arrays).__name__}{shape}, not a tuple of arrays; {fix}")
+    if not arrays:
+        raise JobKitError(f"ArrayInput got no array; {fix}")
+    flat = [i for i, a in enumerate(arrays) if np.ndim(a) < 1]
+    if flat:
+        raise JobKitError(f"ArrayInput's array {flat[0]} is a scalar ({arrays[flat[0]]!r:.40}), not rows; {fix}")
