@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from launcher.jobkit.addressing import AUGMENT_STREAM, PASS_STREAM, GlobalBatch
 from launcher.jobkit.context import JobKitError
+from launcher.jobkit.stateless import check_stateless
 
 Augment = Callable[[Any, tf.Tensor], Any]  # (one example, its shape-[2] int64 seed) -> example
 BatchFn = Callable[..., Any]  # a whole per-replica batch -> the model's inputs (e.g. scale and cast)
@@ -69,7 +70,11 @@ class AddressedInput(abc.ABC):
         stream = self.examples_from(start_step * size).batch(size, drop_remainder=True)
         stream = stream.map(lambda raw, pos: (tf.nest.map_structure(lambda t: t[first:first + mine], raw),
                                               pos[first:first + mine]))
-        examples = stream.unbatch().map(self._example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        raw = stream.unbatch()
+        if self.augment is not None:
+            decoded = raw.map(lambda r, _: self.decode(r)).element_spec
+            check_stateless(self.augment, "augment", (decoded, tf.TensorSpec([2], tf.int64)))
+        examples = raw.map(self._example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return self._finish(examples.batch(share, drop_remainder=True), share)
 
     @abc.abstractmethod
@@ -89,6 +94,8 @@ class AddressedInput(abc.ABC):
 
     def _finish(self, batches: tf.data.Dataset, share: int) -> tf.data.Dataset:
         if self.batch_fn is not None:
+            spec = batches.element_spec  # map hands a tuple's parts to the function one by one
+            check_stateless(self.batch_fn, "batch_fn", spec if isinstance(spec, tuple) else (spec,))
             batches = batches.map(self.batch_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         wrong = [str(spec.shape) for spec in tf.nest.flatten(batches.element_spec)
                  if spec.shape.rank is not None and (spec.shape.rank == 0 or spec.shape[0] not in (None, share))]
