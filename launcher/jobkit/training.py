@@ -81,6 +81,10 @@ def fit(
                           "number of steps, or None to back up at the end of each epoch")
     check_steps_per_execution(steps_per_execution)
     require_tf_keras(model, "fit")
+    if context.is_evaluator:  # it would train a model of its own, alone, and evaluate nothing
+        raise JobKitError(f"jobkit.fit was called in the evaluator task ({context.label}), which does not train; give "
+                          "the job a branch `if context.is_evaluator: jobkit.run_evaluator(...)` before fit "
+                          "(jobs/mnist.py has one), or launch it without --evaluator")
     model_dir = Path(model_dir)  # a job may well pass a string
     real = ModelDirLayout(model_dir)
     done = finished_run(real, context)
