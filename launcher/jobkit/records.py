@@ -69,8 +69,7 @@ class TFRecordInput(AddressedInput):
         self.directory, self.parse_record, self.window = Path(directory), parse, int(window)
         files = sorted(p for p in self.directory.glob("*.tfrecord*") if p.suffix in (".tfrecord", ".gz"))
         if not files:
-            raise JobKitError(f"{self.directory} has no *.tfrecord (or *.tfrecord.gz) file; "
-                              "write the shards there first (jobs/prepare_fashion_records.py)")
+            raise JobKitError(_no_shards(self.directory))
         gzipped = {p.suffix == ".gz" for p in files}
         if len(gzipped) > 1:
             raise JobKitError(f"{self.directory} mixes GZIP (.gz) and plain TFRecord files; keep one kind")
@@ -184,6 +183,20 @@ class TFRecordInput(AddressedInput):
         records = tf.data.TFRecordDataset(tf.reshape(name, [1]), self.compression).skip(first)
         numbers = tf.data.Dataset.range(tf.cast(first, tf.int64), tf.int64.max)
         return tf.data.Dataset.zip((records, numbers)).map(lambda r, n: (r, file, n))
+
+
+def _no_shards(directory: Path) -> str:
+    """Why `directory` gave no shard, and the fix: it is missing, or its files are named otherwise."""
+    if not directory.is_dir():
+        return (f"{directory} has no *.tfrecord (or *.tfrecord.gz) file: it is not a directory; give the directory "
+                "that holds the shards")
+    others = sorted(p.name for p in directory.iterdir() if "tfrec" in p.name.lower())
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        return (f"{directory} has no *.tfrecord (or *.tfrecord.gz) file but {shown}; name the shards *.tfrecord "
+                "(or *.tfrecord.gz when compressed)")
+    return (f"{directory} has no *.tfrecord (or *.tfrecord.gz) file; write the shards there first "
+            "(jobs/prepare_fashion_records.py)")
 
 
 def _rewrite(path: Path, header: bytes, offset: int) -> str:
