@@ -49,3 +49,16 @@ def test_the_evaluator_refuses_a_keras3_model_and_a_non_model(tmp_path: Path) ->
                              idle_timeout_s=1)
     with pytest.raises(jobkit.JobKitError, match=r"run_evaluator got builtins\.NoneType, not a model"):
         jobkit.run_evaluator(None, test, context=context(tmp_path), model_dir=tmp_path / "model", idle_timeout_s=1)
+
+
+def test_the_run_summary_answers_the_kits_refusal_with_the_keras3_fix(tmp_path: Path) -> None:
+    from launcher.views.diagnosis import KERAS3_FIX, known_fix
+
+    x = np.zeros((16, 4), "float32")
+    with pytest.raises(jobkit.JobKitError) as caught:
+        jobkit.fit(keras3_model(), jobkit.ArrayInput((x, x[:, 0]), global_batch=4, seed=0), context=context(tmp_path),
+                   model_dir=tmp_path / "model", epochs=1, global_batch_size=4)
+    uncaught = ["Traceback (most recent call last):", f"launcher.jobkit.context.JobKitError: {caught.value}"]
+    caught_by_the_job = [f"myjob: {caught.value}"]  # a job that catches JobKitError around its main
+    assert known_fix(uncaught) == KERAS3_FIX and known_fix(caught_by_the_job) == KERAS3_FIX
+    assert known_fix(["launcher.jobkit.context.JobKitError: the global batch (9 examples) is larger"]) is None

@@ -12,6 +12,7 @@ from typing import Any
 
 import tf_keras as keras
 
+from launcher.contract import KERAS3_REFUSED
 from launcher.jobkit.context import JobKitError
 
 
@@ -21,7 +22,7 @@ def require_tf_keras(model: Any, where: str) -> None:
         return
     kind = f"{type(model).__module__}.{type(model).__qualname__}"
     if kind.startswith("keras."):
-        raise JobKitError(f"{where} got a Keras 3 model ({kind}): Keras 3 (`import keras`) breaks under "
+        raise JobKitError(f"{where} {KERAS3_REFUSED} ({kind}): Keras 3 (`import keras`) breaks under "
                           "MultiWorkerMirroredStrategy (keras-team/keras#20585); build it with "
                           "`import tf_keras as keras` (or `tf.keras`) after jobkit.select_tf_keras()")
     raise JobKitError(f"{where} got {kind}, not a model; pass the compiled tf_keras model (`import tf_keras as keras`)")
