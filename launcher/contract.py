@@ -29,6 +29,8 @@ TF_CONFIG: Final = "TF_CONFIG"
 # Keras 3 fails under MultiWorkerMirroredStrategy (keras-team/keras#20585): tf_keras is
 # selected by this variable, read by TensorFlow when it is first imported.
 LEGACY_KERAS: Final = "TF_USE_LEGACY_KERAS"
+# The words the kit's refusal of a Keras 3 model says, which the run summary answers with the fix.
+KERAS3_REFUSED: Final = "got a Keras 3 model"
 RUN_ID: Final = "TFL_RUN_ID"  # also the marker `tfl stop` finds a run's processes by
 TASK: Final = "TFL_TASK"  # "worker:1"
 ATTEMPT: Final = "TFL_ATTEMPT"  # 0 for the first start of the group, +1 per restart

@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from launcher.jobkit.addressing import AUGMENT_STREAM, PASS_STREAM, GlobalBatch
 from launcher.jobkit.context import JobKitError
+from launcher.jobkit.stateless import check_stateless
 
 Augment = Callable[[Any, tf.Tensor], Any]  # (one example, its shape-[2] int64 seed) -> example
 BatchFn = Callable[..., Any]  # a whole per-replica batch -> the model's inputs (e.g. scale and cast)
@@ -69,7 +70,11 @@ class AddressedInput(abc.ABC):
         stream = self.examples_from(start_step * size).batch(size, drop_remainder=True)
         stream = stream.map(lambda raw, pos: (tf.nest.map_structure(lambda t: t[first:first + mine], raw),
                                               pos[first:first + mine]))
-        examples = stream.unbatch().map(self._example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        raw = stream.unbatch()
+        if self.augment is not None:
+            decoded = raw.map(lambda r, _: self.decode(r)).element_spec
+            check_stateless(self.augment, "augment", (decoded, tf.TensorSpec([2], tf.int64)))
+        examples = raw.map(self._example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return self._finish(examples.batch(share, drop_remainder=True), share)
 
     @abc.abstractmethod
@@ -89,6 +94,8 @@ class AddressedInput(abc.ABC):
 
     def _finish(self, batches: tf.data.Dataset, share: int) -> tf.data.Dataset:
         if self.batch_fn is not None:
+            spec = batches.element_spec  # map hands a tuple's parts to the function one by one
+            check_stateless(self.batch_fn, "batch_fn", spec if isinstance(spec, tuple) else (spec,))
             batches = batches.map(self.batch_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         wrong = [str(spec.shape) for spec in tf.nest.flatten(batches.element_spec)
                  if spec.shape.rank is not None and (spec.shape.rank == 0 or spec.shape[0] not in (None, share))]
@@ -116,8 +123,7 @@ class ArrayInput(AddressedInput):
 
     def __init__(self, arrays: Sequence[np.ndarray], *, global_batch: int, seed: int,
                  augment: Augment | None = None, batch_fn: BatchFn | None = None) -> None:
-        if not arrays:
-            raise JobKitError("ArrayInput got no array; pass e.g. (x_train, y_train)")
+        _check_arrays(arrays)
         rows = {len(a) for a in arrays}
         if len(rows) != 1:
             shapes = ", ".join(str(np.shape(a)) for a in arrays)
@@ -155,3 +161,20 @@ class ArrayInput(AddressedInput):
         shares = tf.data.Dataset.range(tf.int64.max).map(one_share, num_parallel_calls=tf.data.AUTOTUNE,
                                                          deterministic=True)
         return self._finish(shares, share)
+
+
+def _check_arrays(arrays: Any) -> None:
+    """Refuse in one line what is not a tuple of arrays (else len() would count the wrong thing)."""
+    fix = "pass a tuple of arrays with one row per example: (x_train, y_train), or (x_train,) for one"
+    if isinstance(arrays, tf.data.Dataset) or (isinstance(arrays, (tuple, list))
+                                               and any(isinstance(a, tf.data.Dataset) for a in arrays)):
+        raise JobKitError("ArrayInput takes arrays in memory, not a tf.data.Dataset: give the dataset to jobkit.fit "
+                          f"itself (a resume then replays it: docs/input.md), or {fix}")
+    if not isinstance(arrays, (tuple, list)):
+        shape = f" of shape {tuple(np.shape(arrays))}" if hasattr(arrays, "shape") else ""
+        raise JobKitError(f"ArrayInput got a {type(arrays).__name__}{shape}, not a tuple of arrays; {fix}")
+    if not arrays:
+        raise JobKitError(f"ArrayInput got no array; {fix}")
+    flat = [i for i, a in enumerate(arrays) if np.ndim(a) < 1]
+    if flat:
+        raise JobKitError(f"ArrayInput's array {flat[0]} is a scalar ({arrays[flat[0]]!r:.40}), not rows; {fix}")

@@ -14,6 +14,7 @@ import tf_keras as keras
 from launcher.contract import ModelDirLayout
 from launcher.jobkit.context import JobKitError, TaskContext
 from launcher.jobkit.layout import read_done_marker, read_json_object
+from launcher.jobkit.models import require_tf_keras
 from launcher.jobkit.progress import ProgressWriter, format_eval_line, progress_record
 
 _EPOCH_IN_NAME = re.compile(r"-(\d+)$")
@@ -56,6 +57,7 @@ def run_evaluator(
     new checkpoint and no sign of training (None: never). `model` must be compiled
     (its metrics are what gets reported).
     """
+    require_tf_keras(model, "run_evaluator")
     layout = ModelDirLayout(Path(model_dir))  # a job may well pass a string
     earlier = _evaluated_before(context)  # read before this attempt's first record replaces it
     writer = ProgressWriter(context.progress_file, log_path=context.progress_log)

@@ -5,11 +5,12 @@ of the data, so after any restart the group trained on other batches than it wou
 The kit makes the input one stream of batches for the whole training, read by a single
 iterator, so the position in it is the number of steps trained:
 
-- a dataset of known, finite length whose epoch is that length (keras would start a new
-  iterator each epoch) becomes ``dataset.repeat()``: each epoch is the next pass over it,
-  reshuffled as a seeded ``shuffle`` reshuffles each pass, the same in every process;
-- an infinite dataset (``.repeat()``), or a finite one with a shorter epoch, is already
-  read by one iterator across epochs.
+- a finite dataset (of known length, or of unknown length with ``steps_per_epoch``)
+  becomes ``dataset.repeat()``: its passes follow one another, reshuffled as a seeded
+  ``shuffle`` reshuffles each pass, the same in every process, and an epoch (by default one
+  pass; ``steps_per_epoch`` may be shorter or longer) reads on where the last one stopped,
+  never running out of data (keras would end the training early, with only a warning);
+- an infinite dataset (``.repeat()``) is already read by one iterator across epochs.
 
 On a restart the position comes from the backup keras restores (its epoch and step),
 read before ``model.fit`` starts, and the stream starts with ``skip(position)``. Nothing
@@ -89,8 +90,11 @@ def input_stream(dataset: Any, steps_per_epoch: int | None, state: tuple[int, in
     if length == tf.data.INFINITE_CARDINALITY and steps_per_epoch is None:
         raise JobKitError("the training dataset repeats for ever and fit got no steps_per_epoch, so the first epoch "
                           "would never end (no checkpoint, no backup, no done marker); pass steps_per_epoch=N")
-    if length > 0 and steps_per_epoch in (None, length):
-        dataset, steps_per_epoch = dataset.repeat(), length  # one pass per epoch, one iterator
+    if length > 0 or (length == tf.data.UNKNOWN_CARDINALITY and steps_per_epoch is not None):
+        # One stream for the whole training: an epoch reads on where the last one stopped, and
+        # steps_per_epoch × epochs past the data's end never runs out (keras would end the
+        # training there, after a warning, and the kit would call it done).
+        dataset, steps_per_epoch = dataset.repeat(), steps_per_epoch or length
     if steps_per_epoch is None:
         return InputStream(dataset, None, 0, exact=False)
     epoch, step = resume_point(state, steps_per_epoch)

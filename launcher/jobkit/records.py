@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -24,19 +25,24 @@ from typing import Any
 import tensorflow as tf
 
 from launcher.jobkit.addressed import AddressedInput, Augment, BatchFn
-from launcher.jobkit.addressing import PASS_STREAM, WINDOW_STREAM, Shard, check_same_shards
+from launcher.jobkit.addressing import PASS_STREAM, WINDOW_STREAM, Shard, check_same_shards, locate
 from launcher.jobkit.context import JobKitError
 from launcher.jobkit.layout import write_json_atomically
 
 MANIFEST = "input_records.json"  # beside the run, in the model dir
 _HEADER = 12  # uint64 length + uint32 masked crc of it; the data is followed by a uint32 crc
+_GZIP_MAGIC = b"\x1f\x8b"
 Parse = Any  # one serialized record (a scalar string tensor) -> one example
 
 
 def count_records(path: Path, compression: str) -> int:
     """Records in one TFRecord file: its headers only when uncompressed."""
     if compression:
-        return int(tf.data.TFRecordDataset(str(path), compression).reduce(0, lambda n, _: n + 1).numpy())
+        try:
+            return int(tf.data.TFRecordDataset(str(path), compression).reduce(0, lambda n, _: n + 1).numpy())
+        except tf.errors.DataLossError as err:
+            raise JobKitError(f"{path}: not a whole {compression} TFRecord file ({_reason(err)}); "
+                              "write the file again") from err
     count, size = 0, path.stat().st_size
     with path.open("rb") as handle:
         offset = 0
@@ -44,11 +50,12 @@ def count_records(path: Path, compression: str) -> int:
             header = handle.read(_HEADER)
             if len(header) < _HEADER:
                 raise JobKitError(f"{path}: cut short at byte {offset} (record {count} has no whole header); "
-                                  "write the file again")
+                                  f"{_rewrite(path, header, offset)}")
             (length,) = struct.unpack("<Q", header[:8])
             offset += _HEADER + length + 4
             if offset > size:
-                raise JobKitError(f"{path}: cut short in record {count} (it says {length} bytes); write the file again")
+                raise JobKitError(f"{path}: cut short in record {count} (it says {length} bytes); "
+                                  f"{_rewrite(path, header, offset - _HEADER - length - 4)}")
             handle.seek(offset)
             count += 1
     return count
@@ -62,8 +69,7 @@ class TFRecordInput(AddressedInput):
         self.directory, self.parse_record, self.window = Path(directory), parse, int(window)
         files = sorted(p for p in self.directory.glob("*.tfrecord*") if p.suffix in (".tfrecord", ".gz"))
         if not files:
-            raise JobKitError(f"{self.directory} has no *.tfrecord (or *.tfrecord.gz) file; "
-                              "write the shards there first (jobs/prepare_fashion_records.py)")
+            raise JobKitError(_no_shards(self.directory))
         gzipped = {p.suffix == ".gz" for p in files}
         if len(gzipped) > 1:
             raise JobKitError(f"{self.directory} mixes GZIP (.gz) and plain TFRecord files; keep one kind")
@@ -109,13 +115,36 @@ class TFRecordInput(AddressedInput):
     def find_unparsable(self, position: int, limit: int) -> JobKitError | None:
         """The first of `limit` records from global position `position` on that `parse` fails on, named
         by file and record (called after training failed with an input error); None if all parse."""
-        for (record, file, number), _ in self.examples_from(position).take(limit):
+        examples = iter(self.examples_from(position).take(limit))
+        while True:
+            try:
+                (record, file, number), _ = next(examples)
+            except StopIteration:
+                return None
+            except tf.errors.DataLossError:  # the reader's, not parse's: a record that fails its checksum
+                return self._find_corrupt(position)
             try:
                 self.parse_record(record)
             except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, ValueError) as err:
-                reason = (getattr(err, "message", None) or str(err)).strip().splitlines()[0][:200]
                 return JobKitError(f"{self.directory / self.shards[int(file)].name}: record {int(number)} (0-based) "
-                                   f"does not parse ({reason}); fix or remove that record, or the file")
+                                   f"does not parse ({_reason(err)}); fix or remove that record, or the file")
+
+    def _find_corrupt(self, position: int) -> JobKitError | None:
+        """The first record the reader rejects (a bad checksum, a broken GZIP stream), read file by file
+        in pass order from the file holding `position`'s window: named by file and record."""
+        epoch, offset = self.batch.pass_and_offset(position)
+        files = len(self.shards)
+        order = [int(i) for i in self.permute(tf.range(files, dtype=tf.int64), tf.fill([files], epoch), files,
+                                              PASS_STREAM).numpy()]
+        first, _ = locate([self.shards[i].records for i in order], offset - offset % self.window)
+        for index in order[first:]:
+            path, count = self.directory / self.shards[index].name, 0
+            try:
+                for _ in tf.data.TFRecordDataset(str(path), self.compression):
+                    count += 1
+            except tf.errors.DataLossError as err:
+                return JobKitError(f"{path}: record {count} (0-based) is corrupt ({_reason(err)}); "
+                                   "write the file again, or remove it")
         return None
 
     def examples_from(self, position: int) -> tf.data.Dataset:
@@ -154,3 +183,30 @@ class TFRecordInput(AddressedInput):
         records = tf.data.TFRecordDataset(tf.reshape(name, [1]), self.compression).skip(first)
         numbers = tf.data.Dataset.range(tf.cast(first, tf.int64), tf.int64.max)
         return tf.data.Dataset.zip((records, numbers)).map(lambda r, n: (r, file, n))
+
+
+def _no_shards(directory: Path) -> str:
+    """Why `directory` gave no shard, and the fix: it is missing, or its files are named otherwise."""
+    if not directory.is_dir():
+        return (f"{directory} has no *.tfrecord (or *.tfrecord.gz) file: it is not a directory; give the directory "
+                "that holds the shards")
+    others = sorted(p.name for p in directory.iterdir() if "tfrec" in p.name.lower())
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        return (f"{directory} has no *.tfrecord (or *.tfrecord.gz) file but {shown}; name the shards *.tfrecord "
+                "(or *.tfrecord.gz when compressed)")
+    return (f"{directory} has no *.tfrecord (or *.tfrecord.gz) file; write the shards there first "
+            "(jobs/prepare_fashion_records.py)")
+
+
+def _rewrite(path: Path, header: bytes, offset: int) -> str:
+    """The fix for a file that is not whole: a GZIP file named as a plain one needs the name, not a rewrite."""
+    if offset == 0 and header[:2] == _GZIP_MAGIC:
+        return f"it starts as GZIP does: a compressed file is named {path.name}.gz (every file, or none)"
+    return "write the file again"
+
+
+def _reason(err: Exception) -> str:
+    """TensorFlow's message without its function-node prefix and op suffix: the first line, at most 200 characters."""
+    text = (getattr(err, "message", None) or str(err)).strip().splitlines()[0].split("}} ", 1)[-1]
+    return re.sub(r"\s*\[Op:\w+\]( name:.*)?$", "", text)[:200].strip()

@@ -18,6 +18,7 @@ from launcher.jobkit.consistency import PositionCheck, RestoredStateCheck
 from launcher.jobkit.context import JobKitError, TaskContext
 from launcher.jobkit.execution import check_steps_per_execution
 from launcher.jobkit.layout import chief_only_writes, finished_run, read_done_marker, write_json_atomically
+from launcher.jobkit.models import require_tf_keras
 from launcher.jobkit.position import input_stream, saved_state, say_where_the_input_starts
 from launcher.jobkit.preemption import PreemptionCheckpoint
 from launcher.jobkit.progress import ProgressWriter, progress_record
@@ -79,6 +80,11 @@ def fit(
         raise JobKitError(f"backup_every_steps is {backup_every_steps}; expected a positive "
                           "number of steps, or None to back up at the end of each epoch")
     check_steps_per_execution(steps_per_execution)
+    require_tf_keras(model, "fit")
+    if context.is_evaluator:  # it would train a model of its own, alone, and evaluate nothing
+        raise JobKitError(f"jobkit.fit was called in the evaluator task ({context.label}), which does not train; give "
+                          "the job a branch `if context.is_evaluator: jobkit.run_evaluator(...)` before fit "
+                          "(jobs/mnist.py has one), or launch it without --evaluator")
     model_dir = Path(model_dir)  # a job may well pass a string
     real = ModelDirLayout(model_dir)
     done = finished_run(real, context)

@@ -5,7 +5,8 @@ Keras 3 under MultiWorkerMirroredStrategy (keras-team/keras#20585): a job that w
 `import keras` gets Keras 3, whose `fit` hands a `PerReplica` batch to an op, and TensorFlow
 raises `ValueError: Attempt to convert a value (PerReplica:{ … })` with every replica's
 batch printed in between: a screenful of numbers that buries the message. The tail keeps
-the first and last lines and folds the dump; the fix is tf_keras.
+the first and last lines and folds the dump; the fix is tf_keras. The job kit refuses such a
+model before that (`contract.KERAS3_REFUSED` in its one line): the same fix.
 
 TensorFlow's known start-up noise (``views.noise``, what the console hides) is left out of the
 tail as well, with one line that says how many lines were: a task that dies in its first
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from launcher.contract import LEGACY_KERAS
+from launcher.contract import KERAS3_REFUSED, LEGACY_KERAS
 from launcher.tasklog import tail_lines
 from launcher.views.noise import NoiseFilter
 
@@ -57,4 +58,6 @@ def _folded(lines: list[str]) -> list[str]:
 
 def known_fix(tail: list[str]) -> str | None:
     """What to do about a failure whose log ends in ``tail``, when the cause is a known one."""
-    return KERAS3_FIX if tail and _KERAS3_END.match(tail[-1]) else None
+    if tail and (_KERAS3_END.match(tail[-1]) or KERAS3_REFUSED in tail[-1]):  # TensorFlow's error, or the kit's
+        return KERAS3_FIX
+    return None
