@@ -84,6 +84,33 @@ def test_the_resume_hint_promises_a_checkpoint_only_where_there_is_one(tmp_path:
     assert hint(RunState.STOPPED) == f"  resume it: tfl resume r1 (the job kept no checkpoint in its model dir {model}: it starts over)"
     (model / "checkpoints").mkdir(parents=True)  # made, but nothing saved in it yet
     assert hint(RunState.FAILED).startswith("  resume it (once its cause is fixed): tfl resume r1 (the job kept no checkpoint")
-    assert hint(RunState.PREEMPTED) == "  resume it from its last checkpoint: tfl resume r1"  # exit 170: it saved one
+    assert "kept no checkpoint" in hint(RunState.PREEMPTED)  # exit 170 said it saved one, but nothing is left here
     (model / "checkpoints" / "ckpt-1.index").write_text("")
     assert hint(RunState.STOPPED) == "  resume it from its last checkpoint: tfl resume r1"
+
+
+def test_a_preempted_run_promises_its_checkpoint_only_while_its_model_dir_holds_it(tmp_path: Path) -> None:
+    """A preempted run whose model dir was removed since was told "resume it from its last checkpoint",
+    and `tfl resume` gave no "starts over" note: a preempted run was taken to have one, unlooked."""
+    from launcher.runs.resume import starts_over
+
+    run_dir = tmp_path / "r1"
+    plan = build_plan(parse_cluster({"cluster": {"chief": ["localhost:1000"]}}), "/j.py", (), run_id="r1",
+                      run_dir=str(run_dir), python="/py", cwd="/c")
+    record = RunRecord(run_id="r1", job="/j.py", job_args=[], run_dir=str(run_dir), created=1.0,
+                       state=RunState.PREEMPTED, plan=plan.to_dict())
+    model = run_dir / "model"
+    assert summary(record).splitlines()[-1] == (f"  resume it: tfl resume r1 (the job kept no checkpoint in its model "
+                                                f"dir {model}: it starts over)")
+    assert starts_over(record) == (f"tfl: note: run r1's model dir {model} holds no checkpoint or backup: the job "
+                                   "starts over from step 0")
+    (model / "tensorboard" / "train").mkdir(parents=True)
+    (model / "tensorboard" / "train" / "x.index").write_text("")  # summaries are no checkpoint
+    assert starts_over(record) is not None
+    (model / "preemption").mkdir()  # where a custom loop's preemption_handler saves (jobs/custom_loop.py)
+    (model / "preemption" / "ckpt-1.index").write_text("")
+    assert summary(record).splitlines()[-1] == "  resume it from its last checkpoint: tfl resume r1"
+    assert starts_over(record) is None
+    (model / "preemption" / "ckpt-1.index").unlink()
+    (model / "preempted.json").write_text("{}")  # the kit's record of the agreed save
+    assert summary(record).splitlines()[-1] == "  resume it from its last checkpoint: tfl resume r1"

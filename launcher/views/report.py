@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
@@ -234,15 +235,15 @@ def _resume_hint(record: RunRecord) -> list[str]:
 
 
 def kept_checkpoint(record: RunRecord) -> bool | None:
-    """Whether the run's model dir holds a checkpoint or backup to resume from (a preempted run
-    saved the agreed one), or None when this machine cannot read the model dir."""
-    if record.state == RunState.PREEMPTED:
-        return True
+    """Whether the run's model dir holds a checkpoint or backup to resume from, or None when this
+    machine cannot read the model dir. A preempted run is no exception: its model dir may have been
+    removed since (the agreed checkpoint is then gone too)."""
     where = model_dir_of(record)
     if where.host is not None or "://" in where.path:
         return None
     layout = ModelDirLayout(Path(where.path))
-    return any(_holds_files(d) for d in (layout.checkpoints, layout.backup)) or layout.preempted_file.exists()
+    return (any(_holds_files(d) for d in (layout.checkpoints, layout.backup)) or layout.preempted_file.exists()
+            or _saved_elsewhere(layout))
 
 
 def _holds_files(directory: Path) -> bool:
@@ -250,6 +251,16 @@ def _holds_files(directory: Path) -> bool:
         return any(directory.iterdir())
     except OSError:
         return False
+
+
+def _saved_elsewhere(layout: ModelDirLayout) -> bool:
+    """A TensorFlow checkpoint (its ``.index`` file) anywhere else in the model dir: where a custom loop's
+    ``jobkit.preemption_handler`` saves (``jobs/custom_loop.py``: ``<model dir>/preemption``)."""
+    for top, dirs, files in os.walk(layout.root):
+        dirs[:] = [d for d in dirs if os.path.join(top, d) != str(layout.tensorboard)]  # summaries only
+        if any(name.endswith(".index") for name in files):
+            return True
+    return False
 
 
 def restart_counts(record: RunRecord) -> str:
