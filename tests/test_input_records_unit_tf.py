@@ -107,3 +107,13 @@ def test_a_record_that_does_not_parse_is_named_by_file_and_record(tf: Any, tmp_p
     found = src.find_unparsable(0, limit=64)
     assert found is not None and "\n" not in str(found)
     assert str(found).startswith(f"{tmp_path / 'shards' / 'part-2.tfrecord'}: record 3 (0-based) does not parse")
+
+
+@pytest.mark.parametrize("gzip", [False, True])
+def test_how_it_resumes_bounds_the_records_read_before_the_resume(tf: Any, tmp_path: Path, gzip: bool) -> None:
+    """GZIP files were said to read "at most 16 records" (the window) before the resume's record: a GZIP
+    file cannot seek, so all of the file before it is read, up to the largest file's records."""
+    src = source(tf, write_shards(tf, tmp_path / "shards", gzip=gzip), tmp_path / "model", window=4)
+    most = max(COUNTS) - 1 + 4 - 1 if gzip else 4
+    assert f"at most {most} records before it are read" in src.how_it_resumes(), src.how_it_resumes()
+    assert ("from its start" in src.how_it_resumes()) == gzip

@@ -104,8 +104,10 @@ class TFRecordInput(AddressedInput):
 
     def how_it_resumes(self) -> str:
         if self.compression:
-            return ("GZIP files cannot seek: the resume reads the file it falls in up to its record; "
-                    f"at most {self.window} records before it are read")
+            # the file is read from its start to its window's first record, then the window up to the record
+            most = max(s.records for s in self.shards) - 1 + self.window - 1
+            return ("GZIP files cannot seek: the resume reads the file it falls in from its start up to its record; "
+                    f"at most {most} records before it are read (the largest file's, and a window's)")
         return f"a seek to its file and record (headers only); at most {self.window} records before it are read"
 
     def decode(self, raw: Any) -> Any:
