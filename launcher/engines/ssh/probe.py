@@ -21,6 +21,7 @@ from launcher.engines.parallel import parallel
 from launcher.engines.preflight import Check, HostTasks, judge, judge_storage, probe_request
 from launcher.engines.ssh.connect import connect, open_channel
 from launcher.engines.ssh.failures import SSHError, cause_of
+from launcher.engines.ssh.jump import jump_for
 from launcher.engines.ssh.wire import agent_command, agent_input, converse, kit_data
 
 if TYPE_CHECKING:
@@ -73,7 +74,9 @@ def _open(h: HostTasks, quick: bool) -> tuple[list[Check], Session | None]:
         conn = connect(h.target)
     except SSHError as exc:
         return [Check(h.host, "ssh", "fail", exc.cause)], None
-    checks = [Check(h.host, "ssh", "ok", f"reached {h.target} in {time.monotonic() - started:.2f} s")]
+    jump = jump_for(h.target)  # the connect read it already: it raises nothing now
+    via = f" via bastion {jump.bastion} ({jump.origin})" if jump is not None else ""
+    checks = [Check(h.host, "ssh", "ok", f"reached {h.target}{via} in {time.monotonic() - started:.2f} s")]
     try:
         chan = open_channel(conn, agent_command(h.python), 60.0)
         try:
