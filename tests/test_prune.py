@@ -196,3 +196,27 @@ def test_a_run_with_a_host_not_reached_keeps_its_record_until_force(tfl_home: Pa
     assert forced.exit_code == 0, forced.output
     assert forced.stdout.splitlines()[1] == "  left: gpu2: unreachable; left /c/far there"  # said, then forgotten
     assert not store.run_dir("far").exists()
+
+
+def test_a_dry_run_says_it_did_not_ask_the_hosts_the_real_prune_asks(tfl_home: Path) -> None:
+    """`tfl prune --dry-run` said "would remove" a run on an SSH host that was down, which the real prune
+    then kept (its host still holds part of it) with no word in the dry run that the hosts were not asked."""
+    from launcher.describe.ports import free_port
+    from tests.sshd import NOWHERE
+
+    store = RunStore(tfl_home)
+    task = {"task": "chief:0", "host": NOWHERE, "port": 1, "argv": ["python", "job.py"], "cwd": "/srv/r-ssh",
+            "env": {"TFL_RUN_DIR": "/srv/r-ssh/tfl-runs/r-ssh"}, "log_path": "l", "progress_path": "p", "sync": [],
+            "ssh": {"host": NOWHERE, "port": free_port(), "connect_timeout": 5.0}}
+    ssh = add_run(store, "r-ssh", 10, plan={"run_id": "r-ssh", "run_dir": str(store.run_dir("r-ssh")), "job": "job.py",
+                                            "job_args": [], "tasks": [task]})
+    ssh.backend = "ssh"
+    store.save(ssh)
+    add_run(store, "r-local", 11)
+    dry = runner.invoke(app, ["prune", "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert dry.stdout.splitlines()[-1].endswith("(dry run: nothing removed; 1 of them ran on SSH hosts, not asked now: "
+                                                "the real prune keeps a run whose host does not answer)"), dry.stdout
+    real = runner.invoke(app, ["prune"])
+    assert real.exit_code == 1 and real.stdout.startswith("removed r-local") and "kept r-ssh" in real.stdout, real.output
+    assert store.run_dir("r-ssh").exists() and not store.run_dir("r-local").exists()

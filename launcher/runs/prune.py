@@ -138,6 +138,7 @@ class Outcome:
     refused: list[tuple[str, str]] = field(default_factory=list)  # run id, why it stays
     would: list[tuple[str, int]] = field(default_factory=list)  # dry run: run id, bytes here
     would_orphans: list[tuple[str, int]] = field(default_factory=list)  # dry run: record-less run dirs, bytes
+    unasked: int = 0  # dry run: of ``would``, the runs on SSH hosts, which a real prune asks (one down keeps its run)
     kept: int = 0  # runs prune left alone
 
     def render(self) -> str:
@@ -150,8 +151,10 @@ class Outcome:
         there = sum(d.bytes_elsewhere for d in self.removed)
         would = self.would + self.would_orphans
         if would:
+            unasked = (f"; {self.unasked} of them ran on SSH hosts, not asked now: the real prune keeps a run whose "
+                       "host does not answer" if self.unasked else "")
             lines.append(f"tfl: would remove {len(would)} run(s), {size_text(sum(s for _, s in would))} here "
-                         "(dry run: nothing removed)")
+                         f"(dry run: nothing removed{unasked})")
         elif self.removed:
             lines.append(f"tfl: removed {len(self.removed)} run(s), {size_text(here)} freed here"
                          + (f" and {size_text(there)} on SSH hosts" if there else ""))
@@ -228,6 +231,7 @@ def prune_runs(store: RunStore, *, older_than: str | None, keep: int | None, dry
     for record in chosen:
         if dry_run:
             outcome.would.append((record.run_id, disk_usage(store.run_dir(record.run_id))))
+            outcome.unasked += any(t.get("ssh") for t in record.plan.get("tasks", []))
         else:
             _done(outcome, remove(store, record))
     for orphan in _orphans_to_prune(store, age):
