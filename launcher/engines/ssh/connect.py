@@ -56,13 +56,16 @@ SEND_CHUNK = 1 << 16
 _sleep = time.sleep  # the tests' hook
 
 
-def connect(target: SSHTarget, bastion_of: str | None = None) -> Connection:
+def connect(target: SSHTarget, bastion_of: str | None = None, *, recorded: bool = False) -> Connection:
     """An open, authenticated connection, or an ``SSHError`` with the fix. ``bastion_of``: the
-    target is a bastion, set there (``Jump.origin``): its user and port come from that, not ssh.*."""
+    target is a bastion, set there (``Jump.origin``): its user and port come from that, not ssh.*.
+    ``recorded``: the target is a recorded run's (status, stop, rm): its settings are the record's, not the cluster file's."""
     key = os.path.expanduser(target.identity_file) if target.identity_file else None
     if key and not os.path.isfile(key):
         what = "is a directory, not a private key" if os.path.isdir(key) else "not found"
-        raise SSHError(target.host, f"identity file {key} {what} (fix ssh.identity_file in the cluster file)")
+        fix = ("the run was launched with it and its record names it: put the key back there" if recorded
+               else "fix ssh.identity_file in the cluster file")
+        raise SSHError(target.host, f"identity file {key} {what} ({fix})")
     try:
         jump = jump_for(target)
     except ValueError as exc:

@@ -151,7 +151,7 @@ def unfence(record: RunRecord) -> dict[str, str]:
 
     def drop(host: str) -> str:
         target, python = hosts[host]
-        conn = connect(replace(target, accept_new_host_keys=False))
+        conn = connect(replace(target, accept_new_host_keys=False), recorded=True)
         try:
             answer: dict[str, Any] = agent_request(conn, python, {"mode": "unfence", "table": table_name(record.run_id)})
         finally:

@@ -70,7 +70,7 @@ def _ask_hosts(record: RunRecord, request: dict[str, Any], wait: float | None = 
 
     def ask(host: str) -> dict[str, Any]:
         target, python, tasks = hosts[host]
-        conn = connect(target)
+        conn = connect(target, recorded=True)
         try:
             answer: dict[str, Any] = agent_request(conn, python, {**request, "tasks": tasks})
             return answer
@@ -197,7 +197,7 @@ def _stop_hosts(hosts: HostTasks, grace: float) -> dict[str, dict[str, str] | Ex
     """host -> its agent's ``stop`` answer (task -> outcome), or why there is none."""
     def begin(host: str) -> tuple[Connection, Channel]:
         target, python, tasks = hosts[host]
-        conn = connect(target)
+        conn = connect(target, recorded=True)
         try:
             request = {"mode": "stop", "tasks": tasks, "grace": grace, "kill_wait": KILL_WAIT}
             return conn, agent_start(conn, python, request, timeout=STATUS_WAIT)
@@ -266,7 +266,7 @@ def clean(record: RunRecord) -> Cleanup:
 
     def remove(host: str) -> dict[str, Any]:
         target, python, paths = hosts[host]
-        conn = connect(target)
+        conn = connect(target, recorded=True)
         try:
             answer: dict[str, Any] = agent_request(conn, python, {"mode": "remove", "run_id": record.run_id,
                                                                   "paths": paths, "keep": shared.get(host, [])})
@@ -314,7 +314,7 @@ def cleanup(record: RunRecord) -> None:
         request, target = cleanup_request(tasks), tasks[0].ssh
         if request is None or target is None:
             return
-        conn = connect(replace(target, accept_new_host_keys=False))
+        conn = connect(replace(target, accept_new_host_keys=False), recorded=True)
         try:
             agent_request(conn, tasks[0].python, request, timeout=30.0)
         finally:
