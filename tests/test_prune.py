@@ -220,3 +220,28 @@ def test_a_dry_run_says_it_did_not_ask_the_hosts_the_real_prune_asks(tfl_home: P
     real = runner.invoke(app, ["prune"])
     assert real.exit_code == 1 and real.stdout.startswith("removed r-local") and "kept r-ssh" in real.stdout, real.output
     assert store.run_dir("r-ssh").exists() and not store.run_dir("r-local").exists()
+
+
+def test_rm_names_the_jobs_own_model_dir_as_kept(tfl_home: Path, tmp_path: Path) -> None:
+    """A model dir given as the job's own --model-dir was neither removed by `tfl rm` nor named: the user
+    could not tell whether it went with the run. It is theirs: it stays, on a `kept:` line."""
+    from launcher.describe.spec import parse_cluster
+    from launcher.plan.build import build_plan
+
+    store = RunStore(tfl_home)
+    mine, cwd = tmp_path / "mine", tmp_path / "work"
+    (cwd / "rel").mkdir(parents=True)
+    mine.mkdir()
+    for run_id, given in (("own", str(mine)), ("relative", "rel"), ("inside", str(store.run_dir("inside") / "m"))):
+        plan = build_plan(parse_cluster({"cluster": {"chief": ["localhost:1000"]}}), "/j.py", ("--model-dir", given),
+                          run_id=run_id, run_dir=str(store.run_dir(run_id)), python="/py", cwd=str(cwd))
+        record = add_run(store, run_id, 1, plan=plan.to_dict())
+        record.job_args = ["--model-dir", given]
+        store.save(record)
+    (store.run_dir("inside") / "m").mkdir()
+    result = runner.invoke(app, ["rm", "own", "relative", "inside"])
+    assert result.exit_code == 0, result.output
+    kept = [line for line in result.stdout.splitlines() if line.startswith("  kept: ")]
+    assert kept == [f"  kept: model dir {mine} (the job's --model-dir)",
+                    f"  kept: model dir {cwd / 'rel'} (the job's --model-dir)"], result.stdout  # the one inside went
+    assert mine.is_dir() and (cwd / "rel").is_dir() and not store.run_dir("inside").exists()

@@ -3,7 +3,8 @@
 A run goes with everything tfl made for it: its directory in the run store (record, logs,
 progress, the default model dir) and, through its backend's ``clean_recorded``, what it
 left on SSH hosts (shipped code, their run dirs). A model dir on shared storage
-(``TFL_MODEL_DIR``) is the user's and stays. A run still running is never touched: its
+(``TFL_MODEL_DIR``) is the user's and stays, as does one given as the job's ``--model-dir``: both are
+named on a ``kept:`` line. A run still running is never touched: its
 launcher is alive, or (launcher gone) a task of it still is; ``tfl stop`` it first.
 """
 
@@ -24,6 +25,7 @@ from launcher.records import orphans
 from launcher.records.identity import launcher_identity
 from launcher.records.index import mark_ended
 from launcher.records.store import RunRecord, RunStore
+from launcher.views.tensorboard import model_dir_arg, model_dir_of
 
 DEFAULT_AGE = "7d"
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -85,7 +87,8 @@ def remove(store: RunStore, record: RunRecord, *, force: bool = False) -> Remove
     shutil.rmtree(run_dir, ignore_errors=True)
     mark_ended(store.home, record.run_id)  # the marker a lost run still had
     left = list(cleanup.left) + ([f"{run_dir}: could not be removed entirely"] if run_dir.exists() else [])
-    return Removed(record.run_id, freed, cleanup.removed, cleanup.bytes_freed, left, shared_model_dirs(record, cleanup.kept))
+    kept = shared_model_dirs(record, cleanup.kept) + job_model_dir(record)
+    return Removed(record.run_id, freed, cleanup.removed, cleanup.bytes_freed, left, kept)
 
 
 NO_RECORD = "no record: a launch that ended before it recorded its run"
@@ -106,6 +109,19 @@ def shared_model_dirs(record: RunRecord, seen: Sequence[str] = ()) -> list[str]:
     leaves them, and says so. One the job never made is not named."""
     dirs = {t.get("env", {}).get(MODEL_DIR) for t in record.plan.get("tasks", [])}
     return [f"model dir {d} (shared storage)" for d in sorted(d for d in dirs if d and (d in seen or os.path.isdir(d)))]
+
+
+def job_model_dir(record: RunRecord) -> list[str]:
+    """The model dir given as the job's own ``--model-dir``: the user's, never removed, so named as kept,
+    where it exists here or lies on the chief's host (one inside the run dir went with it)."""
+    if not record.plan or model_dir_arg(record.job_args) is None:
+        return []
+    where = model_dir_of(record)
+    if where.host is not None:
+        return [f"model dir {where.path} on {where.host} (the job's --model-dir)"]
+    inside = os.path.abspath(where.path).startswith(os.path.abspath(record.run_dir) + os.sep)
+    there = "://" in where.path or os.path.isdir(where.path)
+    return [f"model dir {where.path} (the job's --model-dir)"] if there and not inside else []
 
 
 def disk_usage(path: Path) -> int:

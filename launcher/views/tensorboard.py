@@ -57,7 +57,7 @@ class ModelDir:
 
 def model_dir_of(record: RunRecord) -> ModelDir:
     """Where the run's chief writes its model dir, and whether it is readable here."""
-    given = _model_dir_arg(record.job_args)
+    given = model_dir_arg(record.job_args)
     if not record.plan:
         return ModelDir(given or f"{record.run_dir}/{MODEL_SUBDIR}")
     tasks = LaunchPlan.from_dict(record.plan).tasks
@@ -70,7 +70,8 @@ def model_dir_of(record: RunRecord) -> ModelDir:
     return ModelDir(path, chief.host, chief.ssh, chief.python)
 
 
-def _model_dir_arg(args: list[str]) -> str | None:
+def model_dir_arg(args: list[str]) -> str | None:
+    """The job's own ``--model-dir`` among its arguments, as given, or None."""
     for i, arg in enumerate(args):
         if arg == "--model-dir" and i + 1 < len(args):
             return args[i + 1]
