@@ -25,7 +25,7 @@ from launcher.records import orphans
 from launcher.records.identity import launcher_identity
 from launcher.records.index import mark_ended
 from launcher.records.store import RunRecord, RunStore
-from launcher.views.tensorboard import model_dir_arg, model_dir_of
+from launcher.views.tensorboard import model_dir_arg, model_dir_of, serving
 
 DEFAULT_AGE = "7d"
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -61,6 +61,16 @@ def still_running(record: RunRecord) -> str | None:
     if any(t.alive for t in live.values()):
         return f"its launcher is gone but tasks of it still run; `tfl stop {record.run_id}` first"
     return None
+
+
+def served(store: RunStore, record: RunRecord, boards: dict[str, int]) -> str | None:
+    """Why the run must not be removed while ``tfl tensorboard`` serves it (``boards``: ``serving()``), or None."""
+    pid = next((boards[d] for d in {os.path.realpath(record.run_dir), os.path.realpath(store.run_dir(record.run_id))}
+                if d in boards), None)
+    if pid is None:
+        return None
+    return (f"`tfl tensorboard {record.run_id}` serves its model dir (TensorBoard pid {pid}); stop it first (Ctrl-C "
+            "in its terminal), then remove the run")
 
 
 def to_prune(records: Sequence[RunRecord], *, older_than: float | None, keep: int | None,
@@ -209,8 +219,9 @@ def rm_runs(store: RunStore, refs: Sequence[str], *, force: bool = False) -> Out
     tfl forgets what is left there."""
     found = list({_id_of(r): r for r in (_resolve(store, ref) for ref in refs)}.values())
     outcome = Outcome()
+    boards = serving() if any(isinstance(one, RunRecord) for one in found) else {}
     for one in found:
-        why = still_running(one) if isinstance(one, RunRecord) else orphans.busy(store, one)
+        why = (still_running(one) or served(store, one, boards)) if isinstance(one, RunRecord) else orphans.busy(store, one)
         if why is not None:
             outcome.refused.append((_id_of(one), why))
         else:
@@ -244,8 +255,11 @@ def prune_runs(store: RunStore, *, older_than: str | None, keep: int | None, dry
     records = store.list()
     chosen = to_prune(records, older_than=age, keep=keep)
     outcome = Outcome(kept=len(records) - len(chosen))
+    boards = serving() if chosen else {}
     for record in chosen:
-        if dry_run:
+        if (why := served(store, record, boards)) is not None:
+            outcome.refused.append((record.run_id, why))
+        elif dry_run:
             outcome.would.append((record.run_id, disk_usage(store.run_dir(record.run_id))))
             outcome.unasked += any(t.get("ssh") for t in record.plan.get("tasks", []))
         else:

@@ -41,6 +41,7 @@ from launcher.records.store import RunRecord
 from launcher.tasklog import tail_lines
 
 HOST = "127.0.0.1"
+TMP_PREFIX = "tensorboard-tmp-"  # TensorBoard's private TMPDIR in the run dir: also what marks it as the run's
 DEFAULT_PORT = 6006
 # TensorBoard without TensorFlow: its `tensorboard.compat.notf` switch, then its own main.
 NO_TF_MAIN = ("import sys, types; sys.modules['tensorboard.compat.notf'] = types.ModuleType('tensorboard.compat.notf'); "
@@ -117,7 +118,7 @@ def serve(record: RunRecord, port: int | None, out: TextIO, *, ready_timeout: fl
     port = free_port(port)
     log_path = Path(record.run_dir) / "tensorboard.log"
     main = ["-m", "tensorboard.main"] if "://" in where.path else ["-c", NO_TF_MAIN]  # a URL needs TensorFlow's file systems
-    private_tmp = tempfile.mkdtemp(prefix="tensorboard-tmp-", dir=record.run_dir)  # 0700; left by a kill -9, goes with tfl rm
+    private_tmp = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=record.run_dir)  # 0700; left by a kill -9, goes with tfl rm
     try:
         with open_private(log_path) as log:  # 0600 as every file of the run dir, whatever the umask
             proc = subprocess.Popen([sys.executable, *main, "--logdir", where.path, "--port", str(port), "--host", HOST],
@@ -142,6 +143,25 @@ def serve(record: RunRecord, port: int | None, out: TextIO, *, ready_timeout: fl
         teardown([proc], signal=lambda p, n: p.send_signal(n) if p.poll() is None else None,
                  alive=lambda p: p.poll() is None, grace=5.0)
         shutil.rmtree(private_tmp, ignore_errors=True)
+
+
+def serving() -> dict[str, int]:
+    """Run dir (real path) -> the pid of a TensorBoard that ``tfl tensorboard`` serves it with now, among this
+    user's processes: its TMPDIR is the private dir ``serve`` made in that run dir."""
+    import psutil
+
+    found: dict[str, int] = {}
+    for proc in psutil.process_iter(["uids", "cmdline"]):
+        try:
+            uids, argv = proc.info["uids"], proc.info["cmdline"] or []
+            if uids is None or uids.real != os.getuid() or "--logdir" not in argv:
+                continue
+            tmp = proc.environ().get("TMPDIR", "")
+        except psutil.Error:  # gone, or a zombie
+            continue
+        if os.path.basename(tmp).startswith(TMP_PREFIX):
+            found.setdefault(os.path.realpath(os.path.dirname(tmp)), proc.pid)
+    return found
 
 
 def has_events(path: str) -> bool:
