@@ -114,3 +114,19 @@ def test_a_preempted_run_promises_its_checkpoint_only_while_its_model_dir_holds_
     (model / "preemption" / "ckpt-1.index").unlink()
     (model / "preempted.json").write_text("{}")  # the kit's record of the agreed save
     assert summary(record).splitlines()[-1] == "  resume it from its last checkpoint: tfl resume r1"
+
+
+def test_a_cluster_runs_model_dir_not_seen_here_is_not_called_empty(tmp_path: Path) -> None:
+    """A Slurm, Ray or SSH run's model dir on the cluster's storage need not be mounted where `tfl`
+    runs: not seeing it here is no proof that the job kept nothing, so no "starts over" is said."""
+    from launcher.runs.resume import starts_over
+    from launcher.views.report import kept_checkpoint
+
+    run_dir = tmp_path / "r1"
+    plan = build_plan(parse_cluster({"cluster": {"chief": ["localhost:1000"]}}), "/j.py", (), run_id="r1",
+                      run_dir=str(run_dir), python="/py", cwd="/c")
+    for backend, expected in (("slurm", None), ("ray", None), ("local", False)):
+        record = RunRecord(run_id="r1", job="/j.py", job_args=[], run_dir=str(run_dir), created=1.0,
+                           state=RunState.PREEMPTED, plan=plan.to_dict(), backend=backend)
+        assert kept_checkpoint(record) is expected, backend
+        assert (starts_over(record) is None) is (expected is None), backend

@@ -236,11 +236,14 @@ def _resume_hint(record: RunRecord) -> list[str]:
 
 def kept_checkpoint(record: RunRecord) -> bool | None:
     """Whether the run's model dir holds a checkpoint or backup to resume from, or None when this
-    machine cannot read the model dir. A preempted run is no exception: its model dir may have been
-    removed since (the agreed checkpoint is then gone too)."""
+    machine cannot read the model dir (on another host, or a cluster's storage not mounted here). A
+    preempted run is no exception: its model dir may have been removed since (the agreed checkpoint
+    is then gone too)."""
     where = model_dir_of(record)
     if where.host is not None or "://" in where.path:
         return None
+    if record.backend != "local" and not os.path.isdir(where.path):
+        return None  # storage the cluster's nodes mount (Slurm, Ray, SSH) need not be mounted here
     layout = ModelDirLayout(Path(where.path))
     return (any(_holds_files(d) for d in (layout.checkpoints, layout.backup)) or layout.preempted_file.exists()
             or _saved_elsewhere(layout))
