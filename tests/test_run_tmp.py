@@ -8,14 +8,18 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from launcher.engines.ray.node import runner
 from launcher.engines.ssh.node import agent_tmp
 from tests.procs import pid_alive
+from tests.ray_cluster import RayCluster, task_runners
 from tests.sshd import Sshd
+from tests.test_ray import description
 from tests.test_ssh import only_run, tfl, two_hosts, wait_for, write_job
 
 # Each task says where its temp dir is and its mode, writes a file there (and a __pycache__ dir, as
@@ -148,6 +152,32 @@ def test_on_ssh_hosts_the_agents_remove_it_when_the_launcher_is_killed(
     wait_for(lambda: sorted(p.name for p in host_tmp.iterdir()) == [], timeout=60)  # each agent lost the launcher
     stopped = tfl(["stop", run], child_env)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+
+
+@pytest.mark.ray
+def test_on_ray_a_task_killed_with_sigkill_leaves_nothing_in_its_nodes_temp_dir(
+        ray_cluster: RayCluster, host_tmp: Path, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    """A task's runner (its actor) outlives the task and removes the dir at the run's end; all nodes are this machine."""
+    out = tmp_path / "reports"
+    out.mkdir()
+    job = write_job(tmp_path / "src", JOB)
+    path = description(tmp_path, ray_cluster.address, env={"TMPDIR": str(host_tmp)}, workers=1)
+    result = tfl(["launch", str(job), "--cluster", str(path), "--", str(out), "kill"], child_env, timeout=300)
+    assert result.returncode != 0 and "chief:0" in result.stderr, result.stderr[-3000:]
+    found = reports(out, 2)
+    assert {r["mode"] for r in found} == {"0o700"} and len({r["tmp"] for r in found}) == 2, found  # one per task
+    for report in found:
+        assert Path(report["tmp"]).parent == host_tmp and report["vars"] == [report["tmp"]] * 2, found
+        assert Path(report["tmp"]).name.startswith(f"{agent_tmp.PREFIX}{only_run(tfl_home)}-"), found
+    wait_for(lambda: sorted(p.name for p in host_tmp.iterdir()) == [], timeout=60)
+    deadline = time.monotonic() + 60  # a hang guard: a killed actor's process exits within a second or two
+    while task_runners(ray_cluster) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not task_runners(ray_cluster)
+
+
+def test_the_ray_runner_spells_the_prefix_as_the_agent_does() -> None:
+    assert runner.TMP_PREFIX == agent_tmp.PREFIX and runner.TMP_VARS == agent_tmp.VARS
 
 
 def test_removal_takes_only_the_runs_own_dirs_and_never_follows_a_link(tmp_path: Path) -> None:
