@@ -1,11 +1,14 @@
-"""Tasks as local processes, each the leader of its own session and process group."""
+"""Tasks as local processes, each the leader of its own session and process group, with the
+run's private temp dir as their TMPDIR (removed with the run: ``close``, ``tfl stop``, ``tfl rm``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -18,6 +21,7 @@ from launcher.contract import RUN_DIR, RUN_ID
 from launcher.engines.base import Cleanup, Stopped, TaskLive, TaskProcess
 from launcher.engines.local.netns import PrivateNetwork, resolve_network
 from launcher.engines.preflight import Check, HostTasks, diagnose, host_tasks, probe_request
+from launcher.engines.ssh.node import agent_tmp
 from launcher.engines.teardown import teardown
 from launcher.errors import LaunchError
 from launcher.files import open_private
@@ -70,6 +74,8 @@ class LocalBackend:
         self._network: PrivateNetwork | None = None  # the run's namespace (``--network private``/auto)
         self._marker: tuple[str, str | None] | None = None  # the run's TFL_RUN_ID and TFL_RUN_DIR, once a task started
         self._attempt: int | None = None  # the attempt of the last task started
+        self._tmp: dict[str | None, str] = {}  # the run's private temp dir, by the parent it was made in
+        self._run_id = ""
 
     # --- before a run -------------------------------------------------------------------
     def probe(self, hosts: Sequence[HostTasks], *, quick: bool) -> list[Check]:
@@ -83,9 +89,28 @@ class LocalBackend:
         return [c for c in checks if not c.name.startswith("port ")]
 
     def resolve(self, plan: LaunchPlan) -> LaunchPlan:
-        """Every path is this machine's already; the network is made here (``netns``)."""
+        """Every path is this machine's already; the network is made here (``netns``), and the
+        run's private temp dir (each task's TMPDIR: what a SIGKILLed task leaves goes with the run)."""
         plan, self._network = resolve_network(plan, say)
-        return plan
+        try:
+            return self._private_tmp(plan)
+        except BaseException:
+            self.close()
+            raise
+
+    def _private_tmp(self, plan: LaunchPlan) -> LaunchPlan:
+        self._run_id, tasks = plan.run_id, []
+        for launch in plan.tasks:
+            parent = agent_tmp.parent_of(launch.env, plan.run_id)
+            if parent not in self._tmp:
+                try:
+                    self._tmp[parent] = agent_tmp.make(plan.run_id, parent)
+                except OSError as exc:
+                    given = f"TMPDIR in env or hosts.{launch.host}.env" if parent else "the TMPDIR you run tfl with"
+                    raise LaunchError(f"{launch.name}: cannot make the run's private temp dir in "
+                                      f"{parent or tempfile.gettempdir()}: {exc.strerror or exc} (fix {given})") from None
+            tasks.append(dataclasses.replace(launch, env=agent_tmp.with_tmp(launch.env, self._tmp[parent])))
+        return dataclasses.replace(plan, tasks=tuple(tasks))
 
     @staticmethod
     def _facts(h: HostTasks, quick: bool) -> dict[str, Any] | None:
@@ -206,6 +231,9 @@ class LocalBackend:
         self._end_leftovers()
         if self._network is not None:
             self._network.close()
+        tmp, self._tmp = self._tmp, {}
+        for parent in tmp:  # the tasks' groups and leftovers are gone: nothing writes there any more
+            agent_tmp.remove(self._run_id, parent)
 
     def _end_leftovers(self, when: str = "") -> None:
         """A process a task started in a session or process group of its own (a daemon's double
@@ -246,10 +274,21 @@ class LocalBackend:
         known = {p.pid: p for t in record.tasks if (p := identity.task_identity(record, t).find())}
         found = identity.marked_processes(record.run_id, known, record.run_dir)
         teardown(found, signal=identity.signal_group, alive=identity.is_running, grace=grace, kill_wait=5.0)
+        _remove_recorded_tmp(record)  # its launcher, killed with -9, could not
         return Stopped(len(found))
 
     def clean_recorded(self, record: RunRecord) -> Cleanup:
-        return Cleanup()  # a local run's files all lie in its run dir, which the run store removes
+        _remove_recorded_tmp(record)  # left only where no stop followed a launcher killed with -9
+        return Cleanup()  # the run's other files all lie in its run dir, which the run store removes
+
+
+def _remove_recorded_tmp(record: RunRecord) -> None:
+    """Remove the run's private temp dirs on this machine (where the recorded plan's TMPDIRs lie)."""
+    if identity.launcher_identity(record).elsewhere:
+        return  # made on the launcher's machine: only there can they be removed
+    envs = [t.get("env") or {} for t in (record.plan or {}).get("tasks") or []]
+    for parent in {agent_tmp.parent_of(env, record.run_id) for env in envs if agent_tmp.VARS[0] in env}:  # none: older
+        agent_tmp.remove(record.run_id, parent)
 
 
 def _port_owner(port: int) -> str:

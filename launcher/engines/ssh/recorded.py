@@ -29,6 +29,7 @@ from launcher.engines.parallel import parallel
 from launcher.engines.ssh.connect import connect
 from launcher.engines.ssh.failures import cause_of
 from launcher.engines.ssh.firewall import unfence
+from launcher.engines.ssh.node import agent_tmp
 from launcher.engines.ssh.wire import agent_answer, agent_request, agent_start, cleanup_request
 from launcher.limits import limit_error, own_fault
 from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
@@ -263,13 +264,15 @@ def clean(record: RunRecord) -> Cleanup:
     refuses anything not named after the run). An unreachable host is reported, not raised."""
     hosts = run_dirs_there(record)
     shared = model_dirs_by_host(record)
+    tmp_parents = tmp_parents_by_host(record)
 
     def remove(host: str) -> dict[str, Any]:
         target, python, paths = hosts[host]
         conn = connect(target, recorded=True)
         try:
             answer: dict[str, Any] = agent_request(conn, python, {"mode": "remove", "run_id": record.run_id,
-                                                                  "paths": paths, "keep": shared.get(host, [])})
+                                                                  "paths": paths, "keep": shared.get(host, []),
+                                                                  "tmp_parents": tmp_parents.get(host, [])})
             return answer
         finally:
             conn.close()
@@ -289,6 +292,16 @@ def clean(record: RunRecord) -> Cleanup:
             elif "kept" in outcome and path not in done.kept:
                 done.kept.append(path)
     return done
+
+
+def tmp_parents_by_host(record: RunRecord) -> dict[str, list[str]]:
+    """host -> the TMPDIRs the plan gave its tasks: its agent made the run's temp dir in them (else in its own)."""
+    given: dict[str, list[str]] = {}
+    for launch in LaunchPlan.from_dict(record.plan).tasks:
+        path = launch.env.get(agent_tmp.VARS[0])
+        if launch.ssh is not None and path and path not in given.setdefault(launch.host, []):
+            given[launch.host].append(path)
+    return given
 
 
 def model_dirs_by_host(record: RunRecord) -> dict[str, list[str]]:

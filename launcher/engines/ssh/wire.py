@@ -38,6 +38,7 @@ HERE = Path(__file__).parent
 # The agent's helper modules (as the agent imports them), then the agent itself.
 AGENT_SOURCES = [["tfl_agent_files", (HERE / "node" / "agent_files.py").read_text()],
                  ["tfl_agent_firewall", (HERE / "node" / "agent_firewall.py").read_text()],
+                 ["tfl_agent_tmp", (HERE / "node" / "agent_tmp.py").read_text()],
                  ["tfl_agent_tasks", (HERE / "node" / "agent_tasks.py").read_text()],
                  (HERE / "node" / "agent.py").read_text()]
 # The whole remote command line: the agent's sources and its request follow on stdin.

@@ -15,6 +15,8 @@ kit in the run's ``py_modules``, so a node needs Ray and TensorFlow, not tfl. Th
    launcher writes them into the task's log and progress files on its machine.
 4. ``signal(n)`` / ``alive()`` / ``info()``: the task's process group, as the supervisor
    and ``tfl stop`` / ``tfl status`` see it.
+5. ``close()``: stop the task's group and remove the task's dirs here, its private temp dir among
+   them (its TMPDIR: what a task killed with SIGKILL wrote there goes too; docs/security.md).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ NODE_DIR = "{tfl-node}"  # as in launcher.engines.ray.plan (which the node side 
 PR_SET_PDEATHSIG = 1
 ADDRESS_IN_USE = ("Address already in use", "Could not start gRPC server", "Failed to add port")
 READ_LIMIT = 1 << 20  # bytes of output per read
+TMP_PREFIX = "tfl-tmp-"  # launcher.engines.ssh.node.agent_tmp.PREFIX (the node side imports no other engine)
+TMP_VARS = ("TMPDIR", "TEMP", "TMP")  # what Python's tempfile reads, each set to the task's private temp dir
 
 
 def _kit_root() -> str:
@@ -57,7 +61,8 @@ class TaskRunner:
         base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tfl", "ray")
         os.makedirs(base, mode=0o700, exist_ok=True)
         self.dir = tempfile.mkdtemp(prefix=f"{run_id}-{slug}-", dir=base)  # 0700
-        self.slug = slug
+        self.slug, self.run_id = slug, run_id
+        self.tmp: str | None = None  # the task's private temp dir, made at its first start (``start``)
         self.sock: socket.socket | None = None
         self.popen: subprocess.Popen[bytes] | None = None
         self.log = os.path.join(self.dir, "output.log")
@@ -95,6 +100,9 @@ class TaskRunner:
         env = {k: v.replace(NODE_DIR, self.dir) for k, v in env.items()}
         os.makedirs(os.path.join(self.dir, "progress"), mode=0o700, exist_ok=True)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (self.kit, env.get("PYTHONPATH")) if p)
+        if self.tmp is None:  # in the node's temp dir (the TMPDIR the description gives, the worker's, /tmp): 0700, random
+            self.tmp = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{self.run_id}-", dir=env.get(TMP_VARS[0]) or None)
+        env.update(dict.fromkeys(TMP_VARS, self.tmp))
         argv = [sys.executable if argv[0] == "python" else argv[0], *argv[1:]]
         self.progress = env.get("TFL_PROGRESS_FILE")
         with open(self.log, "ab") as out:
@@ -166,6 +174,8 @@ class TaskRunner:
                 self.signal(signal.SIGKILL)
                 self.popen.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def _node_ip() -> str:

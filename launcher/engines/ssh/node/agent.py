@@ -1,8 +1,8 @@
 """The tfl agent: the one program tfl runs on a remote host (stdlib only, Python >= 3.8).
 
 It is not installed there. The launcher starts ``python -u -c BOOTSTRAP`` over SSH and
-sends this file's source (with ``agent_files.py``, ``agent_firewall.py`` and ``agent_tasks.py``, its
-file, firewall and task work) as the first stdin line, then JSON request lines. So the remote
+sends this file's source (with ``agent_files.py``, ``agent_firewall.py``, ``agent_tmp.py`` and
+``agent_tasks.py``, its file, firewall, temp dir and task work) as the first stdin line, then JSON request lines. So the remote
 command line shows neither the job's arguments nor its environment (TF_CONFIG and the TFL_*
 variables travel in the request, never through ``ps`` or a shell).
 
@@ -31,7 +31,8 @@ Modes of a request:
 ``unpack`` / ``cleanup`` / ``storage`` / ``remove`` (``agent_files``)
     The run's private dirs, the shipped code and job kit, the kit's import check / their
     removal at the end / tokens proving shared storage (``tfl doctor``) / a finished run's
-    dirs (``tfl rm``: only ones named after the run, no link).
+    dirs (``tfl rm``: only ones named after the run, no link), and its private temp dirs
+    (``agent_tmp``: each task's TMPDIR, which the tasks' session removes as it ends).
 ``fence`` / ``unfence`` (``agent_firewall``)
     Install the run's nftables table and hold it while the launcher pings, removing it at
     the end or when the launcher is lost / remove it (``tfl stop``, ``tfl rm``).
@@ -57,10 +58,12 @@ try:  # sent along with this file (launcher.engines.ssh.wire.BOOTSTRAP)
     import tfl_agent_files as files
     import tfl_agent_firewall as firewall
     import tfl_agent_tasks as tasks
+    import tfl_agent_tmp as run_tmp
 except ImportError:  # imported in the launcher itself
     from launcher.engines.ssh.node import agent_files as files
     from launcher.engines.ssh.node import agent_firewall as firewall
     from launcher.engines.ssh.node import agent_tasks as tasks
+    from launcher.engines.ssh.node import agent_tmp as run_tmp
 
 MARK = tasks.MARK  # starts every reply; launcher.engines.ssh.wire.MARK
 RESOLVERS = 16  # names of the cluster resolved at once (``_unresolved``)
@@ -210,7 +213,8 @@ def _gpus() -> list[str] | None:
 
 def main() -> None:
     handlers = {"info": info, "signal": signal_tasks, "stop": signal_tasks, "probe": probe, "unpack": files.unpack,
-                "storage": files.storage, "cleanup": files.cleanup, "remove": files.remove, "unfence": firewall.drop}
+                "storage": files.storage, "cleanup": files.cleanup,
+                "remove": lambda r: {**files.remove(r), **run_tmp.remove_request(r)}, "unfence": firewall.drop}
     while True:
         line = sys.stdin.readline()
         if not line:

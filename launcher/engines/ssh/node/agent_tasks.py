@@ -27,8 +27,10 @@ from typing import IO, Any, Callable, Protocol, cast
 
 try:  # sent along with the agent (launcher.engines.ssh.wire.BOOTSTRAP)
     import tfl_agent_files as files
+    import tfl_agent_tmp as tmp
 except ImportError:  # imported in the launcher itself
     from launcher.engines.ssh.node import agent_files as files
+    from launcher.engines.ssh.node import agent_tmp as tmp
 
 MARK = "\x1etfl\x1e"  # starts every reply; launcher.engines.ssh.wire.MARK
 # launcher.contract's names (the agent is sent alone: no import): what marks a task's processes
@@ -173,6 +175,7 @@ class Session:
         self._threads: list[threading.Thread] = []
         self._marks: set[tuple[str, ...]] = set()  # each task started here: its MARKS values
         self._ending = threading.Lock()  # held while an earlier attempt's leftovers are ended (``_next_attempt``)
+        self._tmp = tmp.RunTmp()  # the run's private temp dir here: each task's TMPDIR
 
     def serve(self) -> int:
         threading.Thread(target=self._commands, daemon=True).start()
@@ -185,6 +188,7 @@ class Session:
         for thread in list(self._threads):
             thread.join()
         end_leftovers(self._marks)
+        self._tmp.remove()  # its tasks and what they left are gone: so goes what they wrote there
         return 0
 
     def _commands(self) -> None:
@@ -224,7 +228,10 @@ class Session:
         if env.get(MARKS[0]):
             self._next_attempt(tuple(str(env.get(name, "")) for name in MARKS))
         try:
-            code = run(request, frames, self, lambda pgid: self._started(ident, pgid))
+            code = run(self._tmp.task(request), frames, self, lambda pgid: self._started(ident, pgid))
+        except tmp.TmpError as exc:
+            frames.control({"error": str(exc)})
+            code = 126
         except Exception as exc:  # noqa: BLE001 - said to the launcher, never a silent task
             frames.control({"error": "the agent failed: %s: %s" % (type(exc).__name__, exc)})
             code = 126
