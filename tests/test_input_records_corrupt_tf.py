@@ -16,12 +16,11 @@ import pytest
 
 from launcher import jobkit
 from launcher.jobkit.context import JobKitError, TaskContext
+from tests.test_input_records_unit_tf import write_shards
 
 jobkit.select_tf_keras()
 
 pytestmark = pytest.mark.slow
-
-COUNTS = (7, 11, 5, 9)
 
 
 @pytest.fixture(scope="module")
@@ -29,17 +28,6 @@ def tf() -> Iterator[Any]:
     import tensorflow
 
     yield tensorflow
-
-
-def write_shards(tf: Any, directory: Path, *, compressed: bool = False) -> Path:
-    directory.mkdir(parents=True)
-    options = tf.io.TFRecordOptions(compression_type="GZIP") if compressed else None
-    for f, count in enumerate(COUNTS):
-        with tf.io.TFRecordWriter(str(directory / f"part-{f}.tfrecord{'.gz' if compressed else ''}"), options) as writer:
-            for r in range(count):
-                value = tf.train.Feature(int64_list=tf.train.Int64List(value=[100 * f + r]))
-                writer.write(tf.train.Example(features=tf.train.Features(feature={"v": value})).SerializeToString())
-    return directory
 
 
 def spoil_record(path: Path, record: int) -> None:
@@ -82,7 +70,7 @@ def test_fit_names_the_file_and_record_whose_checksum_fails(tf: Any, tmp_path: P
 
 
 def test_a_gzip_file_cut_short_or_not_gzip_is_refused_when_the_input_is_made(tf: Any, tmp_path: Path) -> None:
-    shards = write_shards(tf, tmp_path / "shards", compressed=True)
+    shards = write_shards(tf, tmp_path / "shards", gzip=True)
     whole = (shards / "part-1.tfrecord.gz").read_bytes()
     (shards / "part-1.tfrecord.gz").write_bytes(whole[:-20])
     with pytest.raises(JobKitError, match=r"part-1\.tfrecord\.gz: not a whole GZIP TFRecord file \(.*\); write the file "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -111,15 +112,22 @@ def test_a_stop_after_the_launcher_was_killed_removes_it_and_a_resume_makes_a_ne
     assert sorted(p.name for p in host_tmp.iterdir()) == [] and sorted(p.name for p in elsewhere.iterdir()) == []
 
 
-@pytest.mark.ssh
-def test_on_ssh_hosts_a_task_killed_with_sigkill_leaves_nothing_in_their_temp_dir(
-        sshd: Sshd, host_tmp: Path, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
-    """The cluster file's TMPDIR is the parent on the hosts (the hosts' login TMPDIR is not this test's to set)."""
+def launch_on_hosts(sshd: Sshd, host_tmp: Path, tmp_path: Path, tfl_home: Path, child_env: dict[str, str], mode: str,
+                    *options: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``JOB`` in ``mode`` on the two test hosts, with ``host_tmp`` as the TMPDIR the cluster file gives; the
+    launch's result and the dir the tasks report into."""
     out = tmp_path / "reports"
     out.mkdir(mode=0o777)
     job = write_job(tmp_path / "src", JOB)
     cluster = two_hosts(tmp_path, sshd, tfl_home, env={"TMPDIR": str(host_tmp)})
-    result = tfl(["launch", str(job), "--cluster", str(cluster), "--", str(out), "kill"], child_env, timeout=180)
+    return tfl(["launch", str(job), "--cluster", str(cluster), *options, "--", str(out), mode], child_env, timeout=180), out
+
+
+@pytest.mark.ssh
+def test_on_ssh_hosts_a_task_killed_with_sigkill_leaves_nothing_in_their_temp_dir(
+        sshd: Sshd, host_tmp: Path, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    """The cluster file's TMPDIR is the parent on the hosts (the hosts' login TMPDIR is not this test's to set)."""
+    result, out = launch_on_hosts(sshd, host_tmp, tmp_path, tfl_home, child_env, "kill")
     assert result.returncode != 0 and "chief:0" in result.stderr, result.stderr[-3000:]
     found = reports(out, 2)
     assert {r["mode"] for r in found} == {"0o700"}, found
@@ -138,11 +146,7 @@ def test_on_ssh_hosts_a_task_killed_with_sigkill_leaves_nothing_in_their_temp_di
 @pytest.mark.ssh
 def test_on_ssh_hosts_the_agents_remove_it_when_the_launcher_is_killed(
         sshd: Sshd, host_tmp: Path, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
-    out = tmp_path / "reports"
-    out.mkdir(mode=0o777)
-    job = write_job(tmp_path / "src", JOB)
-    cluster = two_hosts(tmp_path, sshd, tfl_home, env={"TMPDIR": str(host_tmp)})
-    result = tfl(["launch", str(job), "--cluster", str(cluster), "--detach", "--", str(out), "wait"], child_env, timeout=180)
+    result, out = launch_on_hosts(sshd, host_tmp, tmp_path, tfl_home, child_env, "wait", "--detach")
     assert result.returncode == 0, result.stderr
     run = only_run(tfl_home)
     found = reports(out, 2)
