@@ -204,3 +204,18 @@ def test_removal_takes_only_the_runs_own_dirs_and_never_follows_a_link(tmp_path:
     assert agent_tmp.parent_of({"TMPDIR": str(others[1])}, "job-2") == str(parent)
     assert agent_tmp.parent_of({"TMPDIR": "/scratch/me"}, "job-2") == "/scratch/me"
     assert agent_tmp.parent_of({}, "job-2") is None
+
+
+def test_a_session_removes_only_the_dir_it_made(host_tmp: Path) -> None:
+    """After a resize the launcher ends the hosts' sessions and starts new ones: an old session that
+    ended after the new one had made its dir removed every dir of the run there, the new one's
+    too, and the next attempt's autograph then found no temp dir (tests/test_elastic_tf.py failed in CI)."""
+    request = {"env": {"TFL_RUN_ID": "r1", "TMPDIR": str(host_tmp)}}
+    old, new = agent_tmp.RunTmp(), agent_tmp.RunTmp()
+    old_dir = old.task(request)["env"]["TMPDIR"]
+    new_dir = new.task(request)["env"]["TMPDIR"]
+    assert old_dir != new_dir and Path(old_dir).parent == Path(new_dir).parent == host_tmp
+    old.remove()
+    assert not Path(old_dir).exists() and Path(new_dir).is_dir()
+    new.remove()
+    assert sorted(host_tmp.iterdir()) == []

@@ -68,17 +68,18 @@ class RunTmp:
         return dict(request, env=with_tmp(env, path))
 
     def remove(self) -> None:
+        """The dirs this session made, and only those: another session of the run on this host (the
+        next attempt's, after a resize) may have made its own meanwhile, and its tasks still use it."""
         with self._lock:
             made, self._made = self._made, {}
-        for run_id, parent in made:
-            remove(run_id, parent)
+        for path in made.values():
+            _remove_dir(path)
 
 
 def remove(run_id: str, parent: str | None) -> dict[str, int]:
     """Remove each of the run's temp dirs in ``parent`` (else this host's temp dir): path -> bytes
     freed. Only this user's own dirs named as ``make`` names them, never through a link; one gone
     already is nothing (the run's end, ``tfl stop`` and ``tfl rm`` may each try)."""
-    import shutil
     import tempfile
     where, prefix = parent or tempfile.gettempdir(), PREFIX + run_id + "-"
     removed: dict[str, int] = {}
@@ -89,16 +90,24 @@ def remove(run_id: str, parent: str | None) -> dict[str, int]:
         return removed
     for name in names:
         path = os.path.join(where, name)
-        try:
-            st = os.lstat(path)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-                continue
-            size = sum(os.lstat(os.path.join(top, n)).st_blocks * 512 for top, ds, fs in os.walk(path) for n in ds + fs)
-            shutil.rmtree(path)
+        size = _remove_dir(path)
+        if size is not None:
             removed[path] = size
-        except OSError:
-            continue  # gone meanwhile, or something in it not ours to remove: the next clean-up tries again
     return removed
+
+
+def _remove_dir(path: str) -> int | None:
+    """Remove ``path`` if it is a dir of this user's (never through a link): the bytes freed, or None."""
+    import shutil
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            return None
+        size = sum(os.lstat(os.path.join(top, n)).st_blocks * 512 for top, ds, fs in os.walk(path) for n in ds + fs)
+        shutil.rmtree(path)
+    except OSError:
+        return None  # gone meanwhile, or something in it not ours to remove: the next clean-up tries again
+    return size
 
 
 def remove_request(request: dict[str, Any]) -> dict[str, Any]:
