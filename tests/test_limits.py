@@ -114,7 +114,7 @@ def test_status_out_of_descriptors_says_so_rather_than_calling_hosts_unreachable
     for pid, task in enumerate(record.tasks, 1000):
         task.state, task.pid = TaskState.RUNNING, pid
 
-    def connect(target: SSHTarget) -> Any:
+    def connect(target: SSHTarget, **how: Any) -> Any:
         try:
             out_of_fds()
         except OSError:
@@ -123,5 +123,5 @@ def test_status_out_of_descriptors_says_so_rather_than_calling_hosts_unreachable
     monkeypatch.setattr(recorded, "connect", connect)
     with pytest.raises(ResourceLimitError, match="file descriptors while asking the hosts"):
         recorded.inspect(record, ask=True)
-    monkeypatch.setattr(recorded, "connect", lambda target: (_ for _ in ()).throw(SSHError(target.host, "no answer")))
+    monkeypatch.setattr(recorded, "connect", lambda target, **how: (_ for _ in ()).throw(SSHError(target.host, "no answer")))
     assert {live.state for live in recorded.inspect(record, ask=True).values()} == {"unreachable"}  # a real silence

@@ -149,7 +149,8 @@ def test_stop_of_a_run_whose_launcher_is_gone_asks_each_host_once_and_all_wait_t
         pids = [t.pid for t in record.tasks if t.pid]
         connects: list[str] = []
         real = recorded.connect
-        monkeypatch.setattr(recorded, "connect", lambda target: connects.append(target.host) or real(target))
+        monkeypatch.setattr(recorded, "connect",
+                        lambda target, **how: connects.append(target.host) or real(target, **how))
         assert recorded.stop(record, grace=1.0) == Stopped(hosts)
         assert not any(pid_alive(pid) for pid in pids)  # SIGTERM ignored: the SIGKILL after the grace ended them
         assert sorted(connects) == sorted(HOSTS[:hosts] * 2), connects  # the stop's and the cleanup's, once per host

@@ -76,6 +76,10 @@ def test_max_preemptions_caps_the_preemption_restarts(tmp_path: Path) -> None:
     assert [r.kind for r in record.restarts] == ["preemption", "preemption"]
     assert "no preemption restart left (--max-preemptions 2)" in (record.message or "")
     assert states(sup) == {"chief:0": TaskState.PREEMPTED, "worker:0": TaskState.PREEMPTED}
+    # The summary promises the agreed checkpoint where the model dir holds it (no process wrote one here).
+    assert "resume it from its last checkpoint, if the job kept one" in summary(store.load("r"))
+    (tmp_path / "runs" / "r" / "model").mkdir(parents=True)
+    (tmp_path / "runs" / "r" / "model" / "preempted.json").write_text("{}")  # what the kit writes with its save
     assert "resume it from its last checkpoint: tfl resume r" in summary(store.load("r"))
 
 
