@@ -4,9 +4,10 @@ One sshd per test session listens on 127.0.0.2 and 127.0.0.3 at one free port, w
 own host key and an ``authorized_keys`` holding a fresh client key. Tests get a
 ``known_hosts`` naming both hosts and write cluster files with ``cluster_file``.
 
-Each host's sessions get a HOME of their own (``Sshd.home``, sshd's ``SetEnv`` per listening
-address), as two machines would: the per-user dir tfl keeps runs in differs between the
-hosts, and a test may give one host a ``~/.bashrc`` of its own. The account's real home and
+Each host's sessions get a HOME and a TMPDIR of their own (``Sshd.home``, sshd's ``SetEnv`` per
+listening address), as two machines would: the per-user dir tfl keeps runs in differs between the
+hosts, a test may give one host a ``~/.bashrc`` of its own, and what a host's tasks leave in its
+temp dir (a task or agent a test kills with SIGKILL) stays in the test's dir, not in this machine's /tmp. The account's real home and
 ``~/.bashrc`` are never used. ``start_sshd(..., namespace=...)`` starts one in a mount
 namespace of its own, where a bind mount shows that host another directory at some path.
 Without /usr/sbin/sshd the SSH tests are skipped, except in CI (CI=true) where that fails.
@@ -86,6 +87,7 @@ def start_sshd(directory: Path, hosts: tuple[str, ...] = HOSTS, keys_from: Sshd 
     port = port or free_port()
     for host in hosts:
         (directory / f"home-{host}").mkdir(mode=0o700, exist_ok=True)
+        (directory / f"tmp-{host}").mkdir(mode=0o700, exist_ok=True)
     config = directory / "sshd_config"
     config.write_text("\n".join([
         *(f"ListenAddress {h}:{port}" for h in hosts),
@@ -93,7 +95,7 @@ def start_sshd(directory: Path, hosts: tuple[str, ...] = HOSTS, keys_from: Sshd 
         f"AuthorizedKeysFile {directory / 'authorized_keys'}",
         "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
         "StrictModes no", "UsePAM no", "MaxSessions 64", *([f"MaxStartups {max_startups}"] if max_startups else []), "LogLevel VERBOSE",
-        *(f"Match LocalAddress {h}\n  SetEnv HOME={directory / f'home-{h}'}" for h in hosts), "",
+        *(f"Match LocalAddress {h}\n  SetEnv HOME={directory / f'home-{h}'} TMPDIR={directory / f'tmp-{h}'}" for h in hosts), "",
     ]))
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege separation dir
     log = open(directory / "sshd.log", "wb")

@@ -79,11 +79,16 @@ while step < int(sys.argv[1]):
 
 
 def description(tmp_path: Path, address: str, env: dict[str, str] | None = None, **ray: Any) -> Path:
+    """A Ray description for the test cluster. The tasks' temp dirs go under ``tmp_path``: a task whose node
+    is killed under it (its actor SIGKILLed by Ray) leaves its private temp dir (docs/security.md), and on
+    this machine every node's temp dir would be /tmp."""
     path = tmp_path / "ray.json"
     shared = tmp_path / "shared"
     shared.mkdir(exist_ok=True)
+    nodes_tmp = tmp_path / "nodes-tmp"
+    nodes_tmp.mkdir(mode=0o700, exist_ok=True)
     path.write_text(json.dumps({"ray": {"address": address, "ready_timeout": 60, **ray}, "storage": {"path": str(shared)},
-                                "env": {"TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}}))
+                                "env": {"TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": str(nodes_tmp), **(env or {})}}))
     return path
 
 
