@@ -144,6 +144,25 @@ def test_a_full_disk_is_one_clear_error_and_keeps_the_last_record(tmp_path: Path
     assert sorted(p.name for p in store.run_dir("r").iterdir()) == ["logs", "progress", "state.json"]  # no temp file left
 
 
+def test_a_run_dir_caught_midway_through_its_removal_is_said_as_removed(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """An `rm -r` of the run dir that takes the record's temp file before its rename, the dir itself
+    still there for a moment: the save says the run dir was removed (CI once said "free space" here)."""
+    store = RunStore(tmp_path)
+    record = a_record(store)
+    store.create(record)
+    real_replace = files.os.replace
+
+    def removed_midway(src: str, dst: str) -> None:
+        os.unlink(src)  # the rm -r's work, the dir not yet gone
+        real_replace(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", removed_midway)
+    with pytest.raises(StateWriteError, match="^the run dir .* was removed while run r ran"):
+        store.save(record)
+    assert not (tmp_path / "active" / "r").exists()
+
+
 class FillingStore(RunStore):
     """A store whose disk fills up after ``room`` saves."""
 

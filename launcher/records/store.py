@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import glob
 import json
 import os
@@ -258,7 +259,9 @@ class RunStore:
         try:
             write_atomic(path, record.to_json(), durable=True)
         except OSError as exc:
-            if not os.path.isdir(record.run_dir):  # removed under the run: no record stays, nor a marker to show it
+            # Removed under the run: no record stays, nor a marker to show it. ENOENT with the dir still
+            # there is a removal caught midway (an `rm -r` took the temp file before its rename).
+            if exc.errno == errno.ENOENT or not os.path.isdir(record.run_dir):
                 with contextlib.suppress(OSError):
                     mark_ended(self.home, record.run_id)
                 raise StateWriteError(f"the run dir {record.run_dir} was removed while run {record.run_id} ran, its record "
