@@ -55,6 +55,27 @@ def own_dir(path: str | os.PathLike[str]) -> None:
         os.chmod(path, DIR_MODE)
 
 
+def private_key_problem(path: str, fix: str) -> str | None:
+    """What is wrong with ``path`` as an SSH private key, in one line with its fix, or None.
+    ``fix``: what to do about a key that is not there (where its path came from). A key of the
+    user's own that others may read or write is refused as OpenSSH refuses it ("UNPROTECTED
+    PRIVATE KEY FILE": ``sshkey_perm_ok``, any of the 077 bits on a key the real uid owns)."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return f"identity file {path} not found ({fix})"
+    except OSError as exc:  # a parent dir it may not search
+        return f"identity file {path} cannot be read: {exc.strerror} ({fix})"
+    if stat.S_ISDIR(st.st_mode):
+        return f"identity file {path} is a directory, not a private key ({fix})"
+    if not stat.S_ISREG(st.st_mode):
+        return f"identity file {path} is not a regular file, not a private key ({fix})"
+    if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077:
+        return (f"identity file {path} is open to others (mode {stat.S_IMODE(st.st_mode):04o}), and OpenSSH refuses "
+                f"such a private key (make it yours alone: chmod 600 {path})")
+    return None
+
+
 def open_private(path: str | os.PathLike[str]) -> BinaryIO:
     """``path`` opened for appending (bytes), created 0600 if missing."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)

@@ -131,6 +131,20 @@ def test_an_identity_file_that_is_missing_or_a_directory_says_which(tmp_path: Pa
             connect(SSHTarget(host="127.0.0.2", port=1, identity_file=str(path)))
 
 
+def test_an_identity_file_open_to_others_is_refused_as_openssh_refuses_it(tmp_path: Path) -> None:
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    for mode in (0o644, 0o640, 0o604):  # OpenSSH: "UNPROTECTED PRIVATE KEY FILE", the key ignored, the login refused
+        key.chmod(mode)
+        with pytest.raises(SSHError) as info:
+            connect(SSHTarget(host="127.0.0.2", port=1, identity_file=str(key)))
+        assert str(info.value) == (f"127.0.0.2: identity file {key} is open to others (mode {mode:04o}), and OpenSSH "
+                                   f"refuses such a private key (make it yours alone: chmod 600 {key})")
+    key.chmod(0o600)  # yours alone: on to the host (port 1: nothing listens)
+    with pytest.raises(SSHError, match="connection refused"):
+        connect(SSHTarget(host="127.0.0.2", port=1, identity_file=str(key)))
+
+
 def test_a_host_behind_a_bastion_rides_the_one_bastion_connection(sshd: Sshd, tmp_path: Path) -> None:
     jump = f"127.0.0.2:{sshd.port}"
     conns = [connect(target(sshd, "127.0.0.3", jump=jump)) for _ in range(3)]

@@ -34,6 +34,7 @@ from launcher.engines.ssh.hostkeys import give_keys, policy
 from launcher.engines.ssh.identity import private_key
 from launcher.engines.ssh.jump import Jump, hostname, jump_for, ssh_config
 from launcher.engines.ssh.watch import PROBE_TIMEOUT, reachable
+from launcher.files import private_key_problem
 from launcher.limits import limit_error, own_fault
 
 if TYPE_CHECKING:
@@ -61,11 +62,11 @@ def connect(target: SSHTarget, bastion_of: str | None = None, *, recorded: bool 
     target is a bastion, set there (``Jump.origin``): its user and port come from that, not ssh.*.
     ``recorded``: the target is a recorded run's (status, stop, rm): its settings are the record's, not the cluster file's."""
     key = os.path.expanduser(target.identity_file) if target.identity_file else None
-    if key and not os.path.isfile(key):
-        what = "is a directory, not a private key" if os.path.isdir(key) else "not found"
-        fix = ("the run was launched with it and its record names it: put the key back there" if recorded
-               else "fix ssh.identity_file in the cluster file")
-        raise SSHError(target.host, f"identity file {key} {what} ({fix})")
+    fix = ("the run was launched with it and its record names it: put the key back there" if recorded
+           else "fix ssh.identity_file in the cluster file")
+    problem = key and private_key_problem(key, fix)
+    if problem:
+        raise SSHError(target.host, problem)
     try:
         jump = jump_for(target)
     except ValueError as exc:
