@@ -18,6 +18,8 @@ from typing import BinaryIO
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
+# The fix for a recorded run's key that is gone: it reaches its hosts with its record's settings, never the cluster file's.
+RECORDED_KEY_FIX = "the run was launched with it and its record names it: put the key back there"
 
 
 def private_dir(path: str | os.PathLike[str], *, exist_ok: bool = False) -> None:

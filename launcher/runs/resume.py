@@ -6,8 +6,9 @@ checkpoint (or the last backup) from the same model dir. Whatever ran it runs it
 through the backend protocol: ``prepare`` the hosts as a launch does, then the supervisor.
 
 Refused, with the fix, for a run that succeeded, whose hosts keep the chief's checkpoint
-where the other hosts' tasks cannot see it (no shared storage), whose launcher still runs, or whose tasks
-still live (a launcher killed with -9 leaves them: ``tfl stop RUN`` first). Two resumes at
+where the other hosts' tasks cannot see it (no shared storage), whose launcher still runs, whose tasks
+still live (a launcher killed with -9 leaves them: ``tfl stop RUN`` first), or whose private key
+(its record's ``ssh.identity_file``) is gone or open to others. Two resumes at
 once cannot both win: the claim is made under a lock on the run dir.
 """
 
@@ -24,6 +25,7 @@ from typing import Any
 
 from launcher.engines import registry
 from launcher.errors import UsageError
+from launcher.files import RECORDED_KEY_FIX, private_key_problem
 from launcher.plan.launch_plan import LaunchPlan
 from launcher.plan.run_options import SupervisorConfig
 from launcher.plan.storage import EXAMPLE, restart_need
@@ -63,11 +65,29 @@ def refusal(record: RunRecord) -> str | None:
             return f"run {run} has ended but its launcher (pid {record.launcher_pid}) is still finishing: resume it in a moment"
         return (f"run {run} is still running (launcher pid {record.launcher_pid}): stop it first with "
                 f"`tfl stop {run}`, or follow it with `tfl logs {run} --follow`")
+    key = key_problem(record)
+    if key is not None:  # said before a host is reached: the launch's own check would name the cluster file
+        return key
     live = registry.get(record.backend).inspect(record, ask=True)
     alive = sorted(name for name, task in live.items() if task.alive)
     if alive:
         return (f"run {run}: its launcher is gone but {len(alive)} task(s) still run ({', '.join(alive)}): "
                 f"stop them first with `tfl stop {run}`, then resume")
+    return None
+
+
+def key_problem(record: RunRecord) -> str | None:
+    """What is wrong with a private key the run's record names (``ssh.identity_file``: gone since
+    the launch, or open to others), in one line with the fix, or None."""
+    seen: set[str] = set()
+    for task in recorded_plan(record).tasks:
+        key = os.path.expanduser(task.ssh.identity_file) if task.ssh and task.ssh.identity_file else None
+        if key is None or key in seen:
+            continue
+        seen.add(key)
+        problem = private_key_problem(key, RECORDED_KEY_FIX)
+        if problem:
+            return f"run {record.run_id}: {task.host}: {problem}"
     return None
 
 

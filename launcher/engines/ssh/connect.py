@@ -34,7 +34,7 @@ from launcher.engines.ssh.hostkeys import give_keys, policy
 from launcher.engines.ssh.identity import private_key
 from launcher.engines.ssh.jump import Jump, hostname, jump_for, ssh_config
 from launcher.engines.ssh.watch import PROBE_TIMEOUT, reachable
-from launcher.files import private_key_problem
+from launcher.files import RECORDED_KEY_FIX, private_key_problem
 from launcher.limits import limit_error, own_fault
 
 if TYPE_CHECKING:
@@ -62,9 +62,7 @@ def connect(target: SSHTarget, bastion_of: str | None = None, *, recorded: bool 
     target is a bastion, set there (``Jump.origin``): its user and port come from that, not ssh.*.
     ``recorded``: the target is a recorded run's (status, stop, rm): its settings are the record's, not the cluster file's."""
     key = os.path.expanduser(target.identity_file) if target.identity_file else None
-    fix = ("the run was launched with it and its record names it: put the key back there" if recorded
-           else "fix ssh.identity_file in the cluster file")
-    problem = key and private_key_problem(key, fix)
+    problem = key and private_key_problem(key, RECORDED_KEY_FIX if recorded else "fix ssh.identity_file in the cluster file")
     if problem:
         raise SSHError(target.host, problem)
     try:
