@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import stat
@@ -78,8 +79,33 @@ def test_a_model_dir_on_another_host_says_how_to_reach_it(tfl_home: Path) -> Non
                                                 ssh={"host": "gpu1", "port": 2222, "user": "train", "identity_file": "/k"})])
     result = runner.invoke(app, ["tensorboard", "remote", "--port", "6010"])
     assert result.exit_code == 0, result.output
-    assert result.stdout.splitlines()[1] == ("  ssh -p 2222 -i /k -L 6010:127.0.0.1:6010 train@gpu1 '/opt/py -m tensorboard.main "
+    assert result.stdout.splitlines()[1] == ("  ssh -p 2222 -i /k -L 6010:127.0.0.1:6010 train@gpu1 'd=$(mktemp -d "
+                                             '"${TMPDIR:-/tmp}/tensorboard-tmp-XXXXXXXX") && trap "rm -rf -- \\"\\$d\\"" EXIT && '
+                                             'trap "exit 129" HUP INT TERM && TMPDIR=$d /opt/py -m tensorboard.main '
                                              "--logdir /srv/w/tfl-runs/remote/model --port 6010 --host 127.0.0.1'")
+
+
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_the_remote_tensorboard_gets_a_private_temp_dir_that_goes_with_it(tfl_home: Path, tmp_path: Path,
+                                                                          shell: str) -> None:
+    """The hint's remote command, run by a POSIX login shell as sshd would: TensorBoard there must not write its
+    pid and port into the fixed, shared /tmp/.tensorboard-info either. A stand-in python says what it was given."""
+    seen = tmp_path / "seen"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nprintf "%s %s\\n" "$TMPDIR" "$(stat -c %a "$TMPDIR")" > {seen}\n')
+    python.chmod(0o700)
+    chief = task("chief:0", {"TFL_RUN_DIR": "/srv/w/tfl-runs/remote"}, ssh={"host": "gpu1", "port": 22})
+    add_run(RunStore(tfl_home), "remote", [{**chief, "argv": [str(python), "job.py"]}])
+    result = runner.invoke(app, ["tensorboard", "remote"])
+    assert result.exit_code == 0, result.output
+    remote = shlex.split(result.stdout.splitlines()[1])[-1]  # what ssh hands the host's login shell
+    base = tmp_path / "host-tmp"  # the host's own TMPDIR
+    base.mkdir()
+    done = subprocess.run([shell, "-c", remote], env={**os.environ, "TMPDIR": str(base)}, timeout=30)
+    assert done.returncode == 0
+    tmpdir, mode = seen.read_text().split()
+    assert Path(tmpdir).parent == base and Path(tmpdir).name.startswith("tensorboard-tmp-") and mode == "700"
+    assert list(base.iterdir()) == []  # removed when TensorBoard ended
 
 
 def test_a_busy_port_is_one_line(tfl_home: Path) -> None:

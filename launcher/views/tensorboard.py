@@ -3,7 +3,8 @@
 The model dir is where the job kit writes: the chief's ``TFL_MODEL_DIR`` (shared storage,
 when the cluster file names one), else ``<TFL_RUN_DIR>/model``, unless the job was given
 ``--model-dir``. When this machine cannot read it (the chief ran on another host, no shared
-storage here), the command says how to reach it through SSH instead of starting anything.
+storage here), the command says how to reach it through SSH instead of starting anything: TensorBoard
+there gets a private temp dir too (``REMOTE_TMPDIR``).
 
 TensorBoard runs with its own stand-in for TensorFlow (its ``notf`` switch): reading local
 event files needs nothing more, and it starts in seconds instead of importing TensorFlow.
@@ -47,6 +48,12 @@ DEFAULT_PORT = 6006
 NO_TF_MAIN = ("import sys, types; sys.modules['tensorboard.compat.notf'] = types.ModuleType('tensorboard.compat.notf'); "
               "from tensorboard.main import run_main; run_main()")
 
+# The remote TensorBoard's TMPDIR, as here: a private dir (mktemp -d: 0700, a random name) removed when it ends, never
+# the shared /tmp/.tensorboard-info. For the remote login shell (POSIX, as the quoting of the rest), without a single
+# quote in it, so that the whole command stays one readable single-quoted argument of ssh.
+REMOTE_TMPDIR = ('d=$(mktemp -d "${TMPDIR:-/tmp}/' + TMP_PREFIX + 'XXXXXXXX") && trap "rm -rf -- \\"\\$d\\"" EXIT && '
+                 'trap "exit 129" HUP INT TERM && TMPDIR=$d ')
+
 
 @dataclass(frozen=True)
 class ModelDir:
@@ -86,7 +93,8 @@ def reach_hint(run_id: str, where: ModelDir, port: int) -> str:
     assert where.ssh is not None and where.host is not None
     ssh = ["ssh", "-p", str(where.ssh.port), *(["-i", where.ssh.identity_file] if where.ssh.identity_file else []),
            "-L", f"{port}:{HOST}:{port}", f"{where.ssh.user + '@' if where.ssh.user else ''}{where.host}"]
-    remote = shlex.join([where.python, "-m", "tensorboard.main", "--logdir", where.path, "--port", str(port), "--host", HOST])
+    remote = REMOTE_TMPDIR + shlex.join([where.python, "-m", "tensorboard.main", "--logdir", where.path, "--port", str(port),
+                                         "--host", HOST])
     return "\n".join([f"run {run_id}: its model dir {where.path} is on {where.host}, not readable here; start TensorBoard "
                       "there through an SSH tunnel:",
                       f"  {shlex.join(ssh)} {shlex.quote(remote)}",
