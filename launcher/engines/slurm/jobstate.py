@@ -17,6 +17,7 @@ None of them knowing the job ("Invalid job id specified") gives None; any other 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections.abc import Callable, Sequence
@@ -72,10 +73,17 @@ class SlurmStep:
     nodelist: str
 
 
+# The umask Slurm gives a job it submits (sbatch passes it on as SLURM_UMASK, which it takes from the environment
+# when set, else from its own umask). slurmstepd creates the job's output file (``--output``: the run dir's
+# batch-<id>.out) under it before the batch script's own ``umask 077`` runs: under the user's 022 it was 0644.
+SUBMIT_UMASK = "0077"
+
+
 def run_command(argv: Sequence[str]) -> CommandResult:
     """The real runner: the command's status and output (a missing command is status 127)."""
     try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=60)
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "SLURM_UMASK": SUBMIT_UMASK})
     except FileNotFoundError:
         return CommandResult(127, "", f"{argv[0]}: command not found")
     except subprocess.TimeoutExpired:
