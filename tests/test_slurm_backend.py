@@ -4,6 +4,7 @@ and the CLI's plan, validate and dry-run of a slurm description."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -29,6 +30,7 @@ from launcher.engines.slurm.outcome import (
     describe_end,
     evaluator_alive,
     evaluator_outcome,
+    job_cancellation,
     training_alive,
     training_outcome,
 )
@@ -37,7 +39,10 @@ from launcher.errors import ClusterFileError, LaunchError, UsageError
 from launcher.plan.build import build_plan
 from launcher.plan.launch_plan import LaunchPlan
 from launcher.plan.run_options import SupervisorConfig
+from launcher.records.loader import load
+from launcher.records.store import FailureRecord
 from launcher.runs import launch
+from launcher.supervise.recording import failure_said
 
 runner = CliRunner()
 KILL_ON_BAD_EXIT = ("srun: error: n2: task 1: Exited with exit code 3\n"
@@ -107,9 +112,9 @@ def test_a_scancel_outside_tfl_or_the_time_limit_is_the_cause_not_the_task_srun_
     expected = Outcome(143, "Slurm step 7.0 was cancelled outside tfl (scancel at 2026-11-26T22:33:15)")
     assert training_outcome(0, 0, EXITED_143, SCANCELLED, None, {}, job_id="7") == expected
     assert training_outcome(1, 0, EXITED_143, SCANCELLED, None, {}, job_id="7") is None
-    # ... and once Slurm says CANCELLED, its word
+    # ... and once Slurm says CANCELLED, its word: the whole job's, the run's cause (no task's)
     end = JobEnd("7", "CANCELLED", 0, False)
-    assert training_outcome(0, 0, EXITED_143, SCANCELLED, end, {}, job_id="7") == Outcome(143, describe_end(end))
+    assert training_outcome(0, 0, EXITED_143, SCANCELLED, end, {}, job_id="7") == Outcome(143, describe_end(end), of_run=True)
     assert training_outcome(1, 0, EXITED_143, SCANCELLED, end, {}, job_id="7") is None
     # a preemption is not someone's scancel (the preempted steps' own rules apply) ...
     preempted = SCANCELLED.replace(" ***", " DUE TO PREEMPTION ***")
@@ -129,6 +134,24 @@ def test_a_scancel_outside_tfl_or_the_time_limit_is_the_cause_not_the_task_srun_
     assert cancellation(SCANCELLED, None, "7") == expected.ended_by
 
 
+def test_a_scancel_of_the_whole_job_is_the_runs_cause_as_the_batch_output_says_before_slurms_state() -> None:
+    # slurmstepd's line in batch-7.out; srun's stderr may name only the step, or only the tasks it "Terminated"
+    batch_out = ("slurmstepd-n1: error: *** JOB 7 ON n1 CANCELLED AT 2026-11-26T22:33:15 ***\n"
+                 "scancel: error: Kill job error on job step id 7.0: Invalid job id specified\n")
+    expected = Outcome(143, "Slurm job 7 was cancelled outside tfl (scancel at 2026-11-26T22:33:15)", of_run=True)
+    terminated = "srun: forcing job termination\nsrun: error: n2: task 1: Terminated\nsrun: error: n1: task 0: Terminated\n"
+    for srun_err in (SCANCELLED, terminated):
+        assert training_outcome(0, 0, EXITED_143, srun_err, None, {}, job_id="7", batch_out=batch_out) == expected
+        assert training_outcome(1, 0, EXITED_143, srun_err, None, {}, job_id="7", batch_out=batch_out) is None
+    assert job_cancellation(batch_out.replace(" ***", " DUE TO PREEMPTION ***"), None) is None  # a preemption's rules
+    assert job_cancellation("", JobEnd("7", "CANCELLED", 0, True)) is None  # tfl's own stop
+    # the record keeps it: the summary and status say it about the run
+    failure = FailureRecord(task="chief:0", host="n1", pid=1, exit_code=143, reason=expected.ended_by or "", log_tail=[],
+                            time=1.0, attempt=0, of_run=True)
+    assert failure_said(failure) == expected.ended_by
+    assert load(FailureRecord, dataclasses.asdict(failure), "failure") == failure
+
+
 @pytest.mark.parametrize(("end", "expected"), [
     (JobEnd("7", "CANCELLED", 0, False), "Slurm job 7 was cancelled outside tfl (scancel)"),
     (JobEnd("7", "TIMEOUT", 0, False), "Slurm job 7 reached its time limit (TIMEOUT); give the slurm block a longer \"time\""),
@@ -140,7 +163,8 @@ def test_a_scancel_outside_tfl_or_the_time_limit_is_the_cause_not_the_task_srun_
 ])
 def test_job_ends_are_one_line_each(end: JobEnd, expected: str) -> None:
     assert describe_end(end) == expected
-    assert training_outcome(0, 0, StepEvents(), "", end, {}, job_id="7") == Outcome(end.exit_code or 1, expected)
+    of_run = end.state == "CANCELLED"  # someone's scancel of the whole job: the run's cause, no task's
+    assert training_outcome(0, 0, StepEvents(), "", end, {}, job_id="7") == Outcome(end.exit_code or 1, expected, of_run=of_run)
 
 
 def test_evaluator_outcomes() -> None:

@@ -37,6 +37,7 @@ class TaskProcess:
     # Filled in by ``poll`` where a backend learns them only later; the supervisor records them.
     host: str | None = None  # where the task runs, when that is known only once it runs (Slurm: its node)
     ended_by: str | None = None  # why it ended, when its exit code does not say (a Slurm job's NODE_FAIL, TIMEOUT…)
+    unit_ended: bool = False  # ``ended_by`` is the run's: its whole unit ended under every task (a Slurm job scancelled)
     unreachable_since: float | None = None  # its host stopped answering then (wall time): it is lost, and so is the host
 
 

@@ -72,7 +72,7 @@ def _make_converter(hint: Any) -> _Convert:
         return lambda value, where: hint(value)  # ValueError for an unknown state
 
     def convert_plain(value: object, where: str) -> Any:
-        if hint in (str, int, float) and type(value) is hint:
+        if hint in (str, int, float, bool) and type(value) is hint:
             return value
         if hint is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)

@@ -76,6 +76,9 @@ class FailureRecord:
     log_tail: list[str]
     time: float
     attempt: int
+    # The reason is the run's, not this task's: the whole unit ended under its tasks (a Slurm job cancelled
+    # outside tfl, or its time limit); the task only carries it (``TaskProcess.unit_ended``).
+    of_run: bool = False
 
 
 RESTART_KINDS = ("failure", "preemption", "resume")

@@ -40,10 +40,16 @@ def initial_record(plan: LaunchPlan, created: float, max_restarts: int, backend:
 
 
 def failure_record(task: TaskRecord, *, code: int | None, reason: str | None, log_path: str, lines: int, time: float,
-                   attempt: int) -> FailureRecord:
-    """A task that failed, as data: why (``reason``, else its exit told), its log's tail."""
+                   attempt: int, of_run: bool = False) -> FailureRecord:
+    """A task that failed, as data: why (``reason``, else its exit told), its log's tail. ``of_run``: the
+    reason is the run's (its whole unit ended under it), so no log of a task that did nothing wrong."""
     return FailureRecord(task=task.task, host=task.host, pid=task.pid, exit_code=code, reason=reason or describe_exit(code or 0),
-                         log_tail=failure_tail(log_path, lines), time=time, attempt=attempt)
+                         log_tail=[] if of_run else failure_tail(log_path, lines), time=time, attempt=attempt, of_run=of_run)
+
+
+def failure_said(failure: FailureRecord) -> str:
+    """The failure in the run's message: the task that failed and why, or only why when that is the run's."""
+    return failure.reason if failure.of_run else f"{failure.task} on {failure.host} failed: {failure.reason}"
 
 
 def group_went_on(group: GroupBackend, plan: LaunchPlan, record: RunRecord, time: float, *,

@@ -32,7 +32,7 @@ from launcher.records.states import RunState, TaskState
 from launcher.records.store import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
 from launcher.supervise.elastic import ElasticOutcome, ElasticPolicy
 from launcher.supervise.preemption import ended_state, preempted_file, preemption_reason, saved_note
-from launcher.supervise.recording import failure_record, group_went_on, progress_mtime
+from launcher.supervise.recording import failure_record, failure_said, group_went_on, progress_mtime
 from launcher.supervise.recording import initial_record as initial_record  # where the launcher has always found it
 from launcher.supervise.restarts import first_training_failure, may_restart
 from launcher.supervise.waker import Waker
@@ -202,7 +202,8 @@ class Supervisor:
             reason = preemption_reason(proc.launch.progress_path, self._preempted_file, self.record.attempt)
         self.record.failures.append(failure_record(
             task, code=code, reason=reason or proc.ended_by, log_path=proc.launch.log_path, lines=self._config.log_tail_lines,
-            time=time or proc.unreachable_since or task.ended or self._wall(), attempt=self.record.attempt))
+            time=time or proc.unreachable_since or task.ended or self._wall(), attempt=self.record.attempt,
+            of_run=proc.unit_ended and not reason))
 
     @staticmethod
     def _learn_where(task: TaskRecord, proc: TaskProcess) -> bool:
@@ -268,7 +269,7 @@ class Supervisor:
                          f"{failure.task} on {failure.host} was {failure.reason}; no preemption restart left "
                          f"(--max-preemptions {self._config.max_preemptions})")
         else:
-            self._finish(RunState.FAILED, 1, f"{failure.task} on {failure.host} failed: {failure.reason}")
+            self._finish(RunState.FAILED, 1, failure_said(failure))
         return False
 
     def _resized(self, outcome: ElasticOutcome) -> bool:

@@ -275,6 +275,8 @@ def restart_counts(record: RunRecord) -> str:
 
 
 def _failure_lines(label: str, failure: FailureRecord) -> list[str]:
+    if failure.of_run:  # the whole unit ended under the tasks: no task to name, no log of one to show
+        return [f"  {label}: {failure.reason}"]
     pid = f" (pid {failure.pid})" if failure.pid is not None else ""  # None: it ended before its pid was known
     said = "last lines of its log:" if failure.log_tail else "its log holds nothing"
     lines = [f"  {label}: {failure.task} on {failure.host}{pid} {failure.reason}; {said}"]

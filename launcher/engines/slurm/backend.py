@@ -130,7 +130,7 @@ class SlurmBackend:
             proc.host, proc.pid = info.node, info.pid
         if outcome is None:
             return None
-        proc.ended_by = outcome.ended_by
+        proc.ended_by, proc.unit_ended = outcome.ended_by, outcome.of_run
         if outcome.failed_node and proc.ended_by:  # when Slurm noticed, and why (asked once per node)
             node = outcome.failed_node
             if node not in self._node_notes:
@@ -150,7 +150,8 @@ class SlurmBackend:
         ended_badly = end is not None or events.exits.get(proc.attempt, 0) != 0
         return training_outcome(rank_of_task(task.type, task.index), proc.attempt, events, job.srun_err(proc.attempt),
                                 end, job.nodes(proc.attempt) if ended_badly else {}, job_id=job.ref.job_id or "?",
-                                stopped=job.stopped, elastic=job.plan.min_tasks is not None)
+                                stopped=job.stopped, elastic=job.plan.min_tasks is not None,
+                                batch_out=job.batch_out() if ended_badly else "")
 
     def alive(self, proc: TaskProcess) -> bool:
         job: SlurmJob = proc.handle

@@ -134,8 +134,13 @@ def stop_job(ref: JobRef, run: Runner, signum: int) -> None:
             pass
 
 
+def batch_lines(ref: JobRef, lines: int = 5) -> list[str]:
+    """The last lines of the batch script's output (its own, and what slurmstepd says there)."""
+    return [ln for ln in tail_lines(ref.files.batch_output(None if ref.allocation else ref.job_id), lines) if ln.strip()]
+
+
 def batch_tail(ref: JobRef) -> str:
-    lines = [ln for ln in tail_lines(ref.files.batch_output(None if ref.allocation else ref.job_id), 5) if ln.strip()]
+    lines = batch_lines(ref)
     return lines[-1].strip() if lines else ""
 
 
@@ -202,6 +207,9 @@ class SlurmJob:
             return Path(self.ref.files.training_err(attempt)).read_text(errors="replace")
         except OSError:
             return ""
+
+    def batch_out(self) -> str:
+        return "\n".join(batch_lines(self.ref, 20))
 
     def nodes(self, attempt: int) -> dict[int, str]:
         """Each training rank's node in ``attempt``, as the tasks' drivers noted it."""

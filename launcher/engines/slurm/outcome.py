@@ -9,7 +9,8 @@ step. With ``--kill-on-bad-exit`` srun then ends the others and reports them too
 cause's tasks get an exit code here. When the whole job ended under the tasks (a node
 failure, the time limit, a cancellation outside tfl, the batch script failing before
 training) the chief takes the failure, or the first task on the failed node, with one line
-that says what happened (``Outcome.ended_by``).
+that says what happened (``Outcome.ended_by``). A cancellation of the whole job (someone's
+``scancel JOB``) is the run's cause, not the chief's (``Outcome.of_run``): the run says it naming no task.
 
 A step whose first failed task exited with ``contract.PREEMPTED_EXIT_CODE`` (170) was
 preempted: every task that exited 170 saved the agreed checkpoint, and each reports 170 with
@@ -33,6 +34,9 @@ from launcher.engines.slurm.node.nodes import NODE_FAILURE, task_of_rank
 # slurmstepd's line in srun's stderr when the step was cancelled: bare, someone's scancel; "DUE TO TIME LIMIT",
 # the time limit; any other "DUE TO …" (preemption, node failure) is told apart elsewhere.
 _CANCELLED = re.compile(r"\*\*\* STEP (\S+) ON \S+ CANCELLED AT (\S+)(?: DUE TO ([A-Z ]+?))? \*\*\*")
+# slurmstepd's line in the batch script's output (batch-<id>.out) when the whole job was cancelled: bare, someone's
+# ``scancel JOB``; the one in srun's stderr above names only the training step, or is not there at all.
+_JOB_CANCELLED = re.compile(r"\*\*\* JOB (\S+) ON \S+ CANCELLED AT (\S+)(?: DUE TO ([A-Z ]+?))? \*\*\*")
 # srun ending the step itself, because one of its tasks failed (--kill-on-bad-exit): its cancel is not someone's.
 _SRUN_ENDED_IT = re.compile(r"^srun: error: \S+: tasks? [\d,-]+: |_step_signal: Terminating StepId=", re.M)
 # srun names a signalled task by strsignal(): "Killed", "Terminated", "Segmentation fault"...
@@ -57,6 +61,7 @@ class Outcome:
     code: int  # as poll() reports it: 0, the exit status, or -signal
     ended_by: str | None = None  # why, when the code does not say
     failed_node: str | None = None  # the node Slurm lost under the task (NODE_FAIL), when named
+    of_run: bool = False  # ``ended_by`` is the run's, not the task's: the whole job was cancelled under every task
 
 
 def failure_code(failure: SrunTaskFailure) -> int:
@@ -94,12 +99,14 @@ def failed_node(srun_err: str) -> str | None:
 
 
 def training_outcome(rank: int, attempt: int, events: StepEvents, srun_err: str, end: JobEnd | None,
-                     nodes: Mapping[int, str], *, job_id: str, stopped: bool = False, elastic: bool = False) -> Outcome | None:
+                     nodes: Mapping[int, str], *, job_id: str, stopped: bool = False, elastic: bool = False,
+                     batch_out: str = "") -> Outcome | None:
     """The training task of ``rank`` in ``attempt``: its outcome, or None while it runs (or
     when srun stopped it because another task failed: see ``training_alive``).
     ``srun_err``: the attempt's srun stderr; ``nodes``: each rank's node, where known;
     ``stopped``: tfl has stopped the job (then a failed step is tfl's doing); ``elastic``: the job
-    was submitted with ``--no-kill`` and goes on without a failed node."""
+    was submitted with ``--no-kill`` and goes on without a failed node; ``batch_out``: the end of the batch
+    script's output, where slurmstepd says that the whole job was cancelled."""
     status = events.exits.get(attempt)
     if status == 0:
         return Outcome(0)
@@ -111,6 +118,9 @@ def training_outcome(rank: int, attempt: int, events: StepEvents, srun_err: str,
     if node is not None or (end is not None and end.state == "NODE_FAIL"):
         victim = next((r for r, n in sorted(nodes.items()) if n == node), 0)
         return Outcome(status or 1, node_failure(job_id, node, ended=not elastic), node) if rank == victim else None
+    whole = job_cancellation(batch_out, end)
+    if whole is not None:  # the run's cause, carried by the chief (srun's "Terminated" or "Killed" are its doing)
+        return Outcome(status or 1, whole, of_run=True) if rank == 0 else None
     cancelled = cancellation(srun_err, end, job_id)
     if cancelled is not None:  # the tasks srun reports "Terminated" were ended by it, not the cause
         return Outcome(status or 1, cancelled) if rank == 0 else None
@@ -124,6 +134,17 @@ def training_outcome(rank: int, attempt: int, events: StepEvents, srun_err: str,
         return Outcome(failure_code(cause)) if rank in cause.ranks else None
     assert end is not None
     return Outcome(end.exit_code or 1, describe_end(end)) if rank == 0 else None
+
+
+def job_cancellation(batch_out: str, end: JobEnd | None) -> str | None:
+    """One line when someone cancelled the whole job outside tfl (``scancel JOB``), else None: slurmstepd's
+    line in the batch script's output (with when), or Slurm's state once the job has ended."""
+    match = _JOB_CANCELLED.search(batch_out)
+    if match is not None and match[3] is None:
+        return f"Slurm job {match[1]} was cancelled outside tfl (scancel at {match[2]})"
+    if end is not None and end.state == "CANCELLED" and not end.by_tfl and not end.allocation:
+        return describe_end(end)
+    return None
 
 
 def cancellation(srun_err: str, end: JobEnd | None, job_id: str) -> str | None:
