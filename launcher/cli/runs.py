@@ -123,8 +123,9 @@ def resume(
     raise typer.Exit(done.exit_code or 0)
 
 
-@app.command(cls=_Command)
+@app.command(cls=_Command, context_settings={"allow_extra_args": True})
 def logs(
+    ctx: typer.Context,
     run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)",
                                      autocompletion=_run_ids),
     task: str | None = typer.Option(None, "--task", "-t", help="only this task, e.g. chief:0"),
@@ -140,6 +141,9 @@ def logs(
     """
     from launcher.runs.stop import logs_of, show_logs
 
+    if ctx.args:  # `tfl logs RUN chief:0`: a task is given with --task, and saying so beats "unexpected extra argument"
+        raise _fail(f"logs takes one RUN, got also {' '.join(ctx.args)}; for one task's log give --task, e.g. "
+                    f"`tfl logs {run or 'RUN'} --task {ctx.args[0] if ':' in ctx.args[0] else 'chief:0'}`")
     store = _store()
     record = _core(lambda: logs_of(store, run))
     try:

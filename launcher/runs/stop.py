@@ -154,6 +154,10 @@ def show_logs(store: RunStore, record: RunRecord, out: TextIO, *, task: str | No
         sleep(interval)
         follower.poll_once()
     follower.stop()
+    if follow and not follower.gone and effective_state(store.load(record.run_id)) == RunState.LOST:
+        # The launcher is gone but its record is not finished: tasks it left may still write their logs.
+        say(f"tfl: run {record.run_id} is lost (its launcher is gone): --follow stops here; tasks it left may still "
+            f"run and write their logs: `tfl status {record.run_id}` shows them, `tfl stop {record.run_id}` ends them")
     for one in tasks:  # a log that is not there shows nothing: say so rather than look like an empty one
         if not os.path.exists(one.log_path):
             say(f"tfl: {one.task} has no log at {one.log_path} (not started yet, or the file was removed)")

@@ -5,16 +5,17 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence, TextIO
+from typing import Any, Callable, Iterable, Sequence, TextIO
 
 from launcher.contract import PREEMPTED_EXIT_CODE, PREEMPTED_PHASE, ModelDirLayout, ProgressRecord
 from launcher.engines.base import NO_ANSWER
 from launcher.plan.launch_plan import LaunchPlan
 from launcher.plan.storage import EXAMPLE, restart_need
-from launcher.records.states import RunState
+from launcher.records.states import RunState, TaskState
 from launcher.records.store import FailureRecord, RunRecord, UnreadableRun
+from launcher.tasks import TaskId
 from launcher.views.diagnosis import known_fix
-from launcher.views.status import PENDING, PREPARING, RunView, TaskView
+from launcher.views.status import PENDING, PREPARING, RunView, TaskView, read_progress
 from launcher.views.tensorboard import model_dir_of
 
 
@@ -89,6 +90,7 @@ def run_detail(view: RunView, bar_width: int = 0, every: bool = False) -> str:
                     f"(run `tfl status {view.run_id}` there)")
     if view.message:
         head.append(f"  {view.message}")
+    head += cut_evaluators(view.state, ((t.task, t.state, t.progress) for t in view.tasks))
     if view.backend_state:
         head.append(f"  {view.backend}: " + ", ".join(f"{key} {value}" for key, value in view.backend_state.items()))
     head += [f"  restart {i}: {reason}" for i, reason in enumerate(view.restart_reasons, 1)]
@@ -206,12 +208,28 @@ def summary(record: RunRecord) -> str:
         failed = [f for f in last if f.exit_code != PREEMPTED_EXIT_CODE] or last  # a preemption before it is not the cause
         lines += _failure_lines("root cause", min(failed or record.failures, key=lambda f: f.time))
     lines += [line for f in record.failures if f.task.startswith("evaluator") for line in _failure_lines("evaluator", f)]
+    lines += cut_evaluators(record.state.value, ((t.task, t.state.value, read_progress(t.progress_path)) for t in record.tasks),
+                            record.config.get("evaluator_timeout"))
     if record.state == RunState.FAILED and record.stopped_because_of_failure:
         lines.append(f"  stopped because of it: {', '.join(record.stopped_because_of_failure)}")
     lines.append(f"  logs: {record.run_dir}/logs   status: tfl status {record.run_id}")
     if record.state in (RunState.STOPPED, RunState.PREEMPTED, RunState.FAILED):
         lines += _resume_hint(record)
     return "\n".join(lines)
+
+
+def cut_evaluators(state: str, tasks: Iterable[tuple[str, str, dict[str, Any] | None]], timeout: object = None) -> list[str]:
+    """A succeeded run's evaluator (``tasks``: name, state, progress) that was not done when training ended:
+    the supervisor stopped it at ``--evaluator-timeout``, so its last evaluation, if any, need not be the
+    final checkpoint's."""
+    if state != RunState.SUCCEEDED.value:
+        return []
+    after = f" {timeout:g} s after training ended" if isinstance(timeout, (int, float)) else " after training ended"
+    return [f"  evaluator: {name} was stopped{after} (--evaluator-timeout), before it was done: "
+            f"{f'its last evaluation {last}' if (last := progress_text(progress)) else 'it evaluated no checkpoint'}; "
+            "a longer --evaluator-timeout lets it evaluate the final checkpoint"
+            for name, task_state, progress in tasks
+            if task_state == TaskState.STOPPED.value and not TaskId.parse(name).is_training]
 
 
 def _resume_hint(record: RunRecord) -> list[str]:

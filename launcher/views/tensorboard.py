@@ -91,14 +91,36 @@ def model_dir_arg(args: list[str]) -> str | None:
 def reach_hint(run_id: str, where: ModelDir, port: int) -> str:
     """How to see a model dir that lies on another host: TensorBoard there, a tunnel here."""
     assert where.ssh is not None and where.host is not None
-    ssh = ["ssh", "-p", str(where.ssh.port), *(["-i", where.ssh.identity_file] if where.ssh.identity_file else []),
-           "-L", f"{port}:{HOST}:{port}", f"{where.ssh.user + '@' if where.ssh.user else ''}{where.host}"]
+    ssh = ["ssh", *ssh_options(where.ssh), "-L", f"{port}:{HOST}:{port}", _login(where.ssh.user, where.host)]
     remote = REMOTE_TMPDIR + shlex.join([where.python, "-m", "tensorboard.main", "--logdir", where.path, "--port", str(port),
                                          "--host", HOST])
     return "\n".join([f"run {run_id}: its model dir {where.path} is on {where.host}, not readable here; start TensorBoard "
                       "there through an SSH tunnel:",
                       f"  {shlex.join(ssh)} {shlex.quote(remote)}",
                       f"then open http://{HOST}:{port}/"])
+
+
+def ssh_options(target: SSHTarget) -> list[str]:
+    """ssh's options that reach ``target`` the way tfl did: its port and key, the cluster file's known_hosts
+    and ssh config, and its bastion (``ssh.jump``, logged into with the same key and known_hosts, as tfl
+    does: a ProxyCommand, since ``ssh -J`` would not pass them on). A ProxyJump of the ssh config is ssh's own."""
+    options = ["-p", str(target.port), *(["-i", target.identity_file] if target.identity_file else [])]
+    options += ["-o", f"UserKnownHostsFile={target.known_hosts_file}"] if target.known_hosts else []
+    options += ["-F", target.config] if target.config else []
+    if target.jump == "none":
+        return [*options, "-o", "ProxyJump=none"]
+    if target.jump:
+        from launcher.describe.fields import split_jump  # pydantic's: `tfl status` imports this module
+
+        user, host, jump_port = split_jump(target.jump)
+        bastion = ["ssh", *options[2:], "-o", "ProxyJump=none", *(["-p", str(jump_port)] if jump_port else []),
+                   "-W", "%h:%p", _login(user or target.user, host)]
+        options += ["-o", f"ProxyCommand={shlex.join(bastion)}"]
+    return options
+
+
+def _login(user: str | None, host: str) -> str:
+    return f"{user + '@' if user else ''}{host}"
 
 
 def free_port(wanted: int | None) -> int:
