@@ -93,3 +93,24 @@ def test_nfts_own_error_line_is_the_one_reported(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(agent.Refused) as caught:
         agent.nft("table inet t\n")
     assert caught.value.why == "nft failed: Error: Could not process rule: Operation not permitted"
+
+
+@pytest.mark.parametrize("family", [socket.AF_INET, socket.AF_INET6])
+def test_a_port_is_listened_on_while_a_server_holds_it_and_not_after(family: socket.AddressFamily) -> None:
+    """What a holder that lost its launcher waits on before it removes the table (``wait_unserved``)."""
+    if family == socket.AF_INET6 and not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    server = socket.socket(family)
+    server.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+    port = server.getsockname()[1]
+    connected = socket.socket(family)
+    connected.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))  # bound, not listening: no server
+    other = connected.getsockname()[1]
+    try:
+        server.listen()
+        assert agent.listened([port, other]) == {port}
+    finally:
+        server.close()
+        connected.close()
+    assert agent.listened([port, other]) == set()
+    agent.wait_unserved([port], linger=60)  # returns at once: nothing to wait for

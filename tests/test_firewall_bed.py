@@ -128,6 +128,39 @@ def test_only_the_runs_hosts_reach_its_task_ports_and_no_table_outlives_the_run(
     wait_for(lambda: _agents(netbed) == [], timeout=FENCE + 20)
 
 
+# As the job kit does on SIGTERM (the notice: agree on a step, save), the task keeps serving on its port.
+TAKES_ITS_GRACE = LISTENS.replace("    import json, os, socket, sys\n",
+                                  "    import json, os, signal, socket, sys\n    signal.signal(signal.SIGTERM, lambda *_: None)\n")
+
+
+def test_a_lost_launchers_tasks_stay_fenced_for_as_long_as_they_serve(
+        netbed: NetBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    """The agents that lose the launcher give its tasks their grace (SIGTERM, 30 s, SIGKILL): all that
+    while a task's port still answers, and so must stay out of reach of the hosts outside the run."""
+    h1, h2, h3 = netbed.addresses
+    cluster, ports = fenced_cluster(tmp_path, netbed)
+    launcher = start(write_job(tmp_path / "src", TAKES_ITS_GRACE), cluster, child_env)
+    try:
+        pids = tasks_up(tfl_home, 2, launcher)
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(10)
+        looks = 0
+        while True:
+            tables = run_tables(netbed)  # first the tables, then the tasks: a table gone before they are is seen
+            if not any(pid_alive(p) for p in pids.values()):
+                break
+            assert tables[h1] and tables[h2], f"a task still serves, its table is gone: {tables}"
+            assert not reaches(netbed, h3, h1, ports["chief:0"]), "a host outside the run reached a live task"
+            looks += 1
+        assert looks >= 1  # the tasks outlived the launcher (their grace): the window was looked at
+        wait_for(lambda: no_tables(netbed), timeout=FENCE + 20)  # and the tables go once the tasks have
+    finally:
+        launcher.kill()
+        launcher.wait(10)
+    assert tfl_processes(run_id=only_run(tfl_home)) == []
+    wait_for(lambda: _agents(netbed) == [], timeout=FENCE + 20)
+
+
 def test_a_host_without_nft_refuses_the_launch_in_one_line_naming_it(
         netbed: NetBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
     h1, h2, _ = netbed.addresses

@@ -29,6 +29,7 @@ from launcher.engines.ssh.failures import SSHError
 from launcher.engines.ssh.pool import HEARTBEAT_TIMEOUT
 from launcher.engines.ssh.wire import agent_command, agent_input, agent_request, converse
 from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+from launcher.plan.run_options import DEFAULT_GRACE_S
 from launcher.records.store import RunRecord
 
 if TYPE_CHECKING:
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
     from launcher.engines.ssh.pool import HostPool
 
 PING_EVERY = 2.0  # the holder's fence is the host's ``fence_after`` (5 s at least)
+# How long a holder that lost us keeps the table while a task port is still served there: the tasks'
+# fence gives them the grace (``backend.KILL_GRACE``) before SIGKILL, and a kill its wait.
+LINGER = DEFAULT_GRACE_S + 30.0
 TABLE_PREFIX = "tfl_"
 
 
@@ -92,7 +96,7 @@ class Firewalls:
                 return None
             target, python = tasks[0].ssh, tasks[0].python
             request = {"mode": "fence", "table": table_name(tasks[0].env[RUN_ID]), "ports": [t.port for t in tasks],
-                       "heartbeat_timeout": target.fence_after}
+                       "heartbeat_timeout": target.fence_after, "linger": LINGER}
             request["ipv4"], request["ipv6"] = self._run_addresses(plan)
             chan = self._pool.channel(target, agent_command(python), HEARTBEAT_TIMEOUT)
             chan.sendall(agent_input(None))

@@ -10,7 +10,10 @@ else through ``sudo -n``.
   pings on stdin); remove it when asked (``{"remove": 1}``), when stdin ends or sshd hangs up
   (the launcher is gone), or after ``heartbeat_timeout`` s of silence: the agent's fence,
   like a task's. Its input chain carries a name of its own (``input_<random>``), so a holder
-  that notices late never removes the table a newer one installed (``release``);
+  that notices late never removes the table a newer one installed (``release``). Having lost the
+  launcher it removes the table only once no task port is listened on here any more (or after
+  the request's ``linger`` s): the tasks' own fence gives them their grace (SIGTERM, then SIGKILL
+  up to 30 s later), and a task saving on that notice still serves on its port all that while;
 - ``drop``: remove the table (``tfl stop``, ``tfl rm``); a table already gone is fine.
 
 ``TFL_TEST_NFT`` (tests only) names the nft program to run instead of the one found here.
@@ -28,6 +31,8 @@ import time
 from typing import Any, Callable
 
 SBIN = ("/usr/sbin/nft", "/sbin/nft")  # an ordinary user's PATH often lacks sbin
+LISTEN = "0A"  # a listening socket's state in /proc/net/tcp and tcp6
+LINGER = 60.0  # at most this long a lost launcher's table waits for its ports to close (the request's ``linger``)
 
 
 class Refused(Exception):
@@ -140,6 +145,7 @@ def hold(request: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> i
         if any(_asks_removal(line) for line in lines):
             asked = True
             break
+    wait_unserved(request["ports"], float(request.get("linger", LINGER)))
     done = release(request["table"], chain)
     if asked:
         answer(done)
@@ -152,3 +158,27 @@ def _asks_removal(line: bytes) -> bool:
     except ValueError:
         return False
 
+
+
+def listened(ports: list[int]) -> set[int]:
+    """Those of ``ports`` a socket listens on in this host's network namespace (none where there is no /proc)."""
+    wanted, found = set(ports), set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()  # sl local_address rem_address st ...; an address is HEX:PORT in hex
+            if len(fields) > 3 and fields[3] == LISTEN and int(fields[1].rsplit(":", 1)[1], 16) in wanted:
+                found.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return found
+
+
+def wait_unserved(ports: list[int], linger: float) -> None:
+    """Until nothing listens on the task ports here, ``linger`` s at most: a task that outlives its
+    launcher (its grace, a kill's wait) keeps the table, and a run that ended finds none at once."""
+    deadline = time.monotonic() + linger
+    while listened(ports) and time.monotonic() < deadline:
+        time.sleep(0.2)
