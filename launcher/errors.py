@@ -26,6 +26,21 @@ class LaunchError(TflError):
     """A task could not be started (port busy, python missing, host unreachable)."""
 
 
+class NoPrivateNetwork(LaunchError):
+    """A run that must be private (``--network private``, or a resumed private run) where this machine
+    cannot make a network namespace: ``reason``, and the ``fix`` that would let it."""
+
+    def __init__(self, reason: str, fix: str) -> None:
+        super().__init__(f"--network private: this machine cannot make a network namespace ({reason}); {fix}, "
+                         "or run with --network host")
+        self.reason, self.fix = reason, fix
+
+    def resuming(self, run_id: str) -> LaunchError:
+        """The refusal as ``tfl resume`` says it: it has no ``--network``, and the launch may have been ``auto``."""
+        return LaunchError(f"run {run_id} ran in a network namespace of its own, and this machine cannot make one now "
+                           f"({self.reason}); {self.fix} to resume it: a resumed run keeps its network (docs/security.md)")
+
+
 class RunNotFoundError(TflError):
     """``tfl status/logs/stop RUN`` named a run the store does not have."""
 

@@ -376,3 +376,21 @@ def test_a_port_held_on_this_machine_does_not_refuse_a_private_run(tmp_path: Pat
     assert private.returncode == 0, private.stderr
     assert f"bound {port}" in private.stdout
     assert host.returncode == 2 and f"port {port} of chief:0 is in use" in host.stderr, host.stderr
+
+
+def test_a_private_run_resumed_where_no_namespace_can_be_made_is_refused_naming_the_run(tmp_path: Path,
+                                                                                       child_env: dict[str, str]) -> None:
+    """The refusal said `--network private: …, or run with --network host`: an option the user never gave
+    (the launch was `auto`) and one `tfl resume` does not have."""
+    (tmp_path / "job.py").write_text("import sys\nsys.exit(3)\n")
+    failed = _tfl(["launch", str(tmp_path / "job.py"), "--local", "2"], child_env)
+    assert failed.returncode != 0
+    (run,) = (Path(child_env["TFL_HOME"]) / "runs").iterdir()
+    assert json.loads(_tfl(["status", run.name, "--json"], child_env).stdout)["network"] == "private"
+    resumed = _tfl(["resume", run.name], {**child_env, DENY: "1"})
+    assert resumed.returncode == 2
+    assert resumed.stderr == (f"tfl: error: run {run.name} ran in a network namespace of its own, and this machine cannot make "
+                              "one now (unshare: Operation not permitted); allow user namespaces (sysctl "
+                              "user.max_user_namespaces) to resume it: a resumed run keeps its network "
+                              "(docs/security.md)\n"), resumed.stderr
+    assert json.loads((run / "state.json").read_text())["attempt"] == 0  # no attempt started

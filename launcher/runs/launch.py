@@ -22,7 +22,7 @@ from launcher.describe.hosts import RemoteOptions
 from launcher.engines import registry
 from launcher.engines.base import Backend
 from launcher.engines.preflight import raise_failures
-from launcher.errors import ERROR_PREFIX, InterruptedLaunchError, LaunchError, UsageError
+from launcher.errors import ERROR_PREFIX, InterruptedLaunchError, LaunchError, NoPrivateNetwork, UsageError
 from launcher.files import open_private, write_atomic
 from launcher.plan.build import build_plan, job_name
 from launcher.plan.launch_plan import LaunchPlan
@@ -162,7 +162,10 @@ def resume(run_id: str, store: RunStore, config: SupervisorConfig, address: str 
     record = store.load(run_id)
     check_resumable(record, job=True)  # before the hosts are reached: a live run's ports would only confuse
     move_to(record, address)
-    prepared = prepare(recorded_plan(record))
+    try:
+        prepared = prepare(recorded_plan(record))
+    except NoPrivateNetwork as exc:
+        raise exc.resuming(run_id) from None
     try:
         return prepared, claim(store, run_id, config, address)
     except BaseException:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from launcher.errors import LaunchError
+from launcher.errors import LaunchError, NoPrivateNetwork
 
 if TYPE_CHECKING:
     from launcher.plan.launch_plan import LaunchPlan
@@ -94,8 +94,7 @@ def resolve_network(plan: LaunchPlan, say: Callable[[str], None]) -> tuple[Launc
         network = make_private_network()
     except NetnsUnavailable as exc:
         if plan.network == "private":
-            raise NetnsUnavailable(f"--network private: this machine cannot make a network namespace ({exc}); "
-                                   f"{exc.fix}, or run with --network host", exc.fix) from None
+            raise NoPrivateNetwork(str(exc), exc.fix) from None
         say(f"tfl: warning: no private network for this run ({exc}; {exc.fix}): its task ports are open to this machine's "
             f"networks, as with --network host (docs/security.md)")
         return dataclasses.replace(plan, network="host"), None
