@@ -65,3 +65,17 @@ def test_doctor_warns_about_a_public_host() -> None:
     assert [c.status for c in public] == ["warn"] and "public address 8.8.8.8" in public[0].detail
     private = judge(HostTasks("10.0.0.2", "/py", None, None, [("chief:0", 2222)]), facts, quick=True)
     assert not [c for c in private if c.name == "network"]
+
+
+def test_a_public_host_whose_ports_the_runs_firewall_fences_is_not_warned_about() -> None:
+    """With ``"ssh": {"firewall": true}`` the warning asked for what the file already does (its fix: "firewall
+    the ports (\\"ssh\\": {\\"firewall\\": true})"); only the hosts left open are named."""
+    plan = _plan("8.8.8.8", "9.9.9.9", ssh=True)
+    assert plan.tasks[0].ssh is not None
+    fenced = dataclasses.replace(plan.tasks[0], ssh=dataclasses.replace(plan.tasks[0].ssh, firewall=True))
+    warnings = public_warnings(dataclasses.replace(plan, tasks=(fenced, plan.tasks[1])))
+    assert len(warnings) == 1 and warnings[0].startswith("worker:0 listens on public address 9.9.9.9"), warnings
+    facts = {"python": "3.11.7", "executable": "/py", "ports": {"2222": None}}
+    target = SSHTarget(host="8.8.8.8", port=22, user="u", firewall=True)
+    checks = judge(HostTasks("8.8.8.8", "/py", None, target, [("chief:0", 2222)]), facts, quick=True)
+    assert not [c for c in checks if c.name == "network"], checks

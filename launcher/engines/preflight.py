@@ -142,7 +142,7 @@ def judge(h: HostTasks, facts: dict[str, Any], *, quick: bool = False) -> list[C
                                                      "the names in cluster (TF_CONFIG), and would wait for them forever; "
                                                      f"write those hosts' addresses in cluster, or make {h.host}'s DNS or "
                                                      "/etc/hosts know them"))
-    if public_address(h.host) and h.ports:
+    if public_address(h.host) and h.ports and not (h.target is not None and h.target.firewall):  # fenced: its fix
         checks.append(Check(h.host, "network", "warn", public_warning(h.host, [task for task, _ in h.ports])))
     if "kit" in facts:
         checks.append(_kit(h, facts["kit"]))

@@ -62,9 +62,11 @@ def public_warning(host: str, tasks: list[str]) -> str:
 
 
 def public_warnings(plan: LaunchPlan) -> list[str]:
-    """One line per host of the plan whose task address is public (``public_address``)."""
+    """One line per host of the plan whose task address is public (``public_address``) and whose
+    ports the run's firewall does not fence (``ssh.firewall``: the warning's own fix, applied)."""
     hosts: dict[str, list[str]] = {}
     for t in plan.tasks:
-        if t.task.is_training and public_address(t.host):  # the evaluator starts no server
+        fenced = t.ssh is not None and t.ssh.firewall
+        if t.task.is_training and public_address(t.host) and not fenced:  # the evaluator starts no server
             hosts.setdefault(t.host, []).append(t.name)
     return [public_warning(host, tasks) for host, tasks in hosts.items()]
