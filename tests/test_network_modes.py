@@ -79,3 +79,22 @@ def test_a_public_host_whose_ports_the_runs_firewall_fences_is_not_warned_about(
     target = SSHTarget(host="8.8.8.8", port=22, user="u", firewall=True)
     checks = judge(HostTasks("8.8.8.8", "/py", None, target, [("chief:0", 2222)]), facts, quick=True)
     assert not [c for c in checks if c.name == "network"], checks
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unit:
+    kind: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {}
+
+
+@pytest.mark.parametrize("kind", ["slurm", "ray"])
+def test_network_private_on_an_engine_unit_names_that_engine_not_the_ssh_firewall(kind: str) -> None:
+    """A Slurm or Ray run was told to set ``"ssh": {"firewall": true}``: a field its description does not have."""
+    plan = dataclasses.replace(_plan("node1", "node2"), unit=_Unit(kind))
+    with pytest.raises(UsageError) as refused:
+        choose_network(plan, "private")
+    assert "ssh" not in str(refused.value) and f"a {kind.capitalize()} run's tasks" in str(refused.value), refused.value
+    assert "leave --network out" in str(refused.value) and "docs/security.md" in str(refused.value)
+    assert choose_network(plan, "auto").network == "host"

@@ -35,6 +35,10 @@ def choose_network(plan: LaunchPlan, requested: str) -> LaunchPlan:
         raise UsageError(f"--network {requested}: choose auto, private or host")
     if all_here(plan):
         return dataclasses.replace(plan, network=requested)
+    if requested == "private" and plan.unit is not None:  # Slurm, Ray: the nodes' network, no ssh block
+        raise UsageError(f"--network private needs every task on this machine (--local N, or hosts named localhost); "
+                         f"a {plan.unit.kind.capitalize()} run's tasks use its nodes' network: leave --network out, and "
+                         f"keep that network private (docs/security.md, \"Runs on other machines\")")
     if requested == "private":
         raise UsageError("--network private needs every task on this machine (--local N, or hosts named localhost); "
                          "for SSH hosts set \"ssh\": {\"firewall\": true} in the cluster file (docs/security.md)")
