@@ -98,3 +98,28 @@ def test_network_private_on_an_engine_unit_names_that_engine_not_the_ssh_firewal
     assert "ssh" not in str(refused.value) and f"a {kind.capitalize()} run's tasks" in str(refused.value), refused.value
     assert "leave --network out" in str(refused.value) and "docs/security.md" in str(refused.value)
     assert choose_network(plan, "auto").network == "host"
+
+
+@pytest.mark.parametrize("backend, fenced, says", [
+    ("local", False, "host (the task ports are open to this machine's networks; docs/security.md)"),
+    ("ssh", False, "host (the task ports are open to the networks of the hosts they run on; docs/security.md)"),
+    ("ssh", True, "host, fenced (the task ports admit only the run's hosts: ssh.firewall; docs/security.md)"),
+])
+def test_status_says_who_reaches_the_ports_of_a_run_on_other_hosts(backend: str, fenced: bool, says: str) -> None:
+    """`tfl status` of every SSH run said its ports were open to *this machine's* networks: untrue of ports on
+    other hosts, and of ports the run's firewall fences."""
+    from launcher.records.states import RunState
+    from launcher.supervise.recording import initial_record
+    from launcher.views.report import run_detail
+    from launcher.views.status import run_view
+
+    plan = _plan("10.0.0.2", "10.0.0.3", ssh=backend == "ssh")
+    if fenced:
+        plan = dataclasses.replace(plan, tasks=tuple(dataclasses.replace(t, ssh=dataclasses.replace(t.ssh, firewall=True))
+                                                     for t in plan.tasks if t.ssh is not None))
+    record = initial_record(choose_network(plan, "auto" if plan.tasks[0].ssh else "host"), created=0.0, max_restarts=0,
+                            backend=backend)
+    record.state = RunState.SUCCEEDED
+    view = run_view(record)
+    assert view.network == "host"  # what --json gives: the mode
+    assert f"  network: {says}\n" in run_detail(view) + "\n", run_detail(view)

@@ -84,7 +84,7 @@ def run_detail(view: RunView, bar_width: int = 0, every: bool = False) -> str:
     head = [f"run {view.run_id}  {view.state}  ({view.alive}/{view.total} tasks alive, "
             f"{duration(view.duration_s)}, {view.restarts} restart(s)"
             f"{f', {view.preemptions} after a preemption' if view.preemptions else ''})"]
-    head.append(f"  network: {NETWORK_TEXT.get(view.network, view.network)}")
+    head.append(f"  network: {network_text(view)}")
     if view.elsewhere:
         head.append(f"  its launcher runs on host {view.elsewhere}: this machine cannot see its processes "
                     f"(run `tfl status {view.run_id}` there)")
@@ -140,6 +140,15 @@ def _done(progress: dict[str, Any] | None) -> tuple[float, int]:
 
 NETWORK_TEXT = {"private": "private (the tasks' own network namespace: their ports are reachable only by each other)",
                 "host": "host (the task ports are open to this machine's networks; docs/security.md)"}
+
+
+def network_text(view: RunView) -> str:
+    """Who reaches the task ports: ``host`` means this machine's networks only for a local run."""
+    if view.network == "host" and view.fenced:
+        return "host, fenced (the task ports admit only the run's hosts: ssh.firewall; docs/security.md)"
+    if view.network == "host" and view.backend != "local":
+        return "host (the task ports are open to the networks of the hosts they run on; docs/security.md)"
+    return NETWORK_TEXT.get(view.network, view.network)
 
 
 LIVE_STATES = {PREPARING, RunState.STARTING.value, PENDING, RunState.RUNNING.value, RunState.RESTARTING.value}

@@ -60,6 +60,7 @@ class RunView:
     lost_hosts: dict[str, str] = field(default_factory=dict)
     resizes: list[dict[str, Any]] = field(default_factory=list)
     network: str = "host"  # who can reach the task ports: private (a namespace of the run's own) | host
+    fenced: bool = False  # every training task's host admits only the run's hosts to its task ports (ssh.firewall)
     launcher_pid: int | None = None
     from_launcher: bool = False  # the tasks as the live launcher knows them: their hosts were not asked
     silent_hosts: list[str] = field(default_factory=list)  # hosts asked that did not answer in time
@@ -139,10 +140,15 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
         training_tasks=sum(TaskId.parse(t.task).is_training and t.host not in record.lost_hosts for t in record.tasks),
         full_training_tasks=sum(TaskId.parse(t["task"]).is_training for t in record.plan.get("tasks", [])),
         lost_hosts=dict(record.lost_hosts), resizes=[asdict(r) for r in record.resizes],
-        network=str(record.plan.get("network", "host")),
+        network=str(record.plan.get("network", "host")), fenced=_fenced(record.plan),
         launcher_pid=record.launcher_pid, from_launcher=any(t.source == "launcher" for t in live.values()),
         silent_hosts=sorted({t.host for t in tasks if t.state == NO_ANSWER}),
     )
+
+
+def _fenced(plan: dict[str, Any]) -> bool:
+    training = [t for t in plan.get("tasks", []) if TaskId.parse(t["task"]).is_training]
+    return bool(training) and all((t.get("ssh") or {}).get("firewall") for t in training)
 
 
 PENDING = "pending"  # a run whose tasks all wait in their engine's queue (a Slurm job PENDING); never recorded
