@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -13,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
+from launcher.records.identity import ProcessIdentity
 from launcher.records.index import active_ids
 from launcher.records.states import RunState
 from launcher.records.store import RunRecord, RunStore, TaskRecord
@@ -114,3 +116,26 @@ def test_ctrl_c_ends_a_logs_follow_as_it_ends_a_status_watch(store: RunStore, mo
     followed = runner.invoke(app, ["logs", "running-one", "--follow"])
     watched = runner.invoke(app, ["status", "--watch"])
     assert (followed.exit_code, watched.exit_code) == (0, 0), followed.output
+
+
+def test_a_run_that_ends_while_status_looks_at_it_is_not_lost(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher saves the run's end, then exits. `tfl status` read the record before the one and looked
+    for the launcher after the other (`tfl status RUN` samples cpu % and asks the hosts in between): the
+    run that had just succeeded was shown "lost"."""
+    real_alive = ProcessIdentity.alive
+
+    def ends_meanwhile(identity: ProcessIdentity) -> bool:
+        record = store.load("running-one")
+        if identity.pid == record.launcher_pid and not record.state.is_terminal:
+            record.state, record.ended, record.exit_code = RunState.SUCCEEDED, time.time(), 0
+            store.save(record)  # the launcher's last save; it has exited since
+            return False
+        return real_alive(identity)
+
+    monkeypatch.setattr(ProcessIdentity, "alive", ends_meanwhile)
+    one = runner.invoke(app, ["status", "running-one", "--json"])
+    assert one.exit_code == 0, one.output
+    assert json.loads(one.stdout)["state"] == "succeeded"
+    store.reopen(dataclasses.replace(store.load("running-one"), state=RunState.RUNNING, ended=None, exit_code=None))
+    rows = {line.split()[0]: line.split()[2] for line in runner.invoke(app, ["status"]).stdout.splitlines()[1:-1]}
+    assert rows["running-one"] == "succeeded" and rows["lost-one"] == "lost"  # a launcher gone for good: still lost
