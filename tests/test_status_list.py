@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from launcher.cli import app
 from launcher.records.identity import ProcessIdentity
 from launcher.records.index import active_ids
+from launcher.records.preparing import Preparing, note_preparing
 from launcher.records.states import RunState
 from launcher.records.store import RunRecord, RunStore, TaskRecord
 
@@ -139,3 +140,16 @@ def test_a_run_that_ends_while_status_looks_at_it_is_not_lost(store: RunStore, m
     store.reopen(dataclasses.replace(store.load("running-one"), state=RunState.RUNNING, ended=None, exit_code=None))
     rows = {line.split()[0]: line.split()[2] for line in runner.invoke(app, ["status"]).stdout.splitlines()[1:-1]}
     assert rows["running-one"] == "succeeded" and rows["lost-one"] == "lost"  # a launcher gone for good: still lost
+
+
+def test_a_launch_being_prepared_is_not_counted_again_as_an_older_run(tfl_home: Path) -> None:
+    """Its run dir holds a note and no record: it was listed, and counted among the runs left out too
+    ("… and 1 older run(s): `tfl status --all` lists every run", which then listed the same one)."""
+    store = RunStore(tfl_home)
+    run_dir = store.run_dir("p")
+    store.reserve(run_dir)
+    note_preparing(tfl_home, Preparing("p", str(run_dir), "j.py", time.time(), ProcessIdentity.of(os.getpid()),
+                                       tasks=[("chief:0", "localhost")]))
+    result = runner.invoke(app, ["status"])
+    assert result.exit_code == 0, result.output
+    assert [line.split()[:3] for line in result.stdout.splitlines()[1:]] == [["p", "j.py", "preparing"]], result.stdout

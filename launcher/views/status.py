@@ -77,7 +77,9 @@ def run_list(store: RunStore, *, every: bool = False) -> tuple[list[RunView], li
     many it left out: the active runs and the ``RECENT`` latest (reading only their records),
     or ``every`` run."""
     records, unreadable, hidden = (*store.scan(), 0) if every else store.recent(RECENT)
-    return [run_view(r) for r in records] + [preparing_view(p) for p in preparing_runs(store.home)], unreadable, hidden
+    preparing = [preparing_view(p) for p in preparing_runs(store.home)]
+    # A launch being prepared has a run dir and no record: counted among the dirs not read, yet listed here.
+    return [run_view(r) for r in records] + preparing, unreadable, max(0, hidden - len(preparing))
 
 
 def one_view(store: RunStore, ref: str | None) -> RunView:
