@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -16,9 +17,9 @@ from typer.testing import CliRunner
 from launcher.cli import app
 from launcher.records.identity import ProcessIdentity
 from launcher.records.index import active_ids
-from launcher.records.preparing import Preparing, note_preparing
+from launcher.records.preparing import Preparing, forget_preparing, note_preparing
 from launcher.records.states import RunState
-from launcher.records.store import RunRecord, RunStore, TaskRecord
+from launcher.records.store import STATE_FILE, RunRecord, RunStore, TaskRecord
 
 runner = CliRunner()
 
@@ -153,3 +154,32 @@ def test_a_launch_being_prepared_is_not_counted_again_as_an_older_run(tfl_home: 
     result = runner.invoke(app, ["status"])
     assert result.exit_code == 0, result.output
     assert [line.split()[:3] for line in result.stdout.splitlines()[1:]] == [["p", "j.py", "preparing"]], result.stdout
+
+
+def test_a_launch_recorded_while_status_reads_the_store_is_listed(tfl_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A detached launch keeps its note (records.preparing) until its record exists. `tfl status` read the
+    records, then the notes: a launch recorded between the two reads was in neither, missing from the list."""
+    store = RunStore(tfl_home)
+    run_dir = store.run_dir("p")
+    store.reserve(run_dir)
+    me = ProcessIdentity.of(os.getpid())  # its background launcher, alive
+    note_preparing(tfl_home, Preparing("p", str(run_dir), "j.py", time.time(), me, tasks=[("chief:0", "localhost")]))
+    real_recent = RunStore.recent
+
+    def recorded_right_after(self: RunStore, count: int) -> Any:
+        found = real_recent(self, count)
+        if not (run_dir / STATE_FILE).exists():  # the launcher records the run, as it does once its hosts are ready
+            store.create(RunRecord(run_id="p", job="j.py", job_args=[], run_dir=str(run_dir), created=time.time(),
+                                   state=RunState.RUNNING, launcher_pid=me.pid, launcher_create_time=me.create_time,
+                                   launcher_start_ticks=me.start_ticks,
+                                   tasks=[TaskRecord(task="chief:0", host="localhost", backend="local", log_path="l",
+                                                     progress_path="p")]), reserved=True)
+            forget_preparing(str(run_dir))
+        return found
+
+    monkeypatch.setattr(RunStore, "recent", recorded_right_after)
+    result = runner.invoke(app, ["status"])
+    assert result.exit_code == 0, result.output
+    assert [line.split()[:3] for line in result.stdout.splitlines()[1:]] == [["p", "j.py", "preparing"]], result.stdout
+    again = runner.invoke(app, ["status"])  # the next look: its record, once
+    assert [line.split()[:3] for line in again.stdout.splitlines()[1:]] == [["p", "j.py", "running"]], again.stdout

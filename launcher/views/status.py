@@ -76,8 +76,12 @@ def run_list(store: RunStore, *, every: bool = False) -> tuple[list[RunView], li
     """The runs ``tfl status`` lists, oldest first, the unreadable ones among them, and how
     many it left out: the active runs and the ``RECENT`` latest (reading only their records),
     or ``every`` run."""
+    # The launches being prepared before the records: one recorded between the two reads is then among the
+    # records, where read after them it was in neither (its note gone, its record not read) and not listed.
+    notes = preparing_runs(store.home)
     records, unreadable, hidden = (*store.scan(), 0) if every else store.recent(RECENT)
-    preparing = [preparing_view(p) for p in preparing_runs(store.home)]
+    recorded = {r.run_id for r in records} | {u.run_id for u in unreadable}
+    preparing = [preparing_view(p) for p in notes if p.run_id not in recorded]
     # A launch being prepared has a run dir and no record: counted among the dirs not read, yet listed here.
     return [run_view(r) for r in records] + preparing, unreadable, max(0, hidden - len(preparing))
 
