@@ -8,7 +8,9 @@ pods' DNS names are swapped for loopback ports.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -311,3 +313,46 @@ def test_what_kubernetes_does_with_each_pod_s_end(shim: Path, tmp_path: Path, ro
         verdict = pod_failure_verdict(job, shim_exit(shim, role == "evaluator", how))
     assert verdict == expected
 
+
+
+# The shim imported as it runs in a pod, its Popen made to bring the pod's SIGTERM while the job is being
+# started: after the job exists, before the Popen call has returned. The job's pid goes to argv[2] first.
+TOLD_WHILE_STARTING = """
+import importlib.util, os, signal, subprocess, sys
+spec = importlib.util.spec_from_file_location("entry", sys.argv[1])
+entry = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(entry)
+
+class TermedWhileStarting(subprocess.Popen):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        with open(sys.argv[2] + ".tmp", "w") as f:
+            f.write(str(self.pid))
+        os.replace(sys.argv[2] + ".tmp", sys.argv[2])
+        os.kill(os.getpid(), signal.SIGTERM)
+
+entry.subprocess.Popen = TermedWhileStarting
+sys.exit(entry.main(["--sidecar", "--", sys.executable, "-c", "import time; time.sleep(300)"]))
+"""
+
+
+def test_a_sidecar_told_to_go_while_its_job_starts_passes_it_on(shim: Path, tmp_path: Path) -> None:
+    """The sidecar set its handlers once its job had started: a SIGTERM in between ended the shim
+    at once (as a container's PID 1, the kernel dropped it), and the job ran on, never told."""
+    script, pid_file, err_file = tmp_path / "told_while_starting.py", tmp_path / "job.pid", tmp_path / "err"
+    script.write_text(TOLD_WHILE_STARTING)
+    env = {"PATH": "/usr/bin:/bin", "TFL_K8S_ROLE": "worker", "JOB_COMPLETION_INDEX": "0"}  # the table has no evaluator
+    with open(err_file, "w") as err:  # no pipe: a job left running would hold it open
+        proc = subprocess.Popen([sys.executable, str(script), str(shim), str(pid_file)], env=env, stdout=err, stderr=err,
+                                start_new_session=True)
+    try:
+        code = proc.wait(timeout=120)
+        job_pid = int(pid_file.read_text())
+        left = psutil.pid_exists(job_pid) and psutil.Process(job_pid).status() != psutil.STATUS_ZOMBIE
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the job, where the shim left it running
+    said = err_file.read_text()
+    assert code == 128 + signal.SIGTERM, said
+    assert "worker:0 was told to stop (SIGTERM); it exited with -15, and the pod leaves with 143" in said
+    assert not left

@@ -18,8 +18,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from typer.testing import CliRunner
 
+from launcher.cli import app
 from launcher.contract import TEARDOWN_SIGNAL
+from launcher.runs import launch
 from tests.procs import tfl_processes
 
 JOBS = {
@@ -190,6 +193,27 @@ def test_detach_logs_follow_and_stop(jobs: dict[str, str], child_env: dict[str, 
     assert "[chief:0]  ready chief:0" in out and "[worker:0] ready worker:0" in out
     only = tfl(["logs", run, "--task", "worker:0"], child_env).stdout
     assert only.strip() == "[worker:0] ready worker:0"
+
+
+class Descheduled(subprocess.Popen[bytes]):
+    """`tfl launch --detach` descheduled between its look for the record and its question whether its
+    background launcher exited: the launcher has recorded the run, run it and exited meanwhile."""
+
+    def poll(self) -> int | None:
+        self.wait()
+        return super().poll()
+
+
+def test_a_detached_run_that_ends_before_the_launch_looks_is_launched(jobs: dict[str, str], tfl_home: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short job under a loaded machine: the record appears and the launcher exits within one of the
+    waiting launch's looks. That was "the detached launcher exited with code 0", exit 2, for a run that succeeded."""
+    monkeypatch.setattr(launch.subprocess, "Popen", Descheduled)
+    result = CliRunner().invoke(app, ["launch", jobs["ok"], "--local", "1", "--detach"])
+    assert result.exit_code == 0, result.output
+    run = result.output.splitlines()[0]
+    assert run == latest_run(tfl_home)
+    assert json.loads((tfl_home / "runs" / run / "state.json").read_text())["state"] == "succeeded"
 
 
 def test_restart_resumes_and_is_recorded(jobs: dict[str, str], child_env: dict[str, str], tfl_home: Path) -> None:

@@ -132,3 +132,25 @@ def test_cleanup_removes_our_dirs_and_leaves_a_symlinks_target_and_a_model_dir(t
     assert done == {"removed": [str(run / "kit"), str(run / "code")]}
     assert sorted(p.name for p in run.iterdir()) == ["model", "progress"] and target.is_dir()
     assert (run / "model" / "checkpoints" / "ckpt-1.index").exists() and not (tmp_path / "empty").exists()
+
+
+def test_a_progress_record_written_within_the_same_tick_as_the_last_is_forwarded_too(tmp_path: Path) -> None:
+    """The kit replaces its progress file whole; the kernel's file clock ticks every few ms, so a task's
+    last record ("done", "preempted") written right after its last step's can carry the same mtime. Told
+    by its mtime alone, it was never forwarded: the launcher kept the step's record for good."""
+    path = tmp_path / "chief-0.json"
+    sent: list[dict[str, str]] = []
+    progress = agent_files.Progress(str(path))
+
+    def replace(record: dict[str, object], mtime_ns: int) -> None:  # as the kit writes it: a new file, renamed over
+        (tmp_path / "tmp").write_text(json.dumps(record))
+        os.utime(tmp_path / "tmp", ns=(mtime_ns, mtime_ns))
+        os.replace(tmp_path / "tmp", path)
+
+    replace({"phase": "train", "global_step": 99}, 1_700_000_000_000_000_000)
+    progress.forward(sent.append, now=1.0)
+    replace({"phase": "done", "global_step": 100}, 1_700_000_000_000_000_000)  # the same tick
+    progress.forward(sent.append, now=1.2, final=True)
+    progress.forward(sent.append, now=2.0)  # nothing new: nothing sent again
+    assert [json.loads(m["progress"]) for m in sent] == [{"phase": "train", "global_step": 99},
+                                                        {"phase": "done", "global_step": 100}]

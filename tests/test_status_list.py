@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
+from launcher.records.identity import ProcessIdentity
 from launcher.records.index import active_ids
+from launcher.records.preparing import Preparing, forget_preparing, note_preparing
 from launcher.records.states import RunState
-from launcher.records.store import RunRecord, RunStore, TaskRecord
+from launcher.records.store import STATE_FILE, RunRecord, RunStore, TaskRecord
 
 runner = CliRunner()
 
@@ -114,3 +118,68 @@ def test_ctrl_c_ends_a_logs_follow_as_it_ends_a_status_watch(store: RunStore, mo
     followed = runner.invoke(app, ["logs", "running-one", "--follow"])
     watched = runner.invoke(app, ["status", "--watch"])
     assert (followed.exit_code, watched.exit_code) == (0, 0), followed.output
+
+
+def test_a_run_that_ends_while_status_looks_at_it_is_not_lost(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher saves the run's end, then exits. `tfl status` read the record before the one and looked
+    for the launcher after the other (`tfl status RUN` samples cpu % and asks the hosts in between): the
+    run that had just succeeded was shown "lost"."""
+    real_alive = ProcessIdentity.alive
+
+    def ends_meanwhile(identity: ProcessIdentity) -> bool:
+        record = store.load("running-one")
+        if identity.pid == record.launcher_pid and not record.state.is_terminal:
+            record.state, record.ended, record.exit_code = RunState.SUCCEEDED, time.time(), 0
+            store.save(record)  # the launcher's last save; it has exited since
+            return False
+        return real_alive(identity)
+
+    monkeypatch.setattr(ProcessIdentity, "alive", ends_meanwhile)
+    one = runner.invoke(app, ["status", "running-one", "--json"])
+    assert one.exit_code == 0, one.output
+    assert json.loads(one.stdout)["state"] == "succeeded"
+    store.reopen(dataclasses.replace(store.load("running-one"), state=RunState.RUNNING, ended=None, exit_code=None))
+    rows = {line.split()[0]: line.split()[2] for line in runner.invoke(app, ["status"]).stdout.splitlines()[1:-1]}
+    assert rows["running-one"] == "succeeded" and rows["lost-one"] == "lost"  # a launcher gone for good: still lost
+
+
+def test_a_launch_being_prepared_is_not_counted_again_as_an_older_run(tfl_home: Path) -> None:
+    """Its run dir holds a note and no record: it was listed, and counted among the runs left out too
+    ("… and 1 older run(s): `tfl status --all` lists every run", which then listed the same one)."""
+    store = RunStore(tfl_home)
+    run_dir = store.run_dir("p")
+    store.reserve(run_dir)
+    note_preparing(tfl_home, Preparing("p", str(run_dir), "j.py", time.time(), ProcessIdentity.of(os.getpid()),
+                                       tasks=[("chief:0", "localhost")]))
+    result = runner.invoke(app, ["status"])
+    assert result.exit_code == 0, result.output
+    assert [line.split()[:3] for line in result.stdout.splitlines()[1:]] == [["p", "j.py", "preparing"]], result.stdout
+
+
+def test_a_launch_recorded_while_status_reads_the_store_is_listed(tfl_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A detached launch keeps its note (records.preparing) until its record exists. `tfl status` read the
+    records, then the notes: a launch recorded between the two reads was in neither, missing from the list."""
+    store = RunStore(tfl_home)
+    run_dir = store.run_dir("p")
+    store.reserve(run_dir)
+    me = ProcessIdentity.of(os.getpid())  # its background launcher, alive
+    note_preparing(tfl_home, Preparing("p", str(run_dir), "j.py", time.time(), me, tasks=[("chief:0", "localhost")]))
+    real_recent = RunStore.recent
+
+    def recorded_right_after(self: RunStore, count: int) -> Any:
+        found = real_recent(self, count)
+        if not (run_dir / STATE_FILE).exists():  # the launcher records the run, as it does once its hosts are ready
+            store.create(RunRecord(run_id="p", job="j.py", job_args=[], run_dir=str(run_dir), created=time.time(),
+                                   state=RunState.RUNNING, launcher_pid=me.pid, launcher_create_time=me.create_time,
+                                   launcher_start_ticks=me.start_ticks,
+                                   tasks=[TaskRecord(task="chief:0", host="localhost", backend="local", log_path="l",
+                                                     progress_path="p")]), reserved=True)
+            forget_preparing(str(run_dir))
+        return found
+
+    monkeypatch.setattr(RunStore, "recent", recorded_right_after)
+    result = runner.invoke(app, ["status"])
+    assert result.exit_code == 0, result.output
+    assert [line.split()[:3] for line in result.stdout.splitlines()[1:]] == [["p", "j.py", "preparing"]], result.stdout
+    again = runner.invoke(app, ["status"])  # the next look: its record, once
+    assert [line.split()[:3] for line in again.stdout.splitlines()[1:]] == [["p", "j.py", "running"]], again.stdout

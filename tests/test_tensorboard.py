@@ -237,3 +237,43 @@ def test_tensorboards_temp_files_stay_in_a_private_dir_that_goes_with_it(tfl_hom
     finally:
         tfl.kill()
         tfl.wait()
+
+
+# A stand-in for TensorBoard that finds its --port taken: it fails to bind and exits 1, as TensorBoard does.
+PORT_TAKEN = "import socket, sys; socket.socket().bind(('127.0.0.1', int(sys.argv[sys.argv.index('--port') + 1])))"
+
+
+def test_a_port_taken_between_its_pick_and_tensorboards_bind_is_not_said_as_served(tfl_home: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The port is picked free, then another program takes it before TensorBoard binds it (a second
+    `tfl tensorboard` picks 6006 in the seconds before the first one's TensorBoard listens). That program
+    answered the readiness check: its URL was said as this run's TensorBoard, then TensorBoard's exit."""
+    run_dir = tfl_home / "runs" / "here"
+    add_run(RunStore(tfl_home), "here", [task("chief:0", {"TFL_RUN_DIR": str(run_dir)})])
+    monkeypatch.setattr("launcher.views.tensorboard.NO_TF_MAIN", PORT_TAKEN)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        monkeypatch.setattr("launcher.views.tensorboard.free_port", lambda wanted: port)  # free when it was looked at
+        result = runner.invoke(app, ["tensorboard", "here"])
+    assert "http://" not in result.stdout, result.output
+    assert result.stderr.startswith("tfl: error: TensorBoard exited with code 1 before it served: "), result.output
+    assert "Address already in use" in result.stderr
+
+
+def test_where_proc_does_not_tell_who_listens_an_answer_on_the_port_is_taken(tfl_home: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sandbox whose /proc hides the sockets: readiness falls back to whatever answers on the port."""
+    run_dir = tfl_home / "runs" / "here"
+    add_run(RunStore(tfl_home), "here", [task("chief:0", {"TFL_RUN_DIR": str(run_dir)})])
+    monkeypatch.setattr("launcher.views.tensorboard.NO_TF_MAIN", LISTEN_A_MOMENT)
+
+    def hidden(self: psutil.Process, kind: str = "inet") -> list[Any]:
+        raise psutil.AccessDenied(self.pid)
+
+    monkeypatch.setattr(psutil.Process, "net_connections", hidden)
+    port = free_port()
+    result = runner.invoke(app, ["tensorboard", "here", "--port", str(port)])
+    assert result.stdout.startswith(f"TensorBoard for run here: http://127.0.0.1:{port}/\n"), result.output
+    assert "TensorBoard exited with code 0" in result.stderr  # the stand-in's own end, after it served

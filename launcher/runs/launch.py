@@ -237,9 +237,11 @@ def _spawn(args: list[str], store: RunStore, run_id: str, timeout: float) -> int
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
+            # Asked before the record is looked at: one that records the run, runs it and exits between the two looks is a run
+            ended = child.poll() is not None
             if (run_dir / "state.json").exists() and store.load(run_id).launcher_pid == child.pid:
                 return child.pid
-            if child.poll() is not None:
+            if ended:
                 raise refusal(run_dir, offset, child.returncode)
             time.sleep(0.05)
     except KeyboardInterrupt:

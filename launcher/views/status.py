@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from launcher.engines import registry
@@ -16,7 +17,7 @@ from launcher.engines.base import NO_ANSWER, GroupBackend, TaskLive
 from launcher.records.identity import launcher_identity
 from launcher.records.preparing import Preparing, preparing_runs, resolve_run
 from launcher.records.states import RunState
-from launcher.records.store import RunRecord, RunStore, TaskRecord, UnreadableRun
+from launcher.records.store import STATE_FILE, RunRecord, RunStore, TaskRecord, UnreadableRun
 from launcher.tasks import TaskId
 
 
@@ -76,8 +77,14 @@ def run_list(store: RunStore, *, every: bool = False) -> tuple[list[RunView], li
     """The runs ``tfl status`` lists, oldest first, the unreadable ones among them, and how
     many it left out: the active runs and the ``RECENT`` latest (reading only their records),
     or ``every`` run."""
+    # The launches being prepared before the records: one recorded between the two reads is then among the
+    # records, where read after them it was in neither (its note gone, its record not read) and not listed.
+    notes = preparing_runs(store.home)
     records, unreadable, hidden = (*store.scan(), 0) if every else store.recent(RECENT)
-    return [run_view(r) for r in records] + [preparing_view(p) for p in preparing_runs(store.home)], unreadable, hidden
+    recorded = {r.run_id for r in records} | {u.run_id for u in unreadable}
+    preparing = [preparing_view(p) for p in notes if p.run_id not in recorded]
+    # A launch being prepared has a run dir and no record: counted among the dirs not read, yet listed here.
+    return [run_view(r) for r in records] + preparing, unreadable, max(0, hidden - len(preparing))
 
 
 def one_view(store: RunStore, ref: str | None) -> RunView:
@@ -118,6 +125,20 @@ def effective_state(record: RunRecord) -> RunState:
     return record.state
 
 
+def _ended_since(record: RunRecord) -> RunRecord | None:
+    """The run's record read again, when the run has ended since ``record`` was read, else None. A
+    launcher saves the run's end, then exits: a record read before the one and a launcher looked for
+    after the other (the hosts asked meanwhile, the cpu % sampled) made a run that succeeded "lost"."""
+    try:
+        text = (Path(record.run_dir) / STATE_FILE).read_text()
+        if RunState(json.loads(text)["state"]).is_terminal:  # only then the whole record: a lost run's stays unread
+            again = RunRecord.from_json(text)
+            return again if (again.run_id, again.created) == (record.run_id, record.created) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
 def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
     """The run as its backend sees it now. ``measure``: one run's view, which asks every host
     and samples cpu % (costly); the list of runs answers from what is at hand, and for a
@@ -125,11 +146,15 @@ def run_view(record: RunRecord, *, measure: bool = False) -> RunView:
     wanted = measure or not record.state.is_terminal
     backend = registry.get(record.backend) if wanted else None
     live = backend.inspect(record, ask=measure) if backend is not None else {}
+    state = effective_state(record)
+    ended = _ended_since(record) if state == RunState.LOST else None
+    if ended is not None:
+        return run_view(ended, measure=measure)
     tasks = [_task_view(t, live.get(t.task, TaskLive(alive=False))) for t in record.tasks]
     backend_state: dict[str, str] = backend.describe(record) if measure and isinstance(backend, GroupBackend) else {}
     now = time.time()
     return RunView(
-        run_id=record.run_id, job=record.job, state=_shown_state(effective_state(record), live),
+        run_id=record.run_id, job=record.job, state=_shown_state(state, live),
         alive=sum(t.alive for t in tasks), total=len(tasks), started=record.created,
         duration_s=round((record.ended or now) - record.created, 1), restarts=len(record.restarts),
         restart_reasons=[r.reason for r in record.restarts], message=record.message, tasks=tasks,

@@ -205,11 +205,26 @@ def _wait_ready(proc: subprocess.Popen[bytes], port: int, log_path: Path, timeou
         if proc.poll() is not None:
             raise LaunchError(f"TensorBoard exited with code {proc.returncode} before it served: "
                               f"{' | '.join(tail_lines(log_path, 3))}")
-        with socket.socket() as sock:
-            if sock.connect_ex((HOST, port)) == 0:
-                return
+        if _listens(proc.pid, port):
+            return
         time.sleep(0.1)
     raise LaunchError(f"TensorBoard did not listen on {HOST}:{port} within {timeout:g} s (see {log_path})")
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` itself listens on ``port``. Not "something answers there": a program that
+    took the port between ``free_port``'s look and TensorBoard's bind (another `tfl tensorboard` picking
+    6006 in the seconds before this one's TensorBoard binds it) answers too, and its URL would be said."""
+    import psutil
+
+    try:
+        return any(conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port
+                   for conn in psutil.Process(pid).net_connections("tcp"))
+    except psutil.NoSuchProcess:  # gone: the caller's poll says how it ended
+        return False
+    except (psutil.Error, OSError):  # a /proc that does not tell (a sandbox's): whatever answers on the port
+        with socket.socket() as sock:
+            return sock.connect_ex((HOST, port)) == 0
 
 
 def _die_with_parent() -> None:

@@ -73,15 +73,24 @@ def run_sidecar(command: Sequence[str], env: Mapping[str, str]) -> int:
     """Run the job as a child, passing on SIGTERM and SIGINT. 0 whatever the job returns; but
     128 + the signal when the pod was told to go (a drain, an eviction, a deletion), so that the
     pod fails and its Job makes it again (the manifest's podFailurePolicy ignores that exit)."""
-    child = subprocess.Popen(list(command), env=dict(env))
     told: list[int] = []
+    early: list[int] = []  # told while the job was being started: passed on once it has a pid
+    child: subprocess.Popen[bytes] | None = None
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         told.append(signum)
-        child.send_signal(signum)
+        if child is None:
+            early.append(signum)
+        else:
+            child.send_signal(signum)
 
+    # Before the job starts: told between its start and these, this shim ended at once (as a container's
+    # PID 1, the kernel dropped the signal instead), and the job was never told.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, forward)
+    child = subprocess.Popen(list(command), env=dict(env))
+    for pending in early:
+        child.send_signal(pending)
     code = child.wait()
     if told:
         print(f"{PREFIX} {env.get('TFL_TASK')} was told to stop ({signal.Signals(told[0]).name}); it exited with "

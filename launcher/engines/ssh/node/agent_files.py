@@ -331,21 +331,28 @@ def remove(request: dict[str, Any]) -> dict[str, Any]:  # path -> {"removed": by
 
 
 class Progress:
-    """Mirrors the job's progress file to the launcher (for status and stall detection)."""
+    """Mirrors the job's progress file to the launcher (for status and stall detection).
+
+    A file is told from the last one sent by its inode, size and mtime (ns), taken from the file
+    read: the kit replaces it whole (a temp file, then a rename: a new inode each time), and two
+    records written within one tick of the kernel's file clock have the same mtime; told by its
+    mtime alone, the second (the task's "done" or "preempted" record, written right after its
+    last step's) never reached the launcher."""
 
     def __init__(self, path: str | None) -> None:
         self.path, self.checked = path, 0.0
-        self.mtime: float | None = None
+        self.sent: tuple[int, int, int] | None = None
 
     def forward(self, control: Callable[[dict[str, Any]], None], now: float, final: bool = False) -> None:
         if not self.path or (now - self.checked < 0.5 and not final):
             return
         self.checked = now
         try:
-            mtime = os.stat(self.path).st_mtime
-            if mtime != self.mtime:
-                with open(self.path) as f:
+            with open(self.path) as f:
+                st = os.fstat(f.fileno())
+                signature = (st.st_ino, st.st_size, st.st_mtime_ns)
+                if signature != self.sent:
                     control({"progress": f.read()})
-                self.mtime = mtime
+                    self.sent = signature
         except OSError:
             pass
