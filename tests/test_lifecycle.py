@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.contract import TEARDOWN_SIGNAL
-from launcher.runs import launch
+from launcher.runs import detach
 from tests.procs import tfl_processes
 
 JOBS = {
@@ -208,7 +208,7 @@ def test_a_detached_run_that_ends_before_the_launch_looks_is_launched(jobs: dict
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A short job under a loaded machine: the record appears and the launcher exits within one of the
     waiting launch's looks. That was "the detached launcher exited with code 0", exit 2, for a run that succeeded."""
-    monkeypatch.setattr(launch.subprocess, "Popen", Descheduled)
+    monkeypatch.setattr(detach.subprocess, "Popen", Descheduled)
     result = CliRunner().invoke(app, ["launch", jobs["ok"], "--local", "1", "--detach"])
     assert result.exit_code == 0, result.output
     run = result.output.splitlines()[0]

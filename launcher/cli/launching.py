@@ -139,7 +139,7 @@ def _note(note: str | None) -> None:
 def _detach(plan: Any, store: Any, config: Any, note: str | None) -> None:
     """``--detach``: a background launcher, which checks the hosts (a refusal reaches this terminal
     as its one line) and records the run; prints the run id."""
-    from launcher.runs import launch as core
+    from launcher.runs import detach as core
 
     pid = _core(lambda: core.detach(plan, store, config))
     _note(note)
@@ -195,7 +195,7 @@ def schema() -> None:
 @app.command("_supervise", cls=_Command, hidden=True)
 def supervise(plan_file: Path, config_json: str) -> None:
     """The detached launcher's body (started by `tfl launch --detach`)."""
-    from launcher.runs.launch import supervise_detached
+    from launcher.runs.detach import supervise_detached
 
     record = _core(lambda: supervise_detached(plan_file, config_json, _store()))
     raise typer.Exit(record.exit_code or 0)
@@ -204,7 +204,7 @@ def supervise(plan_file: Path, config_json: str) -> None:
 @app.command("_resume", cls=_Command, hidden=True)
 def resume_body(run_id: str, config_json: str, address: str | None = typer.Option(None, "--address", hidden=True)) -> None:
     """The detached launcher of `tfl resume --detach`."""
-    from launcher.runs.launch import resume_detached
+    from launcher.runs.detach import resume_detached
 
     record = _core(lambda: resume_detached(run_id, config_json, _store(), address))
     raise typer.Exit(record.exit_code or 0)

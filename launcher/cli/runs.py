@@ -98,6 +98,7 @@ def resume(
     """Continue a stopped, preempted or failed run from its last checkpoint: the same plan, hosts and
     model dir, the next attempt. Refused for a run that succeeded or still runs."""
     from launcher.runs import launch as core
+    from launcher.runs.detach import detach_resume
     from launcher.runs.resume import resume_config, starts_over
     from launcher.views.report import summary
 
@@ -107,7 +108,7 @@ def resume(
                                     "grace_period": grace_period})
     note = starts_over(record)
     if detach:
-        pid = _core(lambda: core.detach_resume(record.run_id, store, config, address))
+        pid = _core(lambda: detach_resume(record.run_id, store, config, address))
         typer.echo(record.run_id)
         typer.echo(f"tfl: run {record.run_id} resumed in the background (pid {pid}); follow it with "
                    f"`tfl logs {record.run_id} --follow`, end it with `tfl stop {record.run_id}`", err=True)

@@ -1,7 +1,7 @@
 """A detached launch whose hosts are being made ready, before its run record exists.
 
 ``tfl launch --detach`` starts a background launcher, which records the run only once its
-hosts passed their checks and the code is shipped (``runs.launch.detach``): seconds, or minutes
+hosts passed their checks and the code is shipped (``runs.detach``): seconds, or minutes
 with many hosts or a large ``--sync``. Meanwhile that launcher keeps ``preparing.json`` in the
 run dir (who it is, the job, the tasks and their hosts) and the run's active marker
 (``records.index``), so ``tfl status`` lists the run as preparing and ``tfl stop`` can call it
