@@ -1,16 +1,17 @@
 """The supervisor's small pure pieces: a run's first record, a task's failure record, how an
-exit is told, when a task last made progress, what a group backend's next attempt is
-(``launcher.supervise.supervisor`` applies them)."""
+exit is told, when a task last made progress and which have stalled, where a task was found to
+run, what a group backend's next attempt is (``launcher.supervise.supervisor`` applies them)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from launcher.engines.base import GroupBackend, ResizingGroup
+from launcher.engines.base import GroupBackend, ResizingGroup, TaskProcess
 from launcher.plan.launch_plan import LaunchPlan
+from launcher.records.states import TaskState
 from launcher.records.store import FailureRecord, ResizeRecord, RunRecord, TaskRecord
 from launcher.tasks import TaskId
 from launcher.views.diagnosis import failure_tail
@@ -75,3 +76,24 @@ def group_went_on(group: GroupBackend, plan: LaunchPlan, record: RunRecord, time
     record.tasks = [kept.get(t.name) or TaskRecord(task=t.name, host=t.host, backend=record.backend, log_path=t.log_path,
                                                    progress_path=t.progress_path) for t in tasks]
     return dataclasses.replace(plan, tasks=tasks)
+
+
+def learn_where(task: TaskRecord, proc: TaskProcess) -> bool:
+    """Record the host and pid a backend learned only once the task ran (Slurm's node); whether they were new."""
+    if (proc.host or task.host, proc.pid) == (task.host, task.pid):
+        return False
+    task.host, task.pid = proc.host or task.host, proc.pid
+    return True
+
+
+def stalled(record: RunRecord, procs: Iterable[TaskProcess], timeout: float, now: float,
+            progress_time: Callable[[str], float | None]) -> list[TaskProcess]:
+    """The running training tasks with no progress for ``timeout`` s (since they started, or their last record)."""
+    found = []
+    for proc in procs:
+        task = record.task(proc.launch.name)
+        if task.state != TaskState.RUNNING or not proc.launch.task.is_training:
+            continue
+        if now - max(task.started or now, progress_time(proc.launch.progress_path) or 0.0) > timeout:
+            found.append(proc)
+    return found

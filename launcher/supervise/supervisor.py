@@ -29,10 +29,10 @@ from launcher.errors import LaunchError, StateWriteError
 from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
 from launcher.plan.run_options import SupervisorConfig
 from launcher.records.states import RunState, TaskState
-from launcher.records.store import FailureRecord, RestartRecord, RunRecord, RunStore, TaskRecord
+from launcher.records.store import FailureRecord, RestartRecord, RunRecord, RunStore
 from launcher.supervise.elastic import ElasticOutcome, ElasticPolicy
 from launcher.supervise.preemption import ended_state, preempted_file, preemption_reason, saved_note
-from launcher.supervise.recording import failure_record, failure_said, group_went_on, progress_mtime
+from launcher.supervise.recording import failure_record, failure_said, group_went_on, learn_where, progress_mtime, stalled
 from launcher.supervise.recording import initial_record as initial_record  # where the launcher has always found it
 from launcher.supervise.restarts import first_training_failure, may_restart
 from launcher.supervise.waker import Waker
@@ -184,7 +184,7 @@ class Supervisor:
             if task.state != TaskState.RUNNING:
                 continue
             code = self._backend.poll(proc)
-            learned = self._learn_where(task, proc)
+            learned = learn_where(task, proc)
             if code is None:
                 if learned:
                     self._changed()
@@ -205,29 +205,14 @@ class Supervisor:
             time=time or proc.unreachable_since or task.ended or self._wall(), attempt=self.record.attempt,
             of_run=proc.unit_ended and not reason))
 
-    @staticmethod
-    def _learn_where(task: TaskRecord, proc: TaskProcess) -> bool:
-        """Record the host and pid a backend learned only once the task ran (Slurm's node)."""
-        if (proc.host or task.host, proc.pid) == (task.host, task.pid):
-            return False
-        task.host, task.pid = proc.host or task.host, proc.pid
-        return True
-
     def _check_stalls(self) -> None:
         """A training task with no progress for ``stall_timeout`` s has failed (it may hang forever)."""
-        timeout = self._config.stall_timeout
-        if not timeout:
-            return
-        now = self._wall()
-        for name, proc in self._procs.items():
-            task = self.record.task(name)
-            if task.state != TaskState.RUNNING or not proc.launch.task.is_training:
-                continue
-            last = max(task.started or now, self._progress_time(proc.launch.progress_path) or 0.0)
-            if now - last > timeout:
-                task.state, task.ended = TaskState.FAILED, now
-                self._record_failure(proc, None, f"stalled: no progress for {timeout:g} s (--stall-timeout)", now)
-                self._changed()
+        timeout, now = self._config.stall_timeout, self._wall()
+        for proc in stalled(self.record, self._procs.values(), timeout, now, self._progress_time) if timeout else []:
+            task = self.record.task(proc.launch.name)
+            task.state, task.ended = TaskState.FAILED, now
+            self._record_failure(proc, None, f"stalled: no progress for {timeout:g} s (--stall-timeout)", now)
+            self._changed()
 
     def _on_training_failure(self, failure: FailureRecord) -> bool:
         if failure.exit_code == PREEMPTED_EXIT_CODE and self._group is None:
