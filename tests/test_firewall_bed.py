@@ -198,6 +198,29 @@ def test_the_output_chain_lets_a_non_root_run_users_connections_out(netbed: NetB
         server.wait(10)
 
 
+@pytest.mark.slow
+def test_tensorflow_trains_over_two_fenced_hosts(netbed: NetBed, tmp_path: Path, tfl_home: Path,
+                                                 child_env: dict[str, str]) -> None:
+    """jobs/mnist.py, MultiWorkerMirroredStrategy over both chains: the coordination service on the
+    chief's port, the collectives between the hosts, the chief's own loopback (the bed logs in as root)."""
+    from tests.hostenv import host_python
+    from tests.test_ssh_multihost import EPOCH, MNIST, QUIET, cluster
+
+    path = cluster(tmp_path, netbed, host_python("hostenv"), env=QUIET, ssh={"firewall": True})
+    result = subprocess.run([sys.executable, "-m", "launcher", "launch", MNIST, "--cluster", str(path), "--", "--epochs", "2",
+                             "--steps-per-epoch", "5", "--batch-size", "32"], env=child_env, capture_output=True, text=True,
+                            timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = only_run(tfl_home)
+    status = subprocess.run([sys.executable, "-m", "launcher", "status", run], env=child_env, capture_output=True, text=True,
+                            timeout=120)
+    assert "host, fenced" in status.stdout, status.stdout  # the tables were installed (else the launch is refused)
+    for log in ("chief-0.log", "worker-0.log"):
+        assert [int(e) for e in EPOCH.findall((tfl_home / "runs" / run / "logs" / log).read_text())] == [1, 2], log
+    assert no_tables(netbed)
+    wait_for(lambda: _agents(netbed) == [], timeout=FENCE + 20)
+
+
 SERVES = """
 import socket, sys
 server = socket.create_server(("0.0.0.0", int(sys.argv[1])))
