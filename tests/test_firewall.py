@@ -12,9 +12,12 @@ from typing import Any
 
 import pytest
 
+from launcher.describe.hosts import SSHTarget
 from launcher.engines.ssh import firewall
 from launcher.engines.ssh.failures import SSHError
 from launcher.engines.ssh.node import agent_firewall as agent
+from launcher.plan.launch_plan import LaunchPlan, TaskLaunch
+from launcher.tasks import TaskId
 
 
 def test_the_table_is_named_after_the_run_in_letters_digits_and_underscores() -> None:
@@ -30,6 +33,45 @@ def test_the_rules_admit_loopback_and_the_runs_hosts_to_the_task_ports_and_drop_
     assert body == ['iif "lo" tcp dport { 2222, 2223 } accept', "ip saddr { 10.0.0.2, 10.0.0.3 } tcp dport { 2222, 2223 } accept",
                     "tcp dport { 2222, 2223 } drop"]
     assert "ip6 saddr { fd00::2 } tcp dport { 5 } accept" in agent.ruleset("t", "c", [5], [], ["fd00::2"])
+
+
+def test_the_output_chain_keeps_the_hosts_other_users_from_dialling_the_runs_task_ports() -> None:
+    """Only the run's login user (its uid) and root open connections to a task port: this host's own
+    over loopback (any local address: oif lo), every run host's by its address and port."""
+    rules = agent.output_ruleset("tfl_r", "output_ab", 1000, [2223, 2222],
+                                 [["10.0.0.3", 2223], ["10.0.0.2", 2222], ["fd00::2", 2222], ["10.0.0.2", 2222]])
+    assert rules.startswith("table inet tfl_r {\n  chain output_ab {\n    type filter hook output priority 0; policy accept;\n")
+    syn = "tcp flags & (fin | syn | rst | ack) == syn"  # a connection's first packet: no conntrack needed
+    body = [line.strip() for line in rules.splitlines()[3:-2]]
+    assert body == ["meta skuid { 0, 1000 } accept", f'oif "lo" tcp dport {{ 2222, 2223 }} {syn} drop',
+                    f"ip daddr . tcp dport {{ 10.0.0.2 . 2222, 10.0.0.3 . 2223 }} {syn} drop",
+                    f"ip6 daddr . tcp dport {{ fd00::2 . 2222 }} {syn} drop"]
+    assert agent.output_ruleset("t", "c", 0, [5], [["10.0.0.2", 5]]).splitlines()[3].strip() == "meta skuid 0 accept"
+
+
+def test_the_holder_installs_both_chains_with_its_mark_in_one_transaction(monkeypatch: pytest.MonkeyPatch) -> None:
+    scripts: list[str] = []
+    monkeypatch.setattr(agent, "nft", scripts.append)
+    monkeypatch.setattr(os, "getuid", lambda: 1234)
+    agent.install({"table": "tfl_r", "ports": [2222], "ipv4": ["10.0.0.2"], "ipv6": [],
+                   "destinations": [["10.0.0.2", 2222], ["10.0.0.3", 2223]]}, "ab12")
+    assert len(scripts) == 1
+    assert "chain input_ab12 {" in scripts[0] and "chain output_ab12 {" in scripts[0]
+    assert "meta skuid { 0, 1234 } accept" in scripts[0] and "10.0.0.3 . 2223" in scripts[0]
+
+
+def _fenced_plan(*tasks: tuple[str, int, bool]) -> LaunchPlan:
+    return LaunchPlan(run_id="r", run_dir="/d", job="job.py", job_args=(), tasks=tuple(
+        TaskLaunch(task=TaskId("worker", i), host=host, port=port, argv=("python",), env={}, cwd=None, log_path="l",
+                   progress_path="p", ssh=SSHTarget(host=host, port=22, user="u", firewall=fenced))
+        for i, (host, port, fenced) in enumerate(tasks)))
+
+
+def test_the_destinations_are_each_fenced_tasks_port_at_each_address_of_its_host() -> None:
+    plan = _fenced_plan(("gpu1", 2222, True), ("gpu1", 2223, True), ("gpu2", 2222, True), ("gpu3", 2224, False))
+    addresses = {"gpu1": ["10.0.0.1", "fd00::1"], "gpu2": ["10.0.0.2"], "gpu3": ["10.0.0.3"]}
+    assert firewall.destinations(plan, addresses) == [["10.0.0.1", 2222], ["10.0.0.1", 2223], ["10.0.0.2", 2222],
+                                                      ["fd00::1", 2222], ["fd00::1", 2223]]  # gpu3 is not fenced
 
 
 def test_addresses_are_kept_and_names_resolved_here_once(monkeypatch: pytest.MonkeyPatch) -> None:

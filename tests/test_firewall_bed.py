@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from launcher.describe.ports import free_port
+from launcher.engines.ssh.node import agent_firewall as agent
 from launcher.files import write_atomic
 from tests.netbed import NetBed
 from tests.procs import pid_alive, tfl_processes
@@ -69,6 +70,21 @@ def reaches(bed: NetBed, source: str, address: str, port: int) -> bool:
     """Can a process on ``source`` open a TCP connection to ``address:port``? (A dropped SYN: 3 s.)"""
     done = subprocess.run(["ip", "netns", "exec", bed.host(source).netns, sys.executable, "-c", CONNECT, address, str(port)],
                           capture_output=True, text=True, timeout=30)
+    return done.returncode == 0
+
+
+OTHERS_PYTHON = Path("/usr/bin/python3")  # one every user may run (the test's own may sit in a private home)
+NOBODY, DAEMON = (65534, 65534), (1, 1)  # (uid, gid): users other than the run's
+
+
+def reaches_as(bed: NetBed, user: tuple[int, int], source: str, address: str, port: int) -> bool:
+    """``reaches``, from a process of another user (``user``) on ``source``."""
+    if not OTHERS_PYTHON.exists():
+        pytest.skip(f"{OTHERS_PYTHON} is missing: no python another user can run")
+    done = subprocess.run(["ip", "netns", "exec", bed.host(source).netns, "setpriv", f"--reuid={user[0]}",
+                           f"--regid={user[1]}", "--clear-groups", str(OTHERS_PYTHON), "-c", CONNECT, address, str(port)],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 or "Error" in done.stderr or "timeout" in done.stderr, done.stderr  # it ran, as that user
     return done.returncode == 0
 
 
@@ -126,6 +142,92 @@ def test_only_the_runs_hosts_reach_its_task_ports_and_no_table_outlives_the_run(
     assert not any(pid_alive(p) for p in pids.values())
     assert tfl_processes(run_id=run) == []
     wait_for(lambda: _agents(netbed) == [], timeout=FENCE + 20)
+
+
+def test_other_users_on_the_runs_hosts_cannot_reach_its_task_ports(
+        netbed: NetBed, tmp_path: Path, tfl_home: Path, child_env: dict[str, str]) -> None:
+    """Their connections come from a run host's own address (or over loopback), which the input chain
+    admits: each host's output chain refuses them at the source, the run's own user's it lets out."""
+    h1, h2, _ = netbed.addresses
+    cluster, ports = fenced_cluster(tmp_path, netbed)
+    chief, worker = ports["chief:0"], ports["worker:0"]
+    launcher = start(write_job(tmp_path / "src", LISTENS), cluster, child_env)
+    try:
+        pids = tasks_up(tfl_home, 2, launcher)
+        assert not reaches_as(netbed, NOBODY, h1, "127.0.0.1", chief), "another user on the chief's host, over loopback"
+        assert not reaches_as(netbed, NOBODY, h1, h1, chief), "another user on the chief's host, by its address"
+        assert not reaches_as(netbed, NOBODY, h2, h1, chief), "another user on a peer host"
+        assert not reaches_as(netbed, DAEMON, h1, h2, worker), "another user on the chief's host, to the worker"
+        assert reaches(netbed, h1, "127.0.0.1", chief) and reaches(netbed, h1, h1, chief)  # the run's user (root here)
+        assert reaches(netbed, h2, h1, chief) and reaches(netbed, h1, h2, worker)
+        assert reaches_as(netbed, NOBODY, h1, h2, 22)  # nothing else is touched: the peer's sshd answers them
+        write_atomic(tmp_path / "done", "0")
+        out, err = launcher.communicate(timeout=120)
+        assert launcher.returncode == 0, err[-3000:]
+    finally:
+        launcher.kill()
+        launcher.wait(10)
+    assert no_tables(netbed)
+    assert not any(pid_alive(p) for p in pids.values())
+    wait_for(lambda: _agents(netbed) == [], timeout=FENCE + 20)
+
+
+def test_the_output_chain_lets_a_non_root_run_users_connections_out(netbed: NetBed) -> None:
+    """The bed logs in as root; here the run's user is ``nobody``: its connections to the port go out
+    (loopback and the host's address), another user's (``daemon``) do not. The rules are the agent's own."""
+    h1 = netbed.addresses[0]
+    ns = netbed.host(h1).netns
+    port = free_port()
+    server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", SERVES, str(port)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "up"
+        assert reaches_as(netbed, DAEMON, h1, h1, port)  # no table yet: anyone
+        rules = (agent.ruleset("tfl_t", "input_ab", [port], [h1], [])
+                 + agent.output_ruleset("tfl_t", "output_ab", NOBODY[0], [port], [[h1, port]]))
+        subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules, text=True, check=True, timeout=30)
+        try:
+            assert reaches_as(netbed, NOBODY, h1, "127.0.0.1", port) and reaches_as(netbed, NOBODY, h1, h1, port)
+            assert not reaches_as(netbed, DAEMON, h1, "127.0.0.1", port)
+            assert not reaches_as(netbed, DAEMON, h1, h1, port)
+            assert reaches(netbed, h1, h1, port)  # root
+        finally:
+            subprocess.run(["ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "tfl_t"], check=True, timeout=30)
+    finally:
+        server.kill()
+        server.wait(10)
+
+
+@pytest.mark.slow
+def test_tensorflow_trains_over_two_fenced_hosts(netbed: NetBed, tmp_path: Path, tfl_home: Path,
+                                                 child_env: dict[str, str]) -> None:
+    """jobs/mnist.py, MultiWorkerMirroredStrategy over both chains: the coordination service on the
+    chief's port, the collectives between the hosts, the chief's own loopback (the bed logs in as root)."""
+    from tests.hostenv import host_python
+    from tests.test_ssh_multihost import EPOCH, MNIST, QUIET, cluster
+
+    path = cluster(tmp_path, netbed, host_python("hostenv"), env=QUIET, ssh={"firewall": True})
+    result = subprocess.run([sys.executable, "-m", "launcher", "launch", MNIST, "--cluster", str(path), "--", "--epochs", "2",
+                             "--steps-per-epoch", "5", "--batch-size", "32"], env=child_env, capture_output=True, text=True,
+                            timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = only_run(tfl_home)
+    status = subprocess.run([sys.executable, "-m", "launcher", "status", run], env=child_env, capture_output=True, text=True,
+                            timeout=120)
+    assert "host, fenced" in status.stdout, status.stdout  # the tables were installed (else the launch is refused)
+    for log in ("chief-0.log", "worker-0.log"):
+        assert [int(e) for e in EPOCH.findall((tfl_home / "runs" / run / "logs" / log).read_text())] == [1, 2], log
+    assert no_tables(netbed)
+    wait_for(lambda: _agents(netbed) == [], timeout=FENCE + 20)
+
+
+SERVES = """
+import socket, sys
+server = socket.create_server(("0.0.0.0", int(sys.argv[1])))
+print("up", flush=True)
+while True:
+    server.accept()[0].close()
+"""
 
 
 # As the job kit does on SIGTERM (the notice: agree on a step, save), the task keeps serving on its port.

@@ -3,7 +3,9 @@
 On each host with it, one agent session (``node/agent_firewall.py``, mode ``fence``) installs
 an nftables table named after the run, ``inet tfl_<run>``, before any task starts there: the
 host's task ports accept connections from loopback and from the run's hosts, and drop all
-others. The agent holds the table while we ping it and removes it when we ask (the run's
+others; and since those sources are shared with the host's other users, only the run's login
+user there (and root) may open a connection to a task port of the run, the host's own or a
+peer's (``destinations``). The agent holds the table while we ping it and removes it when we ask (the run's
 end), or on its own when it loses us (stdin ends, or ``fence_after`` s of silence: the same
 fence that stops its tasks). ``tfl stop`` and ``tfl rm`` remove it again (``unfence``), which
 is harmless when it is gone already.
@@ -53,11 +55,10 @@ def fenced_tasks(plan: LaunchPlan, host: str) -> list[TaskLaunch]:
     return [t for t in plan.tasks if t.host == host and t.ssh is not None and t.ssh.firewall]
 
 
-def resolve(hosts: Iterable[str]) -> tuple[list[str], list[str]]:
-    """The hosts' IPv4 and IPv6 addresses: an address as written, a name as it resolves here.
+def resolve_each(hosts: Iterable[str]) -> dict[str, list[str]]:
+    """host -> its addresses: an address as written, a name as it resolves here.
     SSHError naming a name that does not resolve."""
-    ipv4: set[str] = set()
-    ipv6: set[str] = set()
+    addresses: dict[str, list[str]] = {}
     for host in sorted(set(hosts)):
         try:
             found = [ipaddress.ip_address(host)]
@@ -68,9 +69,26 @@ def resolve(hosts: Iterable[str]) -> tuple[list[str], list[str]]:
             except (OSError, ValueError) as exc:
                 raise SSHError(host, f"cannot resolve it here for the run's firewall ({exc}); "
                                      "name it by address in the cluster file") from None
-        for address in found:
-            (ipv4 if address.version == 4 else ipv6).add(str(address))
-    return sorted(ipv4), sorted(ipv6)
+        addresses[host] = sorted({str(a) for a in found})
+    return addresses
+
+
+def by_family(addresses: dict[str, list[str]]) -> tuple[list[str], list[str]]:
+    """Every host's addresses together: the IPv4 ones and the IPv6 ones."""
+    found = {ipaddress.ip_address(a) for host_addresses in addresses.values() for a in host_addresses}
+    return sorted(str(a) for a in found if a.version == 4), sorted(str(a) for a in found if a.version == 6)
+
+
+def resolve(hosts: Iterable[str]) -> tuple[list[str], list[str]]:
+    """The hosts' IPv4 and IPv6 addresses (``resolve_each``), all together."""
+    return by_family(resolve_each(hosts))
+
+
+def destinations(plan: LaunchPlan, addresses: dict[str, list[str]]) -> list[list[Any]]:
+    """Every fenced task port of the run as ``[address, port]``, each address of its host: what a
+    host's output chain keeps the other users there from dialling."""
+    pairs = {(a, t.port) for t in plan.tasks if t.ssh is not None and t.ssh.firewall for a in addresses.get(t.host, [])}
+    return [[a, p] for a, p in sorted(pairs)]
 
 
 class Firewalls:
@@ -80,7 +98,7 @@ class Firewalls:
         self._pool = pool
         self._held: dict[str, tuple[Channel, str]] = {}  # host -> (its holder's session, python)
         self._locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
-        self._addresses: tuple[list[str], list[str]] | None = None
+        self._addresses: dict[str, list[str]] | None = None
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._pinger: threading.Thread | None = None
@@ -97,7 +115,9 @@ class Firewalls:
             target, python = tasks[0].ssh, tasks[0].python
             request = {"mode": "fence", "table": table_name(tasks[0].env[RUN_ID]), "ports": [t.port for t in tasks],
                        "heartbeat_timeout": target.fence_after, "linger": LINGER}
-            request["ipv4"], request["ipv6"] = self._run_addresses(plan)
+            addresses = self._run_addresses(plan)
+            request["ipv4"], request["ipv6"] = by_family(addresses)
+            request["destinations"] = destinations(plan, addresses)
             chan = self._pool.channel(target, agent_command(python), HEARTBEAT_TIMEOUT)
             chan.sendall(agent_input(None))
             answer = converse(chan, request, host, python)
@@ -109,10 +129,10 @@ class Firewalls:
         self._start_pinger()
         return None
 
-    def _run_addresses(self, plan: LaunchPlan) -> tuple[list[str], list[str]]:
+    def _run_addresses(self, plan: LaunchPlan) -> dict[str, list[str]]:
         with self._lock:
             if self._addresses is None:
-                self._addresses = resolve(t.host for t in plan.tasks)
+                self._addresses = resolve_each(t.host for t in plan.tasks)
             return self._addresses
 
     def _start_pinger(self) -> None:

@@ -3,13 +3,16 @@
 With ``"ssh": {"firewall": true}``, each host of the run holds an nftables table of the run's
 own (``inet tfl_<run>``) for the run's life: an input chain that accepts connections to the
 host's task ports from loopback and from the run's hosts, and drops every other connection
-to those ports (nothing else is touched). ``nft`` runs as the login user when that is root,
-else through ``sudo -n``.
+to those ports; and an output chain that lets only the login user's sockets (and root's) open a
+connection to a task port of the run, this host's over loopback or a run host's by its address:
+the host's other users share the addresses the input chain admits (nothing else is touched).
+Both chains carry the holder's mark (``input_<mark>``, ``output_<mark>``). ``nft`` runs as the
+login user when that is root, else through ``sudo -n``.
 
 - ``hold``: install the table, answer, then keep it while the launcher is heard from (its
   pings on stdin); remove it when asked (``{"remove": 1}``), when stdin ends or sshd hangs up
   (the launcher is gone), or after ``heartbeat_timeout`` s of silence: the agent's fence,
-  like a task's. Its input chain carries a name of its own (``input_<random>``), so a holder
+  like a task's. Its input chain carries a name of its own (``input_<mark>``), so a holder
   that notices late never removes the table a newer one installed (``release``). Having lost the
   launcher it removes the table only once no task port is listened on here any more (or after
   the request's ``linger`` s): the tasks' own fence gives them their grace (SIGTERM, then SIGKILL
@@ -87,8 +90,31 @@ def ruleset(table: str, chain: str, ports: list[int], ipv4: list[str], ipv6: lis
             "    type filter hook input priority 0; policy accept;\n%(body)s  }\n}\n") % {"t": table, "c": chain, "body": body}
 
 
-def install(request: dict[str, Any], chain: str) -> None:
-    nft(ruleset(request["table"], chain, request["ports"], request["ipv4"], request["ipv6"]))
+# A connection's first packet: SYN alone. Matched statelessly, as the input chain is: ``ct state new``
+# would load connection tracking on a host that may not run it, and fill its table with every flow.
+OPENING = "tcp flags & (fin | syn | rst | ack) == syn"
+
+
+def output_ruleset(table: str, chain: str, uid: int, ports: list[int], destinations: list[list[Any]]) -> str:
+    """The table's output chain: this host's other users cannot open a connection to a task port of
+    the run, its own over loopback (any local address: ``oif "lo"``) or a host's of the run (its
+    address and port, ``destinations``); only sockets of the run's login user (``uid``) and of root
+    may. Root is admitted: it could remove the table, or enter the tasks, anyway."""
+    own = "tcp dport { %s }" % ", ".join(str(p) for p in sorted(set(ports)))
+    rules = ["meta skuid %s accept" % ("0" if uid == 0 else "{ 0, %d }" % uid), 'oif "lo" %s %s drop' % (own, OPENING)]
+    for family, pairs in (("ip", [d for d in destinations if ":" not in d[0]]), ("ip6", [d for d in destinations if ":" in d[0]])):
+        if pairs:
+            listed = ", ".join("%s . %d" % (a, p) for a, p in sorted({(str(a), int(p)) for a, p in pairs}))
+            rules.append("%s daddr . tcp dport { %s } %s drop" % (family, listed, OPENING))
+    body = "".join("    %s\n" % r for r in rules)
+    return ("table inet %(t)s {\n  chain %(c)s {\n    type filter hook output priority 0; policy accept;\n%(body)s  }\n}\n"
+            % {"t": table, "c": chain, "body": body})
+
+
+def install(request: dict[str, Any], mark: str) -> None:
+    """The table with both chains, in one transaction."""
+    nft(ruleset(request["table"], "input_" + mark, request["ports"], request["ipv4"], request["ipv6"])
+        + output_ruleset(request["table"], "output_" + mark, os.getuid(), request["ports"], request.get("destinations", [])))
 
 
 def release(table: str, chain: str) -> dict[str, Any]:
@@ -117,9 +143,10 @@ def drop(request: dict[str, Any]) -> dict[str, Any]:
 
 def hold(request: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> int:
     """Install, answer, keep the table while the launcher pings, then remove it (see the docstring)."""
-    chain = "input_" + os.urandom(4).hex()  # this holder's mark on the table (``release``)
+    mark = os.urandom(4).hex()
+    chain = "input_" + mark  # this holder's mark on the table (``release``)
     try:
-        install(request, chain)
+        install(request, mark)
     except Refused as exc:
         answer({"error": exc.why, "fix": exc.fix})
         return 0
