@@ -43,6 +43,7 @@ class InputStream:
     start: int  # the global step the input starts at: the steps trained before this attempt
     exact: bool  # False: keras restarts the input at the beginning of each epoch
     replayed: bool = False  # True: the input reaches `start` by reading (and dropping) every batch before it
+    differs: str = ""  # why the replayed batches are not the ones trained before (replayable.py); "" when they are
 
 
 def saved_state(backup_dir: Path) -> tuple[int, int]:
@@ -103,12 +104,20 @@ def input_stream(dataset: Any, steps_per_epoch: int | None, state: tuple[int, in
         return InputStream(dataset, steps_per_epoch, 0, exact=True)
     if not replay:
         return InputStream(dataset, steps_per_epoch, start, exact=False)
-    return InputStream(dataset.skip(start), steps_per_epoch, start, exact=True, replayed=True)
+    from launcher.jobkit.replayable import why_a_replay_differs
+
+    differs = why_a_replay_differs(dataset) or ""
+    return InputStream(dataset.skip(start), steps_per_epoch, start, exact=not differs, replayed=True, differs=differs)
 
 
 def say_where_the_input_starts(stream: InputStream, dataset: Any) -> None:
     """One line on the console: where the input starts, and what that costs or gives up."""
-    if stream.replayed:
+    if stream.differs:
+        print(f"jobkit: resuming at global step {stream.start}: the input replays the {stream.start} batches trained "
+              f"before, but not exactly: {stream.differs} draws other batches in every process; give each shuffle "
+              "and random op a seed, or call keras.utils.set_random_seed(S) before building the input, and keep "
+              "parallel stages deterministic (or use an AddressedInput: docs/input.md)", flush=True)
+    elif stream.replayed:
         print(f"jobkit: resuming at global step {stream.start}: the input replays the {stream.start} batches trained "
               "before (a tf.data pipeline reaches a step only by reading every batch before it; the time it takes "
               "is said at the first step; an AddressedInput starts right there: docs/input.md)", flush=True)

@@ -113,7 +113,7 @@ def fit(
         # Right after the restore, every training task must go on from the same state.
         backup = StepBackup(str(real.backup), backup_every_steps, on_trained)
         kit: list[keras.callbacks.Callback] = [clock, backup]
-        if stream.exact and stream.steps_per_epoch:
+        if (stream.exact or stream.replayed) and stream.steps_per_epoch:  # placed at the backup's step
             kit.append(PositionCheck(state, stream.steps_per_epoch))
         kit += [RestoredStateCheck(context, backup_dir=str(real.backup)), checkpoints]
         if stream.replayed:
