@@ -110,6 +110,9 @@ class TFRecordInput(AddressedInput):
                     f"at most {most} records before it are read (the largest file's, and a window's)")
         return f"a seek to its file and record (headers only); at most {self.window} records before it are read"
 
+    def identity(self) -> dict[str, Any]:
+        return {**super().identity(), "window": self.window}
+
     def decode(self, raw: Any) -> Any:
         record, _, _ = raw  # the file and record number ride along for `find_unparsable`
         return self.parse_record(record)
