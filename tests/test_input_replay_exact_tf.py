@@ -39,11 +39,16 @@ def pipelines() -> dict[str, Any]:
     import tensorflow as tf
 
     base = tf.data.Dataset.range(100)
+    any_order = tf.data.Options()
+    any_order.deterministic = False
     return {
         "unseeded shuffle": base.shuffle(100).batch(4),
         "unseeded random map": base.map(lambda v: v + tf.random.uniform([], 0, 9, tf.int64)).batch(4),
         "out-of-order map": base.map(lambda v: v * 2, num_parallel_calls=2, deterministic=False).batch(4),
+        "unseeded mix": tf.data.Dataset.sample_from_datasets([base, base.map(lambda v: -v)]).batch(4),
+        "out-of-order options": base.map(lambda v: v * 2, num_parallel_calls=2).batch(4).with_options(any_order),
         "seeded shuffle": base.shuffle(100, seed=1).batch(4),
+        "seeded mix": tf.data.Dataset.sample_from_datasets([base, base.map(lambda v: -v)], seed=2).batch(4),
         "seeded random map": base.map(lambda v: v + tf.random.uniform([], 0, 9, tf.int64, seed=3)).batch(4),
         "filter and ordered map": base.filter(lambda v: v % 3 > 0).map(lambda v: v, num_parallel_calls=2).batch(4),
     }
@@ -59,6 +64,8 @@ def test_an_unseeded_shuffle_replays_other_batches_in_another_process() -> None:
     ("unseeded shuffle", "a shuffle without a seed (ShuffleDatasetV3)"),
     ("unseeded random map", "a random op without a seed (RandomUniformInt)"),
     ("out-of-order map", "a parallel stage with deterministic=False (ParallelMapDatasetV2)"),
+    ("unseeded mix", "a random draw (Dataset.random, sample_from_datasets) without a seed (RandomDataset)"),
+    ("out-of-order options", "a parallel stage under tf.data.Options(deterministic=False)"),
 ])
 def test_a_replay_that_draws_other_batches_is_not_called_exact(name: str, says: str,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
@@ -72,7 +79,7 @@ def test_a_replay_that_draws_other_batches_is_not_called_exact(name: str, says: 
     assert "\n" not in line and "keras.utils.set_random_seed" in line
 
 
-@pytest.mark.parametrize("name", ["seeded shuffle", "seeded random map", "filter and ordered map"])
+@pytest.mark.parametrize("name", ["seeded shuffle", "seeded random map", "seeded mix", "filter and ordered map"])
 def test_a_replay_of_a_seeded_ordered_pipeline_stays_exact(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     stream = input_stream(pipelines()[name], 10, BACKUP)
     say_where_the_input_starts(stream, None)
