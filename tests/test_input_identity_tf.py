@@ -20,7 +20,7 @@ import pytest
 from launcher import jobkit
 from launcher.jobkit.context import JobKitError, TaskContext
 from launcher.jobkit.input_identity import IDENTITY
-from tests.jobkit_helpers import write_backup_at
+from tests.jobkit_helpers import assert_none_alive, kill_all, start_job, wait_all, write_backup_at
 
 jobkit.select_tf_keras()
 
@@ -77,3 +77,22 @@ def test_a_resume_on_the_same_input_goes_on_and_a_fresh_start_records_the_new_on
     assert train(model_dir, arrays(), seed=1, epochs=2) == 8 - 3  # the restore brings no weights nor step count
     assert train(model_dir, arrays(), seed=2) == 4  # no backup: a new run in the same dir, nothing resumed
     assert json.loads((model_dir / IDENTITY).read_text())["seed"] == 2
+
+
+def test_jobs_mnist_refuses_a_resume_on_another_seed_in_one_line(tmp_path: Path) -> None:
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / IDENTITY).write_text(json.dumps({"kind": "ArrayInput", "seed": 3}))  # as the run's first attempt left it
+    write_backup_at(model_dir, 5, 93)
+    job = start_job("chief:0", tmp_path / "run", ["--epochs", "1", "--batch-size", "16", "--seed", "4",
+                                                  "--model-dir", str(model_dir)])
+    try:
+        codes = wait_all([job], 300)
+    finally:
+        kill_all([job])
+    assert_none_alive([job])
+    output = job.output()
+    assert codes == {"chief:0": 1}, output[-3000:]
+    assert output.rstrip().splitlines()[-1].startswith("mnist: the input's seed is 4 but this run began with 3, "), \
+        output[-3000:]
+    assert "Traceback" not in output and not job.step_records(), output[-3000:]
