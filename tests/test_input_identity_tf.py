@@ -79,6 +79,13 @@ def test_a_resume_on_the_same_input_goes_on_and_a_fresh_start_records_the_new_on
     assert json.loads((model_dir / IDENTITY).read_text())["seed"] == 2
 
 
+def test_the_identity_is_private_and_so_is_the_model_dir_it_makes(tmp_path: Path) -> None:
+    model_dir = tmp_path / "new" / "model"
+    train(model_dir, arrays(), seed=1)
+    assert [oct(p.stat().st_mode & 0o777) for p in (model_dir.parent, model_dir, model_dir / IDENTITY)] == \
+        ["0o700", "0o700", "0o600"]
+
+
 def test_jobs_mnist_refuses_a_resume_on_another_seed_in_one_line(tmp_path: Path) -> None:
     model_dir = tmp_path / "model"
     model_dir.mkdir()

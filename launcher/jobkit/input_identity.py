@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.jobkit.context import JobKitError
-from launcher.jobkit.layout import write_json_atomically
+from launcher.jobkit.layout import make_private_dirs, write_json_atomically
 
 IDENTITY = "input.json"  # beside the run, in the model dir
 _FIX = {
@@ -36,7 +36,7 @@ def check_same_input(model_dir: Path, identity: dict[str, Any], *, resuming: boo
     recorded = json.loads(path.read_text()) if resuming and path.exists() else None
     if recorded is None:
         if is_chief:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(path.parent)  # before fit's own: the model dir is 0700 as the kit makes it
             write_json_atomically(path, identity)
         return
     changed = [field for field in identity if field in recorded and recorded[field] != identity[field]]
