@@ -12,6 +12,7 @@ With an `evaluator` task in TF_CONFIG, that task follows the chief's checkpoints
 from __future__ import annotations
 
 import argparse
+import sys
 
 from launcher import jobkit
 
@@ -108,4 +109,7 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main(ARGS)
+    try:
+        main(ARGS)
+    except jobkit.JobKitError as err:  # refused (bad data, a resume on another input): one line, no traceback
+        sys.exit(f"mnist: {err}")

@@ -8,7 +8,10 @@ reads it. What the thread does depends on where the task is:
 - outside training (start-up before `fit`, or after it: the done marker is written) there
   is nothing to agree on: the task leaves at once with PREEMPTED_EXIT_CODE, and the next
   attempt resumes from the last backup, or finds the done marker and does not train;
-- inside `fit` the notice is only recorded (`received`), and TensorFlow's preemption
+- inside `fit`, before the attempt's first call of the train function ended (a replayed
+  input can hold that call for minutes), nothing was trained since the restore: the task
+  leaves at once with PREEMPTED_EXIT_CODE, as outside training;
+- inside `fit` after that, the notice is only recorded (`received`), and TensorFlow's preemption
   handler takes it from there (`preemption.py`: every training task saves at one agreed
   step). If the task then makes no progress for a while (no call of the train function
   ends; a peer is gone, so the agreement can never come), the thread ends the task as
@@ -168,6 +171,7 @@ def _watch(read_fd: int) -> None:
             at = time.monotonic()
             if _NOTICE.outside is None:
                 _end_if_torn_down()
+                _nothing_trained_yet()
             _NOTICE.received.set()
             _act(at)
 
@@ -175,6 +179,16 @@ def _watch(read_fd: int) -> None:
 def _peers(context: TaskContext) -> tuple[str, ...]:
     mine = context.cluster.get(context.task_type, ())[context.task_index:context.task_index + 1]
     return tuple(a for kind in TRAINING_TYPES for a in context.cluster.get(kind, ()) if a not in mine)
+
+
+def _nothing_trained_yet() -> None:
+    """A notice before this attempt's first call of the train function ended: nothing was trained since
+    the restore (the call may be replaying a tf.data input for minutes), so there is nothing to agree on or
+    save; waiting for an agreed step would outlast the grace period and end in SIGKILL."""
+    with _NOTICE.lock:
+        if not _NOTICE.steps and not _NOTICE.saving:
+            _NOTICE.outside = ("before this attempt's first step ended (nothing trained since it began: the input's "
+                               "replay, or the first call's tracing)")
 
 
 def _end_if_torn_down() -> None:

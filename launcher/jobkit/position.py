@@ -43,6 +43,7 @@ class InputStream:
     start: int  # the global step the input starts at: the steps trained before this attempt
     exact: bool  # False: keras restarts the input at the beginning of each epoch
     replayed: bool = False  # True: the input reaches `start` by reading (and dropping) every batch before it
+    differs: str = ""  # why the replayed batches are not the ones trained before (replayable.py); "" when they are
 
 
 def saved_state(backup_dir: Path) -> tuple[int, int]:
@@ -66,6 +67,22 @@ def resume_point(state: tuple[int, int], steps_per_epoch: int) -> tuple[int, int
     return epoch, batch + 1
 
 
+def check_backup_fits(state: tuple[int, int], steps_per_epoch: int) -> None:
+    """Refuse a step backup saved past the end of an epoch as long as this attempt's.
+
+    keras goes on after step `batch` of the saved epoch; with fewer steps an epoch than when the
+    backup was saved (a larger global batch: more workers, another --batch-size; a smaller
+    steps_per_epoch) that epoch has no step left, and keras stops with "Unexpected result of
+    `train_function` (Empty logs)", which names no cause."""
+    epoch, batch = state
+    if epoch >= 0 and batch + 1 > steps_per_epoch:
+        raise JobKitError(f"the backup was saved at epoch {epoch + 1} step {batch + 1}, past the {steps_per_epoch} steps "
+                          "an epoch has now (the global batch or steps_per_epoch changed since it was saved), so keras "
+                          "would find that epoch empty; resume with the steps per epoch it was saved with (the same "
+                          "--steps-per-epoch, or the same global batch: batch size and number of workers), or start a "
+                          "new run (another --model-dir)")
+
+
 def input_stream(dataset: Any, steps_per_epoch: int | None, state: tuple[int, int], strategy: Any = None,
                  *, replay: bool = True) -> InputStream:
     """The stream keras reads, started at the position `state` (a backup's) leaves off at.
@@ -78,6 +95,7 @@ def input_stream(dataset: Any, steps_per_epoch: int | None, state: tuple[int, in
 
     if isinstance(dataset, AddressedInput):
         steps_per_epoch = steps_per_epoch or dataset.steps_per_epoch
+        check_backup_fits(state, steps_per_epoch)
         epoch, step = resume_point(state, steps_per_epoch)
         start = epoch * steps_per_epoch + step
         distributed = dataset.distribute(strategy or tf.distribute.get_strategy(), start)
@@ -97,18 +115,27 @@ def input_stream(dataset: Any, steps_per_epoch: int | None, state: tuple[int, in
         dataset, steps_per_epoch = dataset.repeat(), steps_per_epoch or length
     if steps_per_epoch is None:
         return InputStream(dataset, None, 0, exact=False)
+    check_backup_fits(state, steps_per_epoch)
     epoch, step = resume_point(state, steps_per_epoch)
     start = epoch * steps_per_epoch + step
     if not start:
         return InputStream(dataset, steps_per_epoch, 0, exact=True)
     if not replay:
         return InputStream(dataset, steps_per_epoch, start, exact=False)
-    return InputStream(dataset.skip(start), steps_per_epoch, start, exact=True, replayed=True)
+    from launcher.jobkit.replayable import why_a_replay_differs
+
+    differs = why_a_replay_differs(dataset) or ""
+    return InputStream(dataset.skip(start), steps_per_epoch, start, exact=not differs, replayed=True, differs=differs)
 
 
 def say_where_the_input_starts(stream: InputStream, dataset: Any) -> None:
     """One line on the console: where the input starts, and what that costs or gives up."""
-    if stream.replayed:
+    if stream.differs:
+        print(f"jobkit: resuming at global step {stream.start}: the input replays the {stream.start} batches trained "
+              f"before, but not exactly: {stream.differs} draws other batches in every process; give each shuffle "
+              "and random op a seed, or call keras.utils.set_random_seed(S) before building the input, and keep "
+              "parallel stages deterministic (or use an AddressedInput: docs/input.md)", flush=True)
+    elif stream.replayed:
         print(f"jobkit: resuming at global step {stream.start}: the input replays the {stream.start} batches trained "
               "before (a tf.data pipeline reaches a step only by reading every batch before it; the time it takes "
               "is said at the first step; an AddressedInput starts right there: docs/input.md)", flush=True)

@@ -27,7 +27,7 @@ import tensorflow as tf
 from launcher.jobkit.addressed import AddressedInput, Augment, BatchFn
 from launcher.jobkit.addressing import PASS_STREAM, WINDOW_STREAM, Shard, check_same_shards, locate
 from launcher.jobkit.context import JobKitError
-from launcher.jobkit.layout import write_json_atomically
+from launcher.jobkit.layout import make_private_dirs, write_json_atomically
 
 MANIFEST = "input_records.json"  # beside the run, in the model dir
 _HEADER = 12  # uint64 length + uint32 masked crc of it; the data is followed by a uint32 crc
@@ -98,7 +98,7 @@ class TFRecordInput(AddressedInput):
 
     def prepare(self, model_dir: Path, is_chief: bool) -> None:
         if is_chief and not self.manifest.exists():
-            self.manifest.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(self.manifest.parent)  # before fit's own: 0700 as the kit makes model dirs
             write_json_atomically(self.manifest, {"directory": str(self.directory), "compression": self.compression,
                                                   "shards": [vars(s) for s in self.shards]})
 
@@ -109,6 +109,9 @@ class TFRecordInput(AddressedInput):
             return ("GZIP files cannot seek: the resume reads the file it falls in from its start up to its record; "
                     f"at most {most} records before it are read (the largest file's, and a window's)")
         return f"a seek to its file and record (headers only); at most {self.window} records before it are read"
+
+    def identity(self) -> dict[str, Any]:
+        return {**super().identity(), "window": self.window}
 
     def decode(self, raw: Any) -> Any:
         record, _, _ = raw  # the file and record number ride along for `find_unparsable`

@@ -17,9 +17,10 @@ from launcher.jobkit.callbacks import EpochCheckpoint, ProgressCallback, ReplayT
 from launcher.jobkit.consistency import PositionCheck, RestoredStateCheck
 from launcher.jobkit.context import JobKitError, TaskContext
 from launcher.jobkit.execution import check_steps_per_execution
+from launcher.jobkit.input_identity import check_same_input
 from launcher.jobkit.layout import chief_only_writes, finished_run, read_done_marker, write_json_atomically
 from launcher.jobkit.models import require_tf_keras
-from launcher.jobkit.position import input_stream, saved_state, say_where_the_input_starts
+from launcher.jobkit.position import NOTHING, input_stream, saved_state, say_where_the_input_starts
 from launcher.jobkit.preemption import PreemptionCheckpoint
 from launcher.jobkit.progress import ProgressWriter, progress_record
 from launcher.jobkit.quiet import kit_hook_timing_quiet
@@ -100,6 +101,7 @@ def fit(
             raise JobKitError(f"the input's global batch is {dataset.batch.size} examples but fit got "
                               f"global_batch_size={global_batch_size}; pass the same number to both")
         dataset.prepare(real.root, context.is_chief)
+        check_same_input(real.root, dataset.identity(), resuming=state != NOTHING, is_chief=context.is_chief)
     stream = input_stream(dataset, steps_per_epoch, state, model.distribute_strategy, replay=replay)
     say_where_the_input_starts(stream, dataset)
     with chief_only_writes(model_dir, context) as layout:
@@ -113,7 +115,7 @@ def fit(
         # Right after the restore, every training task must go on from the same state.
         backup = StepBackup(str(real.backup), backup_every_steps, on_trained)
         kit: list[keras.callbacks.Callback] = [clock, backup]
-        if stream.exact and stream.steps_per_epoch:
+        if (stream.exact or stream.replayed) and stream.steps_per_epoch:  # placed at the backup's step
             kit.append(PositionCheck(state, stream.steps_per_epoch))
         kit += [RestoredStateCheck(context, backup_dir=str(real.backup)), checkpoints]
         if stream.replayed:
