@@ -9,6 +9,7 @@ launcher is gone (killed with -9, machine rebooted…). Idempotent.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -24,7 +25,8 @@ from launcher.engines.teardown import teardown
 from launcher.errors import RunNotFoundError, UsageError
 from launcher.files import write_atomic
 from launcher.records.identity import is_running, launcher_identity
-from launcher.records.preparing import Preparing, end_preparing, resolve_run
+from launcher.records.index import active_ids
+from launcher.records.preparing import Preparing, end_preparing, preparing_runs, resolve_run
 from launcher.records.states import RunState, TaskState
 from launcher.records.store import STATE_FILE, STOP_REQUEST, RunRecord, RunStore
 from launcher.tasks import TaskId
@@ -63,9 +65,34 @@ def stop_run(store: RunStore, record: RunRecord, grace: float | None = None) -> 
 
 
 def stop_ref(store: RunStore, ref: str | None, grace: float | None = None) -> str:
-    """``tfl stop [RUN]``: a recorded run (``stop_run``), or a detached launch being prepared (``call_off``)."""
-    found = resolve_run(store, ref)
+    """``tfl stop [RUN]``: a recorded run (``stop_run``), or a detached launch being prepared (``call_off``);
+    without RUN, the one active run (``active_run``)."""
+    found = resolve_run(store, ref) if ref is not None else active_run(store)
+    if found is None:
+        return "no run is active; nothing to stop (`tfl status` lists the runs; `tfl stop RUN` names one)"
     return call_off(store, found, grace) if isinstance(found, Preparing) else stop_run(store, found, grace)
+
+
+def active_run(store: RunStore) -> RunRecord | Preparing | None:
+    """What ``tfl stop`` without RUN stops: the run that is active (recorded and not ended, a lost one
+    included, or a detached launch being prepared), as ``docker stop`` or ``kill %1`` mean the one that
+    runs, never a finished run that happens to be the latest. None: no run is active. Several: refused,
+    naming them, rather than guess which one."""
+    with contextlib.suppress(RunNotFoundError):  # none recorded yet: one being prepared may still be there
+        store.resolve(None)  # the latest record unreadable (a newer tfl's): refused as `tfl logs` refuses it
+    records, unreadable = store.scan(active_ids(store.home))
+    live: list[RunRecord | Preparing] = [r for r in records if not r.state.is_terminal]
+    live += preparing_runs(store.home)
+    if len(live) == 1 and not unreadable:
+        return live[0]
+    if not live and not unreadable:
+        return None
+    if not live and len(unreadable) == 1:
+        raise UsageError(f"the active run {unreadable[0].run_id} is unreadable: {unreadable[0].reason}; "
+                         "name a RUN to stop: `tfl stop RUN`")
+    names = [r.run_id for r in live] + [f"{u.run_id} (unreadable)" for u in unreadable]
+    shown = ", ".join(names[:SHOWN]) + (f", and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+    raise UsageError(f"{len(names)} runs are active ({shown}); name the one to stop: `tfl stop RUN`")
 
 
 def call_off(store: RunStore, preparing: Preparing, grace: float | None = None) -> str:
