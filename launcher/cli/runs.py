@@ -119,7 +119,8 @@ def resume(
     typer.echo(f"tfl: resuming run {record.run_id} (attempt {claimed.attempt}); logs in {record.run_dir}/logs", err=True)
     if note:
         say(note)
-    done = _core(lambda: core.supervise(prepared, store, claimed, config, sys.stdout, colour=_colour(), verbose=verbose))
+    done = _core(lambda: core.supervise(prepared, store, claimed, config, sys.stdout, colour=_colour(), verbose=verbose,
+                                        exits_after=True))
     say(summary(done))
     raise typer.Exit(done.exit_code or 0)
 

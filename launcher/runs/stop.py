@@ -45,20 +45,27 @@ def stop_run(store: RunStore, record: RunRecord, grace: float | None = None) -> 
     if identity.elsewhere and not record.state.is_terminal:
         raise UsageError(f"run {record.run_id}: its launcher runs on host {identity.elsewhere}, not on this one; "
                          f"run `tfl stop {record.run_id}` there")
-    launcher = identity.find()
+    # A launcher whose record says the run ended is only saying so and exiting: nothing of it to stop.
+    launcher = identity.find() if not record.state.is_terminal else None
     if launcher is not None:
         # SIGTERM, never repeated (the launcher's handler takes only a second SIGINT for "kill
         # now"). It tears its tasks down with the run's own grace, however long; only a launcher
         # still there after that is taken for wedged and killed, and the backend's stop below
         # then does its work.
         wait = max(grace, record.grace_period) + LAUNCHER_EXTRA_GRACE
-        if not record.state.is_terminal:
-            store.request_stop(record)  # this SIGTERM is the user's: the run ends STOPPED, not PREEMPTED
+        store.request_stop(record)  # this SIGTERM is the user's: the run ends STOPPED, not PREEMPTED
         teardown([launcher], signal=_send, alive=is_running, grace=wait, kill_wait=5.0)
     stopped = registry.get(record.backend).stop_recorded(store.load(record.run_id), grace)
     record = store.load(record.run_id)
     if record.state.is_terminal:
-        did = "stopped" if launcher or stopped.alive else f"already {record.state.value}; nothing to stop"
+        # The run may have ended on its own as the stop came (its record saved before the SIGTERM landed):
+        # only a run that ended STOPPED was stopped by this; the others are said as they ended.
+        if record.state == RunState.STOPPED and (launcher or stopped.alive):
+            did = "stopped"
+        elif stopped.alive:
+            did = f"already {record.state.value}; stopped {stopped.alive} process(es) it left"
+        else:
+            did = f"already {record.state.value}; nothing to stop"
         return f"run {record.run_id}: {did}" + _unreached(stopped)
     _mark_stopped(store, record, "stopped by `tfl stop` (the launcher was gone)")
     return f"run {record.run_id}: stopped {stopped.alive} process(es) left by a launcher that was gone" + _unreached(stopped)
