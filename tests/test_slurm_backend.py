@@ -119,8 +119,8 @@ def test_a_scancel_outside_tfl_or_the_time_limit_is_the_cause_not_the_task_srun_
     # a preemption is not someone's scancel (the preempted steps' own rules apply) ...
     preempted = SCANCELLED.replace(" ***", " DUE TO PREEMPTION ***")
     assert training_outcome(1, 0, EXITED_143, preempted, None, {}, job_id="7") == Outcome(-signal.SIGTERM)
-    # ... and the time limit is the time limit, not the task srun named first
-    timeout = Outcome(143, "Slurm job 7 reached its time limit (TIMEOUT); give the slurm block a longer \"time\"")
+    # ... and the time limit is the time limit, not the task srun named first: the whole job's, the run's cause
+    timeout = Outcome(143, "Slurm job 7 reached its time limit (TIMEOUT); give the slurm block a longer \"time\"", of_run=True)
     timed_out = SCANCELLED.replace(" ***", " DUE TO TIME LIMIT ***")
     assert training_outcome(0, 0, EXITED_143, timed_out, None, {}, job_id="7") == timeout
     assert training_outcome(1, 0, EXITED_143, timed_out, None, {}, job_id="7") is None
@@ -163,7 +163,7 @@ def test_a_scancel_of_the_whole_job_is_the_runs_cause_as_the_batch_output_says_b
 ])
 def test_job_ends_are_one_line_each(end: JobEnd, expected: str) -> None:
     assert describe_end(end) == expected
-    of_run = end.state == "CANCELLED"  # someone's scancel of the whole job: the run's cause, no task's
+    of_run = end.state in ("CANCELLED", "TIMEOUT")  # someone's scancel of the whole job, its time limit: the run's cause
     assert training_outcome(0, 0, StepEvents(), "", end, {}, job_id="7") == Outcome(end.exit_code or 1, expected, of_run=of_run)
 
 

@@ -79,7 +79,7 @@ def test_a_model_dir_on_another_host_says_how_to_reach_it(tfl_home: Path) -> Non
                                                 ssh={"host": "gpu1", "port": 2222, "user": "train", "identity_file": "/k"})])
     result = runner.invoke(app, ["tensorboard", "remote", "--port", "6010"])
     assert result.exit_code == 0, result.output
-    assert result.stdout.splitlines()[1] == ("  ssh -p 2222 -i /k -L 6010:127.0.0.1:6010 train@gpu1 'd=$(mktemp -d "
+    assert result.stdout.splitlines()[1] == ("  ssh -t -p 2222 -i /k -L 6010:127.0.0.1:6010 train@gpu1 'd=$(mktemp -d "
                                              '"${TMPDIR:-/tmp}/tensorboard-tmp-XXXXXXXX") && trap "rm -rf -- \\"\\$d\\"" EXIT && '
                                              'trap "exit 129" HUP INT TERM && TMPDIR=$d /opt/py -m tensorboard.main '
                                              "--logdir /srv/w/tfl-runs/remote/model --port 6010 --host 127.0.0.1'")

@@ -104,7 +104,7 @@ def launch(
     _note(note)  # once the hosts passed their checks: their refusal stays the one line
     said = f"tfl: run {plan.run_id}: {', '.join(t.name for t in plan.tasks)}; logs in {plan.run_dir}/logs"
     record = _core(lambda: core.execute(prepared, store, config, sys.stdout, colour=_colour(), verbose=verbose,
-                                        announce=lambda: typer.echo(said, err=True)))
+                                        announce=lambda: typer.echo(said, err=True), exits_after=True))
     say(summary(record))
     raise typer.Exit(record.exit_code or 0)
 

@@ -70,7 +70,7 @@ def _watch_status(store: Any, run: str | None, every: bool) -> None:
 
 @app.command(cls=_Command)
 def stop(
-    run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest run)",
+    run: str | None = typer.Argument(None, help="run id or unique prefix (default: the one active run)",
                                      autocompletion=_run_ids),
     grace_period: float | None = typer.Option(None, "--grace-period", min=0,
                                               help="seconds from the notice (SIGTERM) to SIGKILL (default: the run's own)"),
@@ -119,7 +119,8 @@ def resume(
     typer.echo(f"tfl: resuming run {record.run_id} (attempt {claimed.attempt}); logs in {record.run_dir}/logs", err=True)
     if note:
         say(note)
-    done = _core(lambda: core.supervise(prepared, store, claimed, config, sys.stdout, colour=_colour(), verbose=verbose))
+    done = _core(lambda: core.supervise(prepared, store, claimed, config, sys.stdout, colour=_colour(), verbose=verbose,
+                                        exits_after=True))
     say(summary(done))
     raise typer.Exit(done.exit_code or 0)
 

@@ -146,7 +146,7 @@ def supervise_detached(plan_file: Path, config_json: str, store: RunStore) -> Ru
                                          waiting_parent(), [(t.name, t.host) for t in plan.tasks], plan.network))
     try:
         return execute(prepare(plan), store, SupervisorConfig(**json.loads(config_json)), None, reserved=True,
-                       announce=lambda: forget_preparing(plan.run_dir))
+                       announce=lambda: forget_preparing(plan.run_dir), exits_after=True)
     finally:
         end_preparing(store.home, plan.run_id, plan.run_dir)
 
@@ -155,4 +155,4 @@ def resume_detached(run_id: str, config_json: str, store: RunStore, address: str
     """The body of a detached resume (``tfl _resume``)."""
     config = SupervisorConfig(**json.loads(config_json))
     prepared, record = resume(run_id, store, config, address)
-    return supervise(prepared, store, record, config, None)
+    return supervise(prepared, store, record, config, None, exits_after=True)

@@ -128,10 +128,10 @@ def prepare(plan: LaunchPlan) -> Prepared:
 
 def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: TextIO | None, *,
             colour: bool = False, reserved: bool = False, verbose: bool = False,
-            announce: Callable[[], None] = lambda: None) -> RunRecord:
+            announce: Callable[[], None] = lambda: None, exits_after: bool = False) -> RunRecord:
     """Start the plan and supervise it to the end, streaming every task's output to ``out``
     (without TensorFlow's known start-up noise unless ``verbose``). ``announce``: once the run is
-    recorded (a store that refuses it names no run that never was)."""
+    recorded (a store that refuses it names no run that never was). ``exits_after``: see ``supervise``."""
     plan = prepared.plan
     record = initial_record(plan, created=time.time(), max_restarts=config.max_restarts, backend=prepared.backend.name)
     me = ProcessIdentity.of(os.getpid())
@@ -144,7 +144,7 @@ def execute(prepared: Prepared, store: RunStore, config: SupervisorConfig, out: 
         prepared.backend.close()
         raise
     announce()
-    return supervise(prepared, store, record, config, out, colour=colour, verbose=verbose)
+    return supervise(prepared, store, record, config, out, colour=colour, verbose=verbose, exits_after=exits_after)
 
 
 def resume(run_id: str, store: RunStore, config: SupervisorConfig, address: str | None = None) -> tuple[Prepared, RunRecord]:
@@ -166,8 +166,10 @@ def resume(run_id: str, store: RunStore, config: SupervisorConfig, address: str 
 
 
 def supervise(prepared: Prepared, store: RunStore, record: RunRecord, config: SupervisorConfig, out: TextIO | None, *,
-              colour: bool = False, verbose: bool = False) -> RunRecord:
-    """Supervise a recorded run to its end, following its logs to ``out``."""
+              colour: bool = False, verbose: bool = False, exits_after: bool = False) -> RunRecord:
+    """Supervise a recorded run to its end, following its logs to ``out``. ``exits_after``: this
+    process ends with the run (tfl's own launch): a SIGTERM or SIGHUP that comes once the run has
+    ended is ignored from then on, so that it still says its summary and exits with the run's code."""
     plan = prepared.plan
     supervisor = Supervisor(plan, record, store, config, backend=prepared.backend, wake=prepared.wake, say=say)
     follower = (LogFollower([(t.name, t.log_path) for t in plan.tasks], out, colour=colour, hide_noise=not verbose,
@@ -176,7 +178,7 @@ def supervise(prepared: Prepared, store: RunStore, record: RunRecord, config: Su
                                                  f"goes on, its output in {plan.run_dir}/logs; Ctrl-C or `tfl stop` stops it")
                             ).start() if out else None)
     try:
-        with _stop_on_signals(supervisor):
+        with _stop_on_signals(supervisor, exits_after):
             return supervisor.run()
     finally:
         if follower:
@@ -224,13 +226,16 @@ def _interrupted_by_signals(run_dir: str) -> Iterator[Callable[[], None]]:
 
 
 @contextmanager
-def _stop_on_signals(supervisor: Supervisor) -> Iterator[None]:
+def _stop_on_signals(supervisor: Supervisor, exits_after: bool = False) -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP stop the run gracefully: the tasks get the notice and the
     grace to save the agreed checkpoint. A second SIGINT (Ctrl-C twice) forces SIGKILL, unless it
     came within ``SAME_PRESS`` of the last one: that is the same press, relayed by `uv run`.
     SIGTERM and SIGHUP never force: `tfl stop` sends SIGTERM, and running it twice must not
     cut the tasks' grace short. A SIGTERM that `tfl stop` did not send ends the run PREEMPTED
-    (``Supervisor.request_stop(notice=True)``). The handler takes no lock (``Waker``)."""
+    (``Supervisor.request_stop(notice=True)``). The handler takes no lock (``Waker``). With
+    ``exits_after``, a run that has ended leaves SIGTERM and SIGHUP ignored rather than back to their
+    default, which would end the process at once: a `tfl stop` in the run's last milliseconds would
+    cut its summary, and a run that succeeded would exit 143."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -266,5 +271,6 @@ def _stop_on_signals(supervisor: Supervisor) -> Iterator[None]:
     try:
         yield
     finally:
+        ended = exits_after and supervisor.record.state.is_terminal
         for s, h in previous.items():
-            signal.signal(s, h)
+            signal.signal(s, signal.SIG_IGN if ended and s != signal.SIGINT else h)

@@ -9,6 +9,7 @@ launcher is gone (killed with -9, machine rebooted…). Idempotent.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -24,7 +25,8 @@ from launcher.engines.teardown import teardown
 from launcher.errors import RunNotFoundError, UsageError
 from launcher.files import write_atomic
 from launcher.records.identity import is_running, launcher_identity
-from launcher.records.preparing import Preparing, end_preparing, resolve_run
+from launcher.records.index import active_ids
+from launcher.records.preparing import Preparing, end_preparing, preparing_runs, resolve_run
 from launcher.records.states import RunState, TaskState
 from launcher.records.store import STATE_FILE, STOP_REQUEST, RunRecord, RunStore
 from launcher.tasks import TaskId
@@ -43,29 +45,61 @@ def stop_run(store: RunStore, record: RunRecord, grace: float | None = None) -> 
     if identity.elsewhere and not record.state.is_terminal:
         raise UsageError(f"run {record.run_id}: its launcher runs on host {identity.elsewhere}, not on this one; "
                          f"run `tfl stop {record.run_id}` there")
-    launcher = identity.find()
+    # A launcher whose record says the run ended is only saying so and exiting: nothing of it to stop.
+    launcher = identity.find() if not record.state.is_terminal else None
     if launcher is not None:
         # SIGTERM, never repeated (the launcher's handler takes only a second SIGINT for "kill
         # now"). It tears its tasks down with the run's own grace, however long; only a launcher
         # still there after that is taken for wedged and killed, and the backend's stop below
         # then does its work.
         wait = max(grace, record.grace_period) + LAUNCHER_EXTRA_GRACE
-        if not record.state.is_terminal:
-            store.request_stop(record)  # this SIGTERM is the user's: the run ends STOPPED, not PREEMPTED
+        store.request_stop(record)  # this SIGTERM is the user's: the run ends STOPPED, not PREEMPTED
         teardown([launcher], signal=_send, alive=is_running, grace=wait, kill_wait=5.0)
     stopped = registry.get(record.backend).stop_recorded(store.load(record.run_id), grace)
     record = store.load(record.run_id)
     if record.state.is_terminal:
-        did = "stopped" if launcher or stopped.alive else f"already {record.state.value}; nothing to stop"
+        # The run may have ended on its own as the stop came (its record saved before the SIGTERM landed):
+        # only a run that ended STOPPED was stopped by this; the others are said as they ended.
+        if record.state == RunState.STOPPED and (launcher or stopped.alive):
+            did = "stopped"
+        elif stopped.alive:
+            did = f"already {record.state.value}; stopped {stopped.alive} process(es) it left"
+        else:
+            did = f"already {record.state.value}; nothing to stop"
         return f"run {record.run_id}: {did}" + _unreached(stopped)
     _mark_stopped(store, record, "stopped by `tfl stop` (the launcher was gone)")
     return f"run {record.run_id}: stopped {stopped.alive} process(es) left by a launcher that was gone" + _unreached(stopped)
 
 
 def stop_ref(store: RunStore, ref: str | None, grace: float | None = None) -> str:
-    """``tfl stop [RUN]``: a recorded run (``stop_run``), or a detached launch being prepared (``call_off``)."""
-    found = resolve_run(store, ref)
+    """``tfl stop [RUN]``: a recorded run (``stop_run``), or a detached launch being prepared (``call_off``);
+    without RUN, the one active run (``active_run``)."""
+    found = resolve_run(store, ref) if ref is not None else active_run(store)
+    if found is None:
+        return "no run is active; nothing to stop (`tfl status` lists the runs; `tfl stop RUN` names one)"
     return call_off(store, found, grace) if isinstance(found, Preparing) else stop_run(store, found, grace)
+
+
+def active_run(store: RunStore) -> RunRecord | Preparing | None:
+    """What ``tfl stop`` without RUN stops: the run that is active (recorded and not ended, a lost one
+    included, or a detached launch being prepared), as ``docker stop`` or ``kill %1`` mean the one that
+    runs, never a finished run that happens to be the latest. None: no run is active. Several: refused,
+    naming them, rather than guess which one."""
+    with contextlib.suppress(RunNotFoundError):  # none recorded yet: one being prepared may still be there
+        store.resolve(None)  # the latest record unreadable (a newer tfl's): refused as `tfl logs` refuses it
+    records, unreadable = store.scan(active_ids(store.home))
+    live: list[RunRecord | Preparing] = [r for r in records if not r.state.is_terminal]
+    live += preparing_runs(store.home)
+    if len(live) == 1 and not unreadable:
+        return live[0]
+    if not live and not unreadable:
+        return None
+    if not live and len(unreadable) == 1:
+        raise UsageError(f"the active run {unreadable[0].run_id} is unreadable: {unreadable[0].reason}; "
+                         "name a RUN to stop: `tfl stop RUN`")
+    names = [r.run_id for r in live] + [f"{u.run_id} (unreadable)" for u in unreadable]
+    shown = ", ".join(names[:SHOWN]) + (f", and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+    raise UsageError(f"{len(names)} runs are active ({shown}); name the one to stop: `tfl stop RUN`")
 
 
 def call_off(store: RunStore, preparing: Preparing, grace: float | None = None) -> str:

@@ -89,9 +89,11 @@ def model_dir_arg(args: list[str]) -> str | None:
 
 
 def reach_hint(run_id: str, where: ModelDir, port: int) -> str:
-    """How to see a model dir that lies on another host: TensorBoard there, a tunnel here."""
+    """How to see a model dir that lies on another host: TensorBoard there, a tunnel here. ``-t``: a
+    terminal there, so that Ctrl-C here (or the connection lost: its SIGHUP) reaches TensorBoard and the
+    shell whose trap removes its temp dir; without one sshd tells the remote command nothing as ssh goes."""
     assert where.ssh is not None and where.host is not None
-    ssh = ["ssh", *ssh_options(where.ssh), "-L", f"{port}:{HOST}:{port}", _login(where.ssh.user, where.host)]
+    ssh = ["ssh", "-t", *ssh_options(where.ssh), "-L", f"{port}:{HOST}:{port}", _login(where.ssh.user, where.host)]
     remote = REMOTE_TMPDIR + shlex.join([where.python, "-m", "tensorboard.main", "--logdir", where.path, "--port", str(port),
                                          "--host", HOST])
     return "\n".join([f"run {run_id}: its model dir {where.path} is on {where.host}, not readable here; start TensorBoard "

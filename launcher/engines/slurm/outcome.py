@@ -10,7 +10,8 @@ cause's tasks get an exit code here. When the whole job ended under the tasks (a
 failure, the time limit, a cancellation outside tfl, the batch script failing before
 training) the chief takes the failure, or the first task on the failed node, with one line
 that says what happened (``Outcome.ended_by``). A cancellation of the whole job (someone's
-``scancel JOB``) is the run's cause, not the chief's (``Outcome.of_run``): the run says it naming no task.
+``scancel JOB``) and the job's time limit are the run's cause, not the chief's (``Outcome.of_run``):
+the run says it naming no task.
 
 A step whose first failed task exited with ``contract.PREEMPTED_EXIT_CODE`` (170) was
 preempted: every task that exited 170 saved the agreed checkpoint, and each reports 170 with
@@ -61,7 +62,7 @@ class Outcome:
     code: int  # as poll() reports it: 0, the exit status, or -signal
     ended_by: str | None = None  # why, when the code does not say
     failed_node: str | None = None  # the node Slurm lost under the task (NODE_FAIL), when named
-    of_run: bool = False  # ``ended_by`` is the run's, not the task's: the whole job was cancelled under every task
+    of_run: bool = False  # ``ended_by`` is the run's, not the task's: the whole job ended under every task
 
 
 def failure_code(failure: SrunTaskFailure) -> int:
@@ -118,7 +119,7 @@ def training_outcome(rank: int, attempt: int, events: StepEvents, srun_err: str,
     if node is not None or (end is not None and end.state == "NODE_FAIL"):
         victim = next((r for r, n in sorted(nodes.items()) if n == node), 0)
         return Outcome(status or 1, node_failure(job_id, node, ended=not elastic), node) if rank == victim else None
-    whole = job_cancellation(batch_out, end)
+    whole = job_cancellation(batch_out, end) or time_limit(batch_out, srun_err, end, job_id)
     if whole is not None:  # the run's cause, carried by the chief (srun's "Terminated" or "Killed" are its doing)
         return Outcome(status or 1, whole, of_run=True) if rank == 0 else None
     cancelled = cancellation(srun_err, end, job_id)
@@ -147,16 +148,27 @@ def job_cancellation(batch_out: str, end: JobEnd | None) -> str | None:
     return None
 
 
+def time_limit(batch_out: str, srun_err: str, end: JobEnd | None, job_id: str) -> str | None:
+    """One line when the job reached its time limit (the whole job's: tfl gives its steps none), else None:
+    Slurm's TIMEOUT once the job has ended, or before that slurmstepd's ``DUE TO TIME LIMIT`` line for
+    the job in the batch script's output, or for the training step in srun's stderr."""
+    if end is not None and end.state == "TIMEOUT" and not end.by_tfl:
+        return describe_end(end)
+    job = _JOB_CANCELLED.search(batch_out)
+    step = _CANCELLED.search(srun_err)
+    if (job is not None and job[3] == "TIME LIMIT") or (step is not None and step[3] == "TIME LIMIT"
+                                                          and not _SRUN_ENDED_IT.search(srun_err, 0, step.start())):
+        return describe_end(JobEnd(job_id, "TIMEOUT", None, False))
+    return None
+
+
 def cancellation(srun_err: str, end: JobEnd | None, job_id: str) -> str | None:
-    """One line when someone cancelled the job or its training step outside tfl (``scancel``), or the job
-    reached its time limit; else None."""
-    if end is not None and end.state in ("CANCELLED", "TIMEOUT") and not end.by_tfl:
+    """One line when someone cancelled the job or its training step outside tfl (``scancel``); else None."""
+    if end is not None and end.state == "CANCELLED" and not end.by_tfl:
         return describe_end(end)
     match = _CANCELLED.search(srun_err)
-    if match is None or match[3] not in (None, "TIME LIMIT") or _SRUN_ENDED_IT.search(srun_err, 0, match.start()):
+    if match is None or match[3] is not None or _SRUN_ENDED_IT.search(srun_err, 0, match.start()):
         return None
-    if match[3] == "TIME LIMIT":
-        return describe_end(JobEnd(job_id, "TIMEOUT", None, False))
     return f"Slurm step {match[1]} was cancelled outside tfl (scancel at {match[2]})"
 
 
