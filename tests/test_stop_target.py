@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from launcher.errors import UsageError
 from launcher.records.states import RunState, TaskState
 from launcher.records.store import RunRecord, RunStore, TaskRecord
 from launcher.runs.stop import stop_ref
@@ -38,13 +35,15 @@ def test_stop_without_run_and_none_active_stops_nothing(tmp_path: Path) -> None:
     assert store.load("done").state is RunState.FAILED
 
 
-def test_stop_without_run_refuses_to_guess_among_several_active_runs(tmp_path: Path) -> None:
+def test_stop_without_run_stops_the_latest_of_several_active_runs_and_names_the_others(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     add_run(store, "first", 1.0, RunState.RUNNING)
     add_run(store, "second", 2.0, RunState.STARTING)
-    with pytest.raises(UsageError, match=r"^2 runs are active \(first, second\); name the one to stop: `tfl stop RUN`$"):
-        stop_ref(store, None)
-    assert [store.load(r).state for r in ("first", "second")] == [RunState.RUNNING, RunState.STARTING]
+    add_run(store, "third-done", 3.0, RunState.SUCCEEDED)
+    said = stop_ref(store, None, grace=0.0)
+    assert said.splitlines()[0].startswith("run second: stopped"), said
+    assert said.splitlines()[1] == "1 other run(s) still active: first (`tfl stop RUN` stops one)"
+    assert [store.load(r).state for r in ("first", "second")] == [RunState.RUNNING, RunState.STOPPED]
 
 
 def test_stop_with_a_run_still_takes_that_run_even_when_finished(tmp_path: Path) -> None:

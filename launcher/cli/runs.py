@@ -70,7 +70,7 @@ def _watch_status(store: Any, run: str | None, every: bool) -> None:
 
 @app.command(cls=_Command)
 def stop(
-    run: str | None = typer.Argument(None, help="run id or unique prefix (default: the one active run)",
+    run: str | None = typer.Argument(None, help="run id or unique prefix (default: the latest active run)",
                                      autocompletion=_run_ids),
     grace_period: float | None = typer.Option(None, "--grace-period", min=0,
                                               help="seconds from the notice (SIGTERM) to SIGKILL (default: the run's own)"),

@@ -73,33 +73,35 @@ def stop_run(store: RunStore, record: RunRecord, grace: float | None = None) -> 
 
 def stop_ref(store: RunStore, ref: str | None, grace: float | None = None) -> str:
     """``tfl stop [RUN]``: a recorded run (``stop_run``), or a detached launch being prepared (``call_off``);
-    without RUN, the one active run (``active_run``)."""
-    found = resolve_run(store, ref) if ref is not None else active_run(store)
-    if found is None:
+    without RUN, the latest active run (``active_runs``), the others still active named after it."""
+    if ref is not None:
+        found: RunRecord | Preparing = resolve_run(store, ref)
+        return call_off(store, found, grace) if isinstance(found, Preparing) else stop_run(store, found, grace)
+    live = active_runs(store)
+    if not live:
         return "no run is active; nothing to stop (`tfl status` lists the runs; `tfl stop RUN` names one)"
-    return call_off(store, found, grace) if isinstance(found, Preparing) else stop_run(store, found, grace)
+    found, others = live[0], [run.run_id for run in live[1:]]
+    said = call_off(store, found, grace) if isinstance(found, Preparing) else stop_run(store, found, grace)
+    if others:
+        shown = ", ".join(others[:SHOWN]) + (f", and {len(others) - SHOWN} more" if len(others) > SHOWN else "")
+        said += f"\n{len(others)} other run(s) still active: {shown} (`tfl stop RUN` stops one)"
+    return said
 
 
-def active_run(store: RunStore) -> RunRecord | Preparing | None:
-    """What ``tfl stop`` without RUN stops: the run that is active (recorded and not ended, a lost one
-    included, or a detached launch being prepared), as ``docker stop`` or ``kill %1`` mean the one that
-    runs, never a finished run that happens to be the latest. None: no run is active. Several: refused,
-    naming them, rather than guess which one."""
+def active_runs(store: RunStore) -> list[RunRecord | Preparing]:
+    """What ``tfl stop`` without RUN looks at: the runs that are active (recorded and not ended, a lost
+    one included, or a detached launch being prepared), the latest first: as ``kill %%`` means the
+    current job, never a finished run that happens to be the latest. An active run whose record
+    cannot be read is refused, naming it (a newer tfl's record: stop it by name with that tfl)."""
     with contextlib.suppress(RunNotFoundError):  # none recorded yet: one being prepared may still be there
         store.resolve(None)  # the latest record unreadable (a newer tfl's): refused as `tfl logs` refuses it
     records, unreadable = store.scan(active_ids(store.home))
-    live: list[RunRecord | Preparing] = [r for r in records if not r.state.is_terminal]
-    live += preparing_runs(store.home)
-    if len(live) == 1 and not unreadable:
-        return live[0]
-    if not live and not unreadable:
-        return None
-    if not live and len(unreadable) == 1:
+    if unreadable:
         raise UsageError(f"the active run {unreadable[0].run_id} is unreadable: {unreadable[0].reason}; "
                          "name a RUN to stop: `tfl stop RUN`")
-    names = [r.run_id for r in live] + [f"{u.run_id} (unreadable)" for u in unreadable]
-    shown = ", ".join(names[:SHOWN]) + (f", and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
-    raise UsageError(f"{len(names)} runs are active ({shown}); name the one to stop: `tfl stop RUN`")
+    live: list[RunRecord | Preparing] = [r for r in records if not r.state.is_terminal]
+    live += preparing_runs(store.home)
+    return sorted(live, key=lambda run: run.created, reverse=True)
 
 
 def call_off(store: RunStore, preparing: Preparing, grace: float | None = None) -> str:
