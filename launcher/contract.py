@@ -62,6 +62,10 @@ PREEMPTED_EXIT_CODE: Final = 170
 # agreed step. The launcher reads it (the progress file is on its machine whatever ran the
 # task), else the model dir's PreemptedRecord where it can read that dir.
 PREEMPTED_PHASE: Final = "preempted"
+# A training task that got the notice before it trained anything this attempt (start-up, or a first
+# call still replaying its input) also leaves with PREEMPTED_EXIT_CODE, but saved nothing: its last
+# progress record then has this phase (and its ``attempt``), so the launcher does not claim a checkpoint.
+LEFT_UNSAVED_PHASE: Final = "left-unsaved"
 # The notice itself: what a launcher, Slurm (--signal) or Kubernetes sends a training task.
 PREEMPTION_SIGNAL: Final = "SIGTERM"
 # The teardown after a failure elsewhere (a peer died or stalled): not a notice, as no agreement
@@ -106,7 +110,7 @@ class PreemptedRecord:
 
 
 # --- the progress record -----------------------------------------------------------------
-PHASES: Final = ("train", "eval", "done", PREEMPTED_PHASE)
+PHASES: Final = ("train", "eval", "done", PREEMPTED_PHASE, LEFT_UNSAVED_PHASE)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.contract import PREEMPTED_EXIT_CODE, PREEMPTED_PHASE
+from launcher.contract import LEFT_UNSAVED_PHASE, PREEMPTED_EXIT_CODE, PREEMPTED_PHASE
 from launcher.engines.registry import TaskProcess
 from launcher.records.states import RunState, TaskState
 from launcher.supervise.supervisor import Supervisor
@@ -165,3 +165,19 @@ def test_a_stop_during_the_agreement_decides_how_the_run_ends(tmp_path: Path) ->
     assert record.state == RunState.PREEMPTED and record.restarts == []
     assert record.message == "preempted: tfl got SIGTERM; every training task saved the agreed checkpoint"
     assert [(n, s) for n, s, _ in backend.signals] == [("chief:0", signal.SIGTERM)]
+
+
+def test_a_stop_before_training_does_not_claim_the_agreed_checkpoint(tmp_path: Path) -> None:
+    # Every task left with 170 before its first step (the kit's record says so): nothing was saved.
+    sup, backend, _, store = make(tmp_path, lambda c: NoticeAt(c, {}), evaluator=False)
+    backend.sup = sup  # type: ignore[attr-defined]
+    for task in ("chief:0", "worker:0"):
+        path = Path(sup.record.task(task).progress_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"task": task, "attempt": 0, "phase": LEFT_UNSAVED_PHASE, "global_step": 40}))
+    store.request_stop(sup.record)
+    record = sup.run()
+    assert record.state == RunState.STOPPED
+    assert record.message == ("stopped by the user; every training task left before training: nothing new to save; "
+                              "the last backup stays")
+    assert "saved the agreed checkpoint" not in summary(store.load("r"))

@@ -71,7 +71,7 @@ def finish(strategy: tf.distribute.Strategy, barrier_timeout_s: float = 60.0, co
     from tensorflow.python.eager import context as tf_context  # the coordination service
 
     context = context or task_context(os.environ)
-    exit_on_notice(context, "after training ended")  # a custom loop's training ends here
+    exit_on_notice(context, "after training ended", trained=True)  # a custom loop's training ends here
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return
     leave_together(context, tf_context.context(), barrier_timeout_s=barrier_timeout_s,

@@ -7,7 +7,8 @@ reads it. What the thread does depends on where the task is:
 
 - outside training (start-up before `fit`, or after it: the done marker is written) there
   is nothing to agree on: the task leaves at once with PREEMPTED_EXIT_CODE, and the next
-  attempt resumes from the last backup, or finds the done marker and does not train;
+  attempt resumes from the last backup, or finds the done marker and does not train; before
+  training its last progress record says it saved nothing (contract.LEFT_UNSAVED_PHASE);
 - inside `fit`, before the attempt's first call of the train function ended (a replayed
   input can hold that call for minutes), nothing was trained since the restore: the task
   leaves at once with PREEMPTED_EXIT_CODE, as outside training;
@@ -37,6 +38,7 @@ default action would. A peer that answers, or cannot be reached in time, changes
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import queue
 import signal
@@ -44,11 +46,13 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-from launcher.contract import PREEMPTED_EXIT_CODE, TEARDOWN_SIGNAL, TRAINING_TYPES
+from launcher.contract import LEFT_UNSAVED_PHASE, PREEMPTED_EXIT_CODE, TEARDOWN_SIGNAL, TRAINING_TYPES, ProgressRecord
 from launcher.jobkit.context import TaskContext
+from launcher.jobkit.layout import write_json_atomically
 from launcher.jobkit.tidy import remove_at_exit, remove_generated_files
 
 STALL_FLOOR_S = 2.0  # inside training: no progress for this long after a notice ends the task,
@@ -64,6 +68,8 @@ class _Notice:
     def __init__(self) -> None:
         self.received = threading.Event()
         self.outside: str | None = "before training began"  # None: inside fit, the handler acts
+        self.trained = False  # outside, after training ended: a notice then leaves nothing unsaved
+        self.context: TaskContext | None = None  # whose progress file says it left unsaved
         self.saving = False  # the agreed save has begun: never cut it short
         self.last_progress = time.monotonic()
         self.longest_gap = 0.0
@@ -78,8 +84,9 @@ class _Notice:
 _NOTICE = _Notice()
 
 
-def exit_on_notice(context: TaskContext, when: str) -> None:
-    """From now on a notice ends this training task with PREEMPTED_EXIT_CODE (`when`: for its log).
+def exit_on_notice(context: TaskContext, when: str, *, trained: bool = False) -> None:
+    """From now on a notice ends this training task with PREEMPTED_EXIT_CODE (`when`: for its log;
+    `trained`: training has ended, so there is nothing left unsaved to report).
 
     Call it again after anything that takes SIGTERM over (MultiWorkerMirroredStrategy's
     coordination agent does, when it starts).
@@ -90,6 +97,7 @@ def exit_on_notice(context: TaskContext, when: str) -> None:
         _install()
         return
     _NOTICE.peers = _peers(context)
+    _NOTICE.context, _NOTICE.trained = context, trained
     _NOTICE.outside = when
     _install()
 
@@ -236,10 +244,29 @@ def _act(at: float) -> None:
     if when is not None:
         print(f"jobkit: preemption notice (SIGTERM) {when}; nothing to save, exiting {PREEMPTED_EXIT_CODE}",
               flush=True)
+        if not _NOTICE.trained:
+            _say_left_unsaved(_NOTICE.context)
         leave_now(PREEMPTED_EXIT_CODE)
     print("jobkit: preemption notice (SIGTERM); every training task stops at one agreed step and saves there",
           flush=True)
     threading.Thread(target=_guard, args=(at,), name="tfl-notice-guard", daemon=True).start()
+
+
+def _say_left_unsaved(context: TaskContext | None) -> None:
+    """The task's last progress record: this attempt saved nothing (the last backup stays what a
+    restart resumes from), so the launcher does not say it saved the agreed checkpoint."""
+    if context is None or context.progress_file is None:
+        return
+    try:
+        last = ProgressRecord.from_dict(json.loads(Path(context.progress_file).read_text())) or ProgressRecord()
+    except (OSError, ValueError):
+        last = ProgressRecord()
+    fields = {**last.to_dict(), "task": context.label, "attempt": context.attempt, "phase": LEFT_UNSAVED_PHASE,
+              "examples_per_sec": 0.0, "time": time.time()}
+    try:
+        write_json_atomically(Path(context.progress_file), fields)
+    except OSError:
+        pass  # the launcher then says "preempted" as before; leaving must not wait on it
 
 
 def _guard(at: float) -> None:

@@ -165,7 +165,7 @@ class PreemptionCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]  # t
             self._leave()
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        exit_on_notice(self._context, "after training ended (the done marker is written)")
+        exit_on_notice(self._context, "after training ended (the done marker is written)", trained=True)
 
     def _save(self) -> None:
         started = time.monotonic()

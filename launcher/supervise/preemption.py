@@ -6,6 +6,10 @@ when it has phase ``contract.PREEMPTED_PHASE`` (the progress file is on this mac
 whatever ran the task: an SSH agent mirrors it before it reports the exit), else from the
 chief's ``preempted.json`` (``contract.PreemptedRecord``) in the model dir, when this
 machine can read that dir. Without either it is still "preempted", without the step.
+
+A task that got the notice before it trained anything this attempt (start-up, or its input's
+replay) leaves with the same code but saved nothing: its last progress record has phase
+``contract.LEFT_UNSAVED_PHASE`` and this attempt's number, and the launcher says so instead.
 """
 
 from __future__ import annotations
@@ -13,7 +17,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.contract import PREEMPTED_EXIT_CODE, PREEMPTED_PHASE, ModelDirLayout, PreemptedRecord, ProgressRecord
+from launcher.contract import (
+    LEFT_UNSAVED_PHASE,
+    PREEMPTED_EXIT_CODE,
+    PREEMPTED_PHASE,
+    ModelDirLayout,
+    PreemptedRecord,
+    ProgressRecord,
+)
 from launcher.records.states import TaskState
 from launcher.records.store import RunRecord
 from launcher.tasks import TaskId
@@ -49,21 +60,41 @@ def agreed_step(progress_path: str, preempted: str | None = None, attempt: int |
     return None
 
 
+LEFT_UNSAVED = "left before training: nothing new to save; the last backup stays"
+
+
+def left_unsaved(progress_path: str, attempt: int | None) -> bool:
+    """Whether the task's last progress record says it left this attempt (``attempt``) without saving."""
+    progress = ProgressRecord.from_dict(_json(progress_path))
+    return (progress is not None and progress.phase == LEFT_UNSAVED_PHASE
+            and (attempt is None or progress.attempt == attempt))
+
+
 def preemption_reason(progress_path: str, preempted: str | None = None, attempt: int | None = None) -> str:
     """The reason recorded for a task that exited PREEMPTED_EXIT_CODE."""
+    if left_unsaved(progress_path, attempt):
+        return f"preempted: {LEFT_UNSAVED}"
     step = agreed_step(progress_path, preempted, attempt)
     return "preempted: saved the agreed checkpoint" + ("" if step is None else f" at step {step}")
 
 
 def saved_note(record: RunRecord, grace: float) -> str:
-    """After a stop with notice: which training tasks saved the agreed checkpoint (``""``: none did)."""
+    """After a stop with notice: which training tasks saved the agreed checkpoint, or left before training
+    (``""``: none did either)."""
     training = [t for t in record.tasks if TaskId.parse(t.task).is_training]
-    saved = [t for t in training if t.state == TaskState.PREEMPTED]
+    left = [t for t in training if t.state == TaskState.PREEMPTED]
+    unsaved = [t for t in left if left_unsaved(t.progress_path, record.attempt)]
+    saved = [t for t in left if t not in unsaved]
+    if unsaved and not saved:
+        who = "every training task" if len(unsaved) == len(training) else f"{len(unsaved)} of {len(training)} training tasks"
+        return f"; {who} {LEFT_UNSAVED}"
     if not saved:
         return ""
     chief = preempted_file(record)
     steps = {agreed_step(t.progress_path, chief, record.attempt) for t in saved} - {None}
     at = f" at step {steps.pop()}" if len(steps) == 1 else ""
+    if unsaved:  # the rest of the group saved at a step these never reached
+        return f"; {len(saved)} of {len(training)} training tasks saved the agreed checkpoint{at}, {len(unsaved)} {LEFT_UNSAVED}"
     if len(saved) == len(training):
         return f"; every training task saved the agreed checkpoint{at}"
     return (f"; {len(saved)} of {len(training)} training tasks saved the agreed checkpoint{at}, the others not within "
