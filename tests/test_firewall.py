@@ -156,3 +156,44 @@ def test_a_port_is_listened_on_while_a_server_holds_it_and_not_after(family: soc
         connected.close()
     assert agent.listened([port, other]) == set()
     agent.wait_unserved([port], linger=60)  # returns at once: nothing to wait for
+
+
+def _doctor_firewall(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fenced: bool) -> list[Any]:
+    """``tfl doctor``'s checks named "firewall" for one host whose login user is not root and whose sudo asks a password."""
+    from launcher.engines.preflight import HostTasks, judge, probe_request
+    from launcher.engines.ssh.node import agent as node
+
+    sudo = tmp_path / "sudo"
+    sudo.write_text("#!/bin/sh\necho 'sudo: a password is required' >&2\nexit 1\n")
+    sudo.chmod(0o755)
+    nft = tmp_path / "nft"
+    nft.write_text("#!/bin/sh\n")
+    nft.chmod(0o755)
+    monkeypatch.setenv("TFL_TEST_NFT", str(nft))
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name: str(sudo) if name == "sudo" else which(name))
+    h = HostTasks("gpu1", "/py", str(tmp_path), SSHTarget(host="gpu1", port=22, user="u", firewall=fenced), [("chief:0", 2222)])
+    facts = node.probe(probe_request(h))
+    return [c for c in judge(h, facts) if c.name == "firewall"]
+
+
+def test_doctor_says_that_a_host_cannot_fence_before_a_launch_refuses_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``"ssh": {"firewall": true}`` on a host where nft would need a password: doctor said every check was ok,
+    and only the launch refused. Now one line for the host, the launch's words and fix."""
+    checks = _doctor_firewall(tmp_path, monkeypatch, fenced=True)
+    assert [(c.host, c.status) for c in checks] == [("gpu1", "fail")]
+    assert checks[0].detail.startswith("cannot fence the task ports with nftables (sudo asks for a password")
+    assert "NOPASSWD" in checks[0].detail and checks[0].detail.endswith("or set ssh.firewall to false")
+
+
+def test_doctor_asks_nothing_of_nft_where_the_file_does_not_fence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _doctor_firewall(tmp_path, monkeypatch, fenced=False) == []
+
+
+def test_a_host_that_can_fence_is_one_ok_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    nft = tmp_path / "nft"
+    nft.write_text("#!/bin/sh\ncat >/dev/null\n")  # reads the script (list tables) and succeeds
+    nft.chmod(0o755)
+    monkeypatch.setattr(agent, "nft_argv", lambda: [str(nft)])
+    assert agent.can_fence() == {"as": "root"}

@@ -118,7 +118,7 @@ def diagnose(hosts: Sequence[HostTasks], gather: Gather, *, quick: bool = False)
 
 def probe_request(h: HostTasks, *, quick: bool = False) -> dict[str, Any]:
     return {"mode": "probe", "quick": quick, "ports": [p for _, p in h.ports], "ipv6": ":" in h.host, "workdir": h.workdir,
-            "names": h.peers}
+            "names": h.peers, "firewall": not quick and h.target is not None and h.target.firewall}
 
 
 def judge(h: HostTasks, facts: dict[str, Any], *, quick: bool = False) -> list[Check]:
@@ -149,10 +149,20 @@ def judge(h: HostTasks, facts: dict[str, Any], *, quick: bool = False) -> list[C
     if quick:
         return checks + ([_keras(h, facts["packages"])] if "packages" in facts else [])
     checks += [_keras(h, facts["packages"]), _disk(h.host, facts["disk"]), _gpus(h.host, facts["gpus"])]
+    if "firewall" in facts:
+        checks.append(_firewall(h.host, facts["firewall"]))
     if facts["packages"].get("psutil") is None:
         checks.append(Check(h.host, "psutil", "warn", "psutil missing: `tfl status` shows no cpu/memory for tasks "
                                                        f"here; fix: {h.python} -m pip install psutil"))
     return checks
+
+
+def _firewall(host: str, fence: dict[str, str]) -> Check:
+    """``"ssh": {"firewall": true}``: the launch's refusal (``ssh/firewall.py``), in the same words, before it."""
+    if "error" in fence:
+        return Check(host, "firewall", "fail", f"cannot fence the task ports with nftables ({fence['error']}); "
+                                               f"{fence['fix']}, or set ssh.firewall to false")
+    return Check(host, "firewall", "ok", f"nft runs as {fence['as']}: the run's table can be installed")
 
 
 def _keras(h: HostTasks, packages: dict[str, str | None]) -> Check:

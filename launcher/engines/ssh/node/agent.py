@@ -160,6 +160,8 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
     if request.get("quick"):
         return facts
     facts.update(packages=files.packages(), disk=_disk(files.expand(request.get("workdir") or "/")), gpus=_gpus())
+    if request.get("firewall"):  # "ssh": {"firewall": true}: what the launch's fence needs here
+        facts["firewall"] = firewall.can_fence()
     return facts
 
 

@@ -17,7 +17,9 @@ login user when that is root, else through ``sudo -n``.
   launcher it removes the table only once no task port is listened on here any more (or after
   the request's ``linger`` s): the tasks' own fence gives them their grace (SIGTERM, then SIGKILL
   up to 30 s later), and a task saving on that notice still serves on its port all that while;
-- ``drop``: remove the table (``tfl stop``, ``tfl rm``); a table already gone is fine.
+- ``drop``: remove the table (``tfl stop``, ``tfl rm``); a table already gone is fine;
+- ``can_fence`` (``tfl doctor``'s probe): nft run as ``hold`` runs it, on ``list tables``, which
+  changes nothing: the launch's refusal (no nft, no root and no sudo, sudo asking a password), early.
 
 ``TFL_TEST_NFT`` (tests only) names the nft program to run instead of the one found here.
 """
@@ -74,6 +76,16 @@ def nft(script: str) -> None:
             raise Refused("sudo asks for a password (%s)" % said,
                           "log in as root, or let the user run nft through sudo without a password (NOPASSWD)")
         raise Refused("nft failed: %s" % said, "check that nftables works there (nft list tables)")
+
+
+def can_fence() -> dict[str, Any]:
+    """Whether this host could hold the run's table: ``{"as": how nft runs}``, else ``error`` and ``fix``."""
+    try:
+        argv = nft_argv()
+        nft("list tables\n")
+    except Refused as exc:
+        return {"error": exc.why, "fix": exc.fix}
+    return {"as": "root" if len(argv) == 1 else "sudo -n"}
 
 
 def ruleset(table: str, chain: str, ports: list[int], ipv4: list[str], ipv6: list[str]) -> str:
