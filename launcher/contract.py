@@ -66,6 +66,9 @@ PREEMPTED_PHASE: Final = "preempted"
 # call still replaying its input) also leaves with PREEMPTED_EXIT_CODE, but saved nothing: its last
 # progress record then has this phase (and its ``attempt``), so the launcher does not claim a checkpoint.
 LEFT_UNSAVED_PHASE: Final = "left-unsaved"
+# A resumed tf.data pipeline reads (and drops) every batch before the resume step inside the first
+# step, for minutes late in a run: the kit says so first with this phase, ``global_step`` the resume step.
+REPLAY_PHASE: Final = "replay"
 # The notice itself: what a launcher, Slurm (--signal) or Kubernetes sends a training task.
 PREEMPTION_SIGNAL: Final = "SIGTERM"
 # The teardown after a failure elsewhere (a peer died or stalled): not a notice, as no agreement
@@ -110,7 +113,7 @@ class PreemptedRecord:
 
 
 # --- the progress record -----------------------------------------------------------------
-PHASES: Final = ("train", "eval", "done", PREEMPTED_PHASE, LEFT_UNSAVED_PHASE)
+PHASES: Final = ("train", "eval", "done", PREEMPTED_PHASE, LEFT_UNSAVED_PHASE, REPLAY_PHASE)
 
 
 @dataclass(frozen=True)

@@ -319,3 +319,37 @@ def test_an_endless_dataset_without_steps_per_epoch_is_refused(tmp_path: Path) -
     with pytest.raises(jobkit.JobKitError, match="repeats for ever and fit got no steps_per_epoch"):
         jobkit.fit(build(), batches(), context=context(tmp_path), model_dir=tmp_path / "model", epochs=1,
                    global_batch_size=BATCH, callbacks=[CrashAfter(50)])  # without the check: a crash, not a hang
+
+
+def test_a_replay_says_so_in_the_progress_and_is_left_out_of_the_rate(tmp_path: Path) -> None:
+    """A plain pipeline resumed at step 30 reads and drops 30 batches inside the first step. The progress
+    said nothing during that replay (`tfl status`: "-"), and the first examples/s counted it in. Each
+    replayed batch here costs 0.2 s (6 s in all); the batches trained after it cost nothing extra."""
+    import time
+
+    import tensorflow as tf
+
+    from tests.jobkit_helpers import write_backup_at
+
+    resume, steps, slow_s = 30, 12, 0.2
+    write_backup_at(tmp_path / "model", resume, steps)  # epoch 3, step 6 of 12
+
+    def wait(index: Any) -> Any:
+        if int(index) < resume:
+            time.sleep(slow_s)
+        return index
+
+    def slow_before_the_resume(index: Any, batch: Any) -> Any:
+        with tf.control_dependencies([tf.py_function(wait, [index], tf.int64)]):
+            return tf.identity(batch[0]), tf.identity(batch[1])
+
+    replayed = batches().enumerate().map(slow_before_the_resume)
+    jobkit.fit(build(), replayed, context=context(tmp_path), model_dir=tmp_path / "model", epochs=3,
+               global_batch_size=BATCH, steps_per_epoch=steps, steps_per_execution=1)
+    written = records(tmp_path)
+    assert [(r["phase"], r["global_step"], r["epoch"], r["step"]) for r in written[:1]] == [("replay", resume, 3, 6)]
+    # The record after the replay's call has no rate yet (0: `tfl status` shows none); each later one
+    # times the training calls alone.
+    rates = [r["examples_per_sec"] for r in written if r["phase"] == "train" and r["epoch"] == 3]
+    counted_in = (steps - 6) * BATCH / (resume * slow_s)  # the most the epoch's rate could be, the replay counted in
+    assert rates[0] == 0.0 and len(rates) > 1 and all(rate > 4 * counted_in for rate in rates[1:]), rates

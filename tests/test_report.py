@@ -130,3 +130,12 @@ def test_a_cluster_runs_model_dir_not_seen_here_is_not_called_empty(tmp_path: Pa
                            state=RunState.PREEMPTED, plan=plan.to_dict(), backend=backend)
         assert kept_checkpoint(record) is expected, backend
         assert (starts_over(record) is None) is (expected is None), backend
+
+
+def test_progress_text_says_a_replay_and_a_task_that_left_unsaved() -> None:
+    """During a replay `tfl status` showed only the resume position, as if training; a task that left
+    before training showed its last record as if it had trained on."""
+    replay = {"phase": "replay", "global_step": 40300, "epoch": 3, "epochs": 4, "step": 6, "steps_per_epoch": 12}
+    assert progress_text(replay) == "replaying 40300 batches to the resume step epoch 3/4 step 6/12"
+    left = {"phase": "left-unsaved", "global_step": 40, "epoch": 2, "epochs": 4}
+    assert progress_text(left) == "left before training (nothing saved) epoch 2/4"

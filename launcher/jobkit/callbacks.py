@@ -27,13 +27,17 @@ class StepClock(keras.callbacks.Callback):  # type: ignore[misc]  # tf_keras is 
     `on_train_batch_end` just after, so the other callbacks (backups, progress) and the
     epoch-end writes (checkpoint, TensorBoard, backup) are left out. With several steps
     per call, `batch` at the end is the call's last step: a call ran end - begin + 1 steps.
+    With `replayed`, the first call reads and drops every batch before the resume step (a
+    tf.data replay: minutes): it is left out of the rate, which would read about 1 example/s.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, replayed: bool = False) -> None:
         super().__init__()
         self._supports_tf_logs = True
+        self._replayed = replayed
         self.epoch_seconds = 0.0
         self.epoch_steps = 0
+        self._rate = (0.0, 0)  # (seconds, steps) of this epoch's calls, a replay's first call left out
         self.total_seconds = 0.0  # since this fit began (this attempt)
         self.total_steps = 0
         self.calls = 0
@@ -42,7 +46,7 @@ class StepClock(keras.callbacks.Callback):  # type: ignore[misc]  # tf_keras is 
         self._began_step = 0
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self.epoch_seconds, self.epoch_steps = 0.0, 0
+        self.epoch_seconds, self.epoch_steps, self._rate = 0.0, 0, (0.0, 0)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._began_step = int(batch)
@@ -53,6 +57,8 @@ class StepClock(keras.callbacks.Callback):  # type: ignore[misc]  # tf_keras is 
         steps = int(batch) - self._began_step + 1
         self.epoch_seconds += seconds
         self.epoch_steps += steps
+        if not (self._replayed and self.calls == 0):
+            self._rate = (self._rate[0] + seconds, self._rate[1] + steps)
         self.total_seconds += seconds
         self.total_steps += steps
         self.calls += 1
@@ -60,7 +66,8 @@ class StepClock(keras.callbacks.Callback):  # type: ignore[misc]  # tf_keras is 
 
     def examples_per_sec(self, global_batch_size: int) -> float:
         """This epoch's rate so far, over the train function's time only."""
-        return self.epoch_steps * global_batch_size / self.epoch_seconds if self.epoch_seconds > 0 else 0.0
+        seconds, steps = self._rate
+        return steps * global_batch_size / seconds if seconds > 0 else 0.0
 
 
 class ProgressCallback(keras.callbacks.Callback):  # type: ignore[misc]  # tf_keras is untyped
@@ -73,10 +80,12 @@ class ProgressCallback(keras.callbacks.Callback):  # type: ignore[misc]  # tf_ke
     only true under a distribution strategy when they are taken from one replica (see
     `training.use_true_per_step_logs`); epoch-end logs are always reduced properly by keras.
     `examples_per_sec` is timed by the `StepClock`: checkpoint and backup time is not in it.
+    `replaying`: the batches a tf.data replay reads before the first step; a record with phase
+    "replay" says so first (`tfl status` would show no progress for the whole replay).
     """
 
     def __init__(self, context: TaskContext, writers: Sequence[ProgressWriter], global_batch_size: int,
-                 clock: StepClock) -> None:
+                 clock: StepClock, replaying: int = 0) -> None:
         super().__init__()
         self._supports_tf_logs = True
         self._context = context
@@ -84,9 +93,14 @@ class ProgressCallback(keras.callbacks.Callback):  # type: ignore[misc]  # tf_ke
         self._global_batch_size = global_batch_size
         self._clock = clock
         self._epoch = 0
+        self._replaying = replaying
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
+        if self._replaying:  # the first epoch's first call replays: the restored position, before it
+            steps = self.params.get("steps")
+            self._write(self._record("replay", self._replaying % steps if steps else 0, {}, self._replaying), force=True)
+            self._replaying = 0
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if any(writer.due() for writer in self._writers):
@@ -116,12 +130,12 @@ class ProgressCallback(keras.callbacks.Callback):  # type: ignore[misc]  # tf_ke
         for writer in self._writers:
             writer.write(record, force=force)
 
-    def _record(self, phase: Phase, step: int, logs: dict[str, Any]) -> dict[str, Any]:
+    def _record(self, phase: Phase, step: int, logs: dict[str, Any], global_step: int | None = None) -> dict[str, Any]:
         return progress_record(
             task=self._context.label, attempt=self._context.attempt, phase=phase,
             epoch=self._epoch + 1, epochs=self._epochs, step=step,
             steps_per_epoch=self.params.get("steps"),
-            global_step=int(self.model.optimizer.iterations.numpy()),
+            global_step=int(self.model.optimizer.iterations.numpy()) if global_step is None else global_step,
             logs=logs, examples_per_sec=self._clock.examples_per_sec(self._global_batch_size),
         )
 

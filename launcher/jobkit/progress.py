@@ -14,7 +14,7 @@ from typing import Any, Literal, SupportsFloat, SupportsInt
 from launcher.contract import ProgressRecord
 from launcher.jobkit.layout import write_json_atomically
 
-Phase = Literal["train", "eval", "done", "preempted", "left-unsaved"]  # contract.PHASES
+Phase = Literal["train", "eval", "done", "preempted", "left-unsaved", "replay"]  # contract.PHASES
 # Keys of keras logs that are not metrics of the model.
 _NOT_METRICS = frozenset({"loss", "batch", "size", "num_steps"})
 

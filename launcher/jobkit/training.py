@@ -105,7 +105,7 @@ def fit(
     stream = input_stream(dataset, steps_per_epoch, state, model.distribute_strategy, replay=replay)
     say_where_the_input_starts(stream, dataset)
     with chief_only_writes(model_dir, context) as layout:
-        clock = StepClock()
+        clock = StepClock(replayed=stream.replayed and stream.start > 0)
         checkpoints = EpochCheckpoint(str(layout.checkpoints), max_to_keep=None if context.has_evaluator else 5)
         on_trained = (lambda: _write_done_marker(layout, context, checkpoints.latest, epochs, model)) \
             if context.is_chief else None
@@ -126,7 +126,8 @@ def fit(
         writers = [ProgressWriter(context.progress_file, log_path=context.progress_log)]
         if context.is_chief:
             writers.append(ProgressWriter(real.training_progress, min_interval_s=HEARTBEAT_INTERVAL_S))
-        progress = ProgressCallback(context, writers, global_batch_size, clock)
+        progress = ProgressCallback(context, writers, global_batch_size, clock,
+                                    replaying=stream.start if stream.replayed else 0)
         # Last of the kit's: on a notice it saves after the others have seen the call.
         kit += [progress, PreemptionCheckpoint(context, backup, model_dir, progress)]
         try:

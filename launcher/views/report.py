@@ -7,7 +7,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TextIO
 
-from launcher.contract import LEFT_UNSAVED_PHASE, PREEMPTED_EXIT_CODE, PREEMPTED_PHASE, ModelDirLayout, ProgressRecord
+from launcher.contract import (
+    LEFT_UNSAVED_PHASE,
+    PREEMPTED_EXIT_CODE,
+    PREEMPTED_PHASE,
+    REPLAY_PHASE,
+    ModelDirLayout,
+    ProgressRecord,
+)
 from launcher.engines.base import NO_ANSWER
 from launcher.plan.launch_plan import LaunchPlan
 from launcher.plan.storage import EXAMPLE, restart_need
@@ -66,6 +73,8 @@ def progress_text(data: dict[str, Any] | None, bar_width: int = 0) -> str | None
         parts.append(progress.phase if progress.phase == "done" else f"preempted at step {progress.global_step}")
     if progress.phase == LEFT_UNSAVED_PHASE:
         parts.append("left before training (nothing saved)")
+    if progress.phase == REPLAY_PHASE:
+        parts.append(f"replaying {progress.global_step} batches to the resume step")
     parts.append(f"epoch {progress.epoch}/{progress.epochs}")
     if progress.steps_per_epoch:
         parts.append(f"step {progress.step}/{progress.steps_per_epoch}")
