@@ -62,8 +62,8 @@ def test_a_task_that_leaves_before_training_says_it_saved_nothing(tmp_path: Path
     assert code == PREEMPTED_EXIT_CODE, out
     assert (record["phase"], record["attempt"], record["global_step"]) == (LEFT_UNSAVED_PHASE, 2, 40)
     path = str(tmp_path / "chief-0.progress.json")
-    assert preemption_reason(path, None, 2) == ("preempted: left before training: nothing new to save; "
-                                                "the last backup stays")
+    assert preemption_reason(path, None, 2) == ("preempted: left on the notice without saving (before training, or "
+                                                "with the epoch length unknown); the last backup stays")
     assert preemption_reason(path, None, 3) == "preempted: saved the agreed checkpoint"  # another attempt's record
 
 

@@ -138,4 +138,4 @@ def test_progress_text_says_a_replay_and_a_task_that_left_unsaved() -> None:
     replay = {"phase": "replay", "global_step": 40300, "epoch": 3, "epochs": 4, "step": 6, "steps_per_epoch": 12}
     assert progress_text(replay) == "replaying 40300 batches to the resume step epoch 3/4 step 6/12"
     left = {"phase": "left-unsaved", "global_step": 40, "epoch": 2, "epochs": 4}
-    assert progress_text(left) == "left before training (nothing saved) epoch 2/4"
+    assert progress_text(left) == "left without saving epoch 2/4"

@@ -178,6 +178,6 @@ def test_a_stop_before_training_does_not_claim_the_agreed_checkpoint(tmp_path: P
     store.request_stop(sup.record)
     record = sup.run()
     assert record.state == RunState.STOPPED
-    assert record.message == ("stopped by the user; every training task left before training: nothing new to save; "
-                              "the last backup stays")
+    assert record.message == ("stopped by the user; every training task left on the notice without saving (before "
+                              "training, or with the epoch length unknown); the last backup stays")
     assert "saved the agreed checkpoint" not in summary(store.load("r"))

@@ -7,8 +7,8 @@ reads it. What the thread does depends on where the task is:
 
 - outside training (start-up before `fit`, or after it: the done marker is written) there
   is nothing to agree on: the task leaves at once with PREEMPTED_EXIT_CODE, and the next
-  attempt resumes from the last backup, or finds the done marker and does not train; before
-  training its last progress record says it saved nothing (contract.LEFT_UNSAVED_PHASE);
+  attempt resumes from the last backup, or finds the done marker and does not train; but for
+  the done marker's case its last progress record says it saved nothing (contract.LEFT_UNSAVED_PHASE);
 - inside `fit`, before the attempt's first call of the train function ended (a replayed
   input can hold that call for minutes), nothing was trained since the restore: the task
   leaves at once with PREEMPTED_EXIT_CODE, as outside training;

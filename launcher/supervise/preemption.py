@@ -8,7 +8,7 @@ chief's ``preempted.json`` (``contract.PreemptedRecord``) in the model dir, when
 machine can read that dir. Without either it is still "preempted", without the step.
 
 A task that got the notice before it trained anything this attempt (start-up, or its input's
-replay) leaves with the same code but saved nothing: its last progress record has phase
+replay), or in a fit whose epoch length is unknown, leaves with the same code but saved nothing: its last progress record has phase
 ``contract.LEFT_UNSAVED_PHASE`` and this attempt's number, and the launcher says so instead.
 """
 
@@ -60,7 +60,7 @@ def agreed_step(progress_path: str, preempted: str | None = None, attempt: int |
     return None
 
 
-LEFT_UNSAVED = "left before training: nothing new to save; the last backup stays"
+LEFT_UNSAVED = "left on the notice without saving (before training, or with the epoch length unknown); the last backup stays"
 
 
 def left_unsaved(progress_path: str, attempt: int | None) -> bool:
@@ -79,7 +79,7 @@ def preemption_reason(progress_path: str, preempted: str | None = None, attempt:
 
 
 def saved_note(record: RunRecord, grace: float) -> str:
-    """After a stop with notice: which training tasks saved the agreed checkpoint, or left before training
+    """After a stop with notice: which training tasks saved the agreed checkpoint, or left without saving
     (``""``: none did either)."""
     training = [t for t in record.tasks if TaskId.parse(t.task).is_training]
     left = [t for t in training if t.state == TaskState.PREEMPTED]

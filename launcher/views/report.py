@@ -72,7 +72,7 @@ def progress_text(data: dict[str, Any] | None, bar_width: int = 0) -> str | None
     if progress.phase in ("done", PREEMPTED_PHASE):
         parts.append(progress.phase if progress.phase == "done" else f"preempted at step {progress.global_step}")
     if progress.phase == LEFT_UNSAVED_PHASE:
-        parts.append("left before training (nothing saved)")
+        parts.append("left without saving")
     if progress.phase == REPLAY_PHASE:
         parts.append(f"replaying {progress.global_step} batches to the resume step")
     parts.append(f"epoch {progress.epoch}/{progress.epochs}")
