@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,3 +203,21 @@ def test_a_resumed_evaluator_goes_on_after_what_its_earlier_attempt_evaluated(
     assert run_evaluator(tiny.build(), tiny.data, context=context, model_dir=tmp_path, epochs=3, sleep=chief.sleep) == 1
     out = capsys.readouterr().out
     assert "eval checkpoint=ckpt-3" in out and "checkpoint=ckpt-1 " not in out and "checkpoint=ckpt-2 " not in out
+
+
+def test_an_evaluator_that_starts_first_makes_the_model_dir_private(tiny: TinyJob, tmp_path: Path) -> None:
+    """The evaluator starts before the chief (no collective to join): TensorFlow's summary writer made
+    ``<storage>/<run id>/model`` with mkdir's 0755, so the README's own run left its model dir listable."""
+    from launcher.jobkit.evaluator import run_evaluator
+
+    model_dir = tmp_path / "shared" / "run-1" / "model"
+    chief = ChiefSimulator(tiny, model_dir, ["ckpt-1", "done:ckpt-1"])
+    context = TaskContext("evaluator", 0, label="evaluator:0", progress_file=tmp_path / "eval.progress.json")
+    old = os.umask(0o022)
+    try:
+        assert run_evaluator(tiny.build(), tiny.data, context=context, model_dir=model_dir, epochs=1,
+                             sleep=chief.sleep) == 1
+    finally:
+        os.umask(old)
+    modes = {d.name: stat.S_IMODE(d.stat().st_mode) for d in (model_dir.parent.parent, model_dir.parent, model_dir)}
+    assert modes == dict.fromkeys(["shared", "run-1", "model"], 0o700)

@@ -13,7 +13,7 @@ import tf_keras as keras
 
 from launcher.contract import ModelDirLayout
 from launcher.jobkit.context import JobKitError, TaskContext
-from launcher.jobkit.layout import read_done_marker, read_json_object
+from launcher.jobkit.layout import make_private_dirs, read_done_marker, read_json_object
 from launcher.jobkit.models import require_tf_keras
 from launcher.jobkit.progress import ProgressWriter, format_eval_line, progress_record
 
@@ -61,6 +61,9 @@ def run_evaluator(
     layout = ModelDirLayout(Path(model_dir))  # a job may well pass a string
     earlier = _evaluated_before(context)  # read before this attempt's first record replaces it
     writer = ProgressWriter(context.progress_file, log_path=context.progress_log)
+    # The evaluator often starts before the chief: TensorFlow's summary writer would make the model
+    # dir (and <storage>/<run id> above it) with mkdir's 0755, where the chief makes them 0700.
+    make_private_dirs(layout.root)
     summaries = tf.summary.create_file_writer(str(layout.eval))
     evaluated: set[str] = set()
     last_record = _eval_record(context, None, epochs, {})
