@@ -112,3 +112,29 @@ def test_a_sigterm_after_the_run_ended_keeps_its_summary_and_exit_code(tmp_path:
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"exit {done.returncode} (-{signal.SIGTERM.value}: killed by it): {done.stderr[-2000:]}"
     assert " succeeded in " in done.stderr, done.stderr[-2000:]
+
+
+class _Ended:
+    """A supervisor whose run has ended: all ``_stop_on_signals`` asks of it."""
+
+    class record:  # noqa: N801  # the attribute the context reads
+        state = RunState.SUCCEEDED
+
+
+def test_a_run_ended_in_this_process_leaves_no_ignored_signal_to_the_processes_it_starts_later() -> None:
+    """An in-process launch (CliRunner's, a test's) whose run ended: the SIGTERM and SIGHUP it no longer
+    dies of are held by a handler of its own, never SIG_IGN, which every process it starts later would
+    inherit (a launcher started after it took SIGHUP for `nohup` and kept running: fc58 failed on it)."""
+    from launcher.runs.launch import _stop_on_signals
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with _stop_on_signals(_Ended(), exits_after=True):  # type: ignore[arg-type]
+            pass
+        assert all(signal.getsignal(s) not in (signal.SIG_IGN, signal.SIG_DFL) for s in before)  # still not fatal here
+        child = subprocess.run([sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGHUP) == signal.SIG_DFL, "
+                                "signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)"], capture_output=True, text=True, timeout=60)
+        assert child.stdout.split() == ["True", "True"], child.stdout + child.stderr  # SIG_IGN would be inherited
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)

@@ -233,9 +233,10 @@ def _stop_on_signals(supervisor: Supervisor, exits_after: bool = False) -> Itera
     SIGTERM and SIGHUP never force: `tfl stop` sends SIGTERM, and running it twice must not
     cut the tasks' grace short. A SIGTERM that `tfl stop` did not send ends the run PREEMPTED
     (``Supervisor.request_stop(notice=True)``). The handler takes no lock (``Waker``). With
-    ``exits_after``, a run that has ended leaves SIGTERM and SIGHUP ignored rather than back to their
-    default, which would end the process at once: a `tfl stop` in the run's last milliseconds would
-    cut its summary, and a run that succeeded would exit 143."""
+    ``exits_after``, a run that has ended leaves SIGTERM and SIGHUP to a handler that does
+    nothing (``_after_the_run``) rather than back to their default, which would end the process
+    at once: a `tfl stop` in the run's last milliseconds would cut its summary, and a run that
+    succeeded would exit 143."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -273,4 +274,10 @@ def _stop_on_signals(supervisor: Supervisor, exits_after: bool = False) -> Itera
     finally:
         ended = exits_after and supervisor.record.state.is_terminal
         for s, h in previous.items():
-            signal.signal(s, signal.SIG_IGN if ended and s != signal.SIGINT else h)
+            signal.signal(s, _after_the_run if ended and s != signal.SIGINT else h)
+
+
+def _after_the_run(signum: int, frame: object) -> None:
+    """A SIGTERM or SIGHUP once the run has ended: nothing left to stop, and the summary and exit code
+    still to come. A handler, never SIG_IGN, which every process started afterwards would inherit (a
+    launcher then took SIGHUP as ignored by `nohup`)."""
